@@ -1,0 +1,50 @@
+# istio-agent: one entry point for setup, checks, tests, the local mesh and benchmarks.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps
+PYTEST_ARGS ?=
+
+.PHONY: setup debs test lint typecheck pytest run bench protos clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+# Debian packages the tests and the local node use; installed only as root and only when missing.
+debs:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	fi
+
+setup: $(STAMP) debs
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+pytest: setup
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+protos: setup
+	$(PY) -m istio_agent.protos.generate
+
+run: setup
+	$(PY) -m istio_agent.localmesh
+
+bench: setup
+	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
