@@ -1,0 +1,1 @@
+"""Keys, CSRs, certificate issuing and inspection, shared by the agent and istiod-local."""
