@@ -226,10 +226,13 @@ class ProxyConfig:
     """The effective ProxyConfig: validated protojson-shaped values over upstream's defaults."""
 
     values: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULTS))
+    # Fields some layer set explicitly (as opposed to upstream defaults).
+    explicit: set[str] = field(default_factory=set)
 
     def apply(self, layer: Mapping[str, Any]) -> None:
         """Lay a validated layer over this config: fields replace, proxyMetadata entries merge."""
         for name, value in layer.items():
+            self.explicit.add(name)
             if name == "proxyMetadata":
                 merged = dict(self.values.get("proxyMetadata", {}))
                 merged.update(value)

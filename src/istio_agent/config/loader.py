@@ -1,0 +1,101 @@
+"""Everything the agent knows at start, read once from the pod's files and environment.
+
+Order matters and follows upstream: ProxyConfig layers are read first, then its
+`proxyMetadata` fills environment variables the container did not set, and
+only then is the node identity derived (so `proxyMetadata` can set, say,
+`ISTIO_META_DNS_CAPTURE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from istio_agent.config import env
+from istio_agent.config.errors import ConfigError
+from istio_agent.config.node import NodeIdentity, identity_from_env, node_metadata
+from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
+
+DEFAULT_MESH_CONFIG = "./etc/istio/config/mesh"
+POD_LABELS_FILE = "./etc/istio/pod/labels"
+POD_ANNOTATIONS_FILE = "./etc/istio/pod/annotations"
+
+
+@dataclass
+class AgentConfig:
+    """The agent's start-up facts; components take what they need from here."""
+
+    workdir: Path
+    environment: env.Environment
+    proxy_config: ProxyConfig
+    identity: NodeIdentity
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    metadata: dict[str, Any]
+
+    def path(self, relative: str) -> Path:
+        """A pod path (`./etc/...`) resolved against the agent's working directory."""
+        candidate = Path(relative)
+        return candidate if candidate.is_absolute() else self.workdir / candidate
+
+
+def load_agent_config(
+    environment: env.Environment,
+    workdir: Path,
+    proxy_type: str = "sidecar",
+    domain: str | None = None,
+    mesh_config_path: str = DEFAULT_MESH_CONFIG,
+    concurrency: int = 0,
+    service_cluster: str = "istio-proxy",
+) -> AgentConfig:
+    """Read and validate the mesh file, PROXY_CONFIG and pod files; raise ConfigError on bad input."""
+    def resolve(p: str) -> Path:
+        return Path(p) if Path(p).is_absolute() else workdir / p
+
+    mesh_file = resolve(mesh_config_path)
+    try:
+        mesh_text: str | None = mesh_file.read_text()
+    except FileNotFoundError:
+        mesh_text = None
+    except OSError as exc:
+        raise ConfigError(f"mesh config {mesh_file}: {exc.strerror}") from None
+    labels = read_pod_file(resolve(POD_LABELS_FILE))
+    annotations = read_pod_file(resolve(POD_ANNOTATIONS_FILE))
+    proxy_config = build_proxy_config(
+        mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
+    )
+    _apply_flags_and_annotations(proxy_config, proxy_type, concurrency, service_cluster, annotations)
+    environment = environment.overlay(proxy_config.proxy_metadata)
+    identity = identity_from_env(environment, proxy_type, domain)
+    metadata = node_metadata(environment, labels, annotations, proxy_config.to_json(), list(identity.ips))
+    return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations, metadata)
+
+
+DISCOVERY_ADDRESS_ANNOTATION = "sidecar.istio.io/discoveryAddress"
+STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
+
+
+def _apply_flags_and_annotations(
+    config: ProxyConfig, proxy_type: str, concurrency: int, service_cluster: str, annotations: dict[str, str]
+) -> None:
+    """What upstream applies after layering: `--concurrency`, `--serviceCluster`, two pod annotations.
+
+    A gateway (router) with no configured concurrency uses every core, as upstream's does;
+    a non-zero `--concurrency` wins over every layer.
+    """
+    if concurrency:
+        config.values["concurrency"] = concurrency
+    elif proxy_type == "router" and "concurrency" not in config.explicit:
+        config.values.pop("concurrency", None)
+    if not config.get("serviceCluster"):
+        config.values["serviceCluster"] = service_cluster
+    if DISCOVERY_ADDRESS_ANNOTATION in annotations:
+        config.values["discoveryAddress"] = annotations[DISCOVERY_ADDRESS_ANNOTATION]
+    if STATUS_PORT_ANNOTATION in annotations:
+        try:
+            config.values["statusPort"] = int(annotations[STATUS_PORT_ANNOTATION])
+        except ValueError:
+            raise ConfigError(
+                f"annotation {STATUS_PORT_ANNOTATION}={annotations[STATUS_PORT_ANNOTATION]!r}: not a port"
+            ) from None
