@@ -1,0 +1,99 @@
+"""`pilot-agent wait`, `request` and `version` through the installed console script."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+from conftest import VENV_BIN
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    ready_after = 3
+    calls = 0
+
+    def do_GET(self) -> None:
+        type(self).calls += 1
+        status = 200 if type(self).calls >= type(self).ready_after else 503
+        body = f"{self.command} {self.path}".encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = b"posted:" + self.rfile.read(length)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[type[_Handler], int]]:
+    handler = type("H", (_Handler,), {"calls": 0})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield handler, httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _agent(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(VENV_BIN / "pilot-agent"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_wait_polls_until_ready(server: tuple[type[_Handler], int]) -> None:
+    handler, port = server
+    result = _agent("wait", f"--url=http://127.0.0.1:{port}/healthz/ready", "--periodMillis=50", "--timeoutSeconds=20")
+    assert result.returncode == 0, result.stderr
+    assert "Envoy is ready!" in result.stdout
+    assert handler.calls >= 3
+
+
+def test_wait_times_out_with_last_error(server: tuple[type[_Handler], int]) -> None:
+    handler, port = server
+    handler.ready_after = 10**9
+    result = _agent("wait", "--url", f"http://127.0.0.1:{port}/", "--timeoutSeconds", "1", "--periodMillis", "100")
+    assert result.returncode != 0
+    assert "503" in result.stderr
+
+
+def test_request_refuses_other_ports() -> None:
+    result = _agent("request", "GET", "stats", "--debug-port", "8080")
+    assert result.returncode != 0
+    assert "8080" in result.stderr
+
+
+def test_request_prints_only_the_body() -> None:
+    handler = type("H", (_Handler,), {"calls": 0, "ready_after": 0})
+    try:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 15004), handler)
+    except OSError as exc:
+        pytest.fail(f"port 15004 busy: {exc}")
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = _agent("request", "GET", "stats/prometheus", "--debug-port", "15004")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "GET /stats/prometheus"
+        result = _agent("request", "POST", "drain_listeners", "payload", "--debug-port=15004")
+        assert result.stdout == "posted:payload"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_version_and_unknown_flags() -> None:
+    result = _agent("version", "--short", "--some-old-flag=1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().count(".") == 2
+    assert "BuildInfo" in _agent("version").stdout
