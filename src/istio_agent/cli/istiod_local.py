@@ -1,0 +1,130 @@
+"""`istiod-local`: the single-node control plane's command line (serve, pod-files, token)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+import click
+
+from istio_agent.config.durations import parse_duration
+from istio_agent.controlplane.podfiles import pod_token, write_pod_files
+from istio_agent.controlplane.server import (
+    DEFAULT_GRPC_ADDR,
+    DEFAULT_SECURE_GRPC_ADDR,
+    DEFAULT_TRUST_DOMAIN,
+    ControlPlane,
+    ControlPlaneOptions,
+)
+from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
+
+log = logging.getLogger("istio_agent.controlplane")
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"must be positive, got {value!r}")
+    return seconds
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _open_state(state_dir: str, trust_domain: str) -> ControlPlaneState:
+    try:
+        return load_or_create_state(state_dir, trust_domain, time.time())
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def main() -> None:
+    """A local stand-in for istiod: a CA (IstioCertificateService) and a service-account token issuer."""
+
+
+state_dir_option = click.option(
+    "--state-dir", required=True, type=click.Path(file_okay=False),
+    help="Directory holding the root CA, serving certificate and token-signing key (created on first use).",
+)
+trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAIN, show_default=True,
+                                   help="SPIFFE trust domain of issued identities.")
+
+
+@main.command()
+@state_dir_option
+@click.option("--grpc-addr", default=DEFAULT_GRPC_ADDR, show_default=True,
+              help="Plaintext gRPC address (empty to disable; port 0 picks one).")
+@click.option("--secure-grpc-addr", default=DEFAULT_SECURE_GRPC_ADDR, show_default=True,
+              help="TLS gRPC address (empty to disable; port 0 picks one).")
+@click.option("--max-cert-ttl", default="24h", show_default=True, callback=_duration,
+              help="Longest workload certificate lifetime; longer requests are capped.")
+@trust_domain_option
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
+          log_level: str) -> None:
+    """Serve the CA until SIGTERM or SIGINT."""
+    _setup_logging(log_level)
+    options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
+    try:
+        asyncio.run(_serve(options))
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _serve(options: ControlPlaneOptions) -> None:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    plane = ControlPlane(options)
+    await plane.start()
+    try:
+        await stopping.wait()
+        log.info("signal received, shutting down")
+    finally:
+        await plane.stop()
+
+
+@main.command("pod-files")
+@state_dir_option
+@click.option("--namespace", required=True, help="The pod's namespace.")
+@click.option("--service-account", required=True, help="The pod's service account.")
+@click.option("--pod", default="", help="Pod name, bound into the token like a projected token's pod claim.")
+@click.option("--token-ttl", default="1h", show_default=True, callback=_duration, help="Token lifetime.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Pod root: files go under OUT/var/run/secrets/.")
+@trust_domain_option
+def pod_files(state_dir: str, namespace: str, service_account: str, pod: str, token_ttl: float, out: str,
+              trust_domain: str) -> None:
+    """Write the root certificate and service-account token Kubernetes would mount into a pod."""
+    state = _open_state(state_dir, trust_domain)
+    files = write_pod_files(state, out, namespace, service_account, pod, token_ttl, time.time())
+    click.echo(f"wrote {files.root_cert}")
+    click.echo(f"wrote {files.token}")
+
+
+@main.command()
+@state_dir_option
+@click.option("--namespace", required=True)
+@click.option("--service-account", required=True)
+@click.option("--pod", default="")
+@click.option("--token-ttl", default="1h", show_default=True, callback=_duration)
+@trust_domain_option
+def token(state_dir: str, namespace: str, service_account: str, pod: str, token_ttl: float, trust_domain: str) -> None:
+    """Print a service-account token istiod-local accepts."""
+    state = _open_state(state_dir, trust_domain)
+    click.echo(pod_token(state, namespace, service_account, pod, token_ttl, time.time()))
