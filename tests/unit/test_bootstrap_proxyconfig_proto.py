@@ -37,7 +37,10 @@ def test_upstream_names_and_field_numbers() -> None:
 
 
 def test_text_format_to_protojson() -> None:
-    text = 'drain_duration: {seconds: 2}\ncontrol_plane_auth_policy: MUTUAL_TLS\ntracing: { zipkin: { address: "z:9411" } }\n'
+    text = (
+        'drain_duration: {seconds: 2}\ncontrol_plane_auth_policy: MUTUAL_TLS\n'
+        'tracing: { zipkin: { address: "z:9411" } }\n'
+    )
     msg = text_format.Parse(text, proxyconfig_pb2.ProxyConfig())
     assert json_format.MessageToDict(msg) == {
         "drainDuration": "2s", "controlPlaneAuthPolicy": "MUTUAL_TLS", "tracing": {"zipkin": {"address": "z:9411"}},
