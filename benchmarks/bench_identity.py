@@ -1,0 +1,121 @@
+"""Identity benchmark (issue 2).
+
+(a) Time from `pilot-agent proxy` start to its first certificate on disk, as a
+    ratio against `minimal_ca_client.py` (a fresh Python process that only makes
+    a key and CSR, calls istiod-local and writes the files), for ECDSA and RSA.
+    Both run against the same istiod-local in the same run, interleaved, and
+    the medians are compared, so machine noise hits both sides alike.
+(b) istiod-local signing throughput with 1 and 50 concurrent clients (ECDSA).
+
+Prints each figure on its own line and, last, one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
+sys.path.insert(0, str(HERE))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return
+        time.sleep(0.002)
+    raise TimeoutError("condition not met in time")
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def time_agent(pod: Path, address: str, algorithm: str, out: Path) -> float:
+    env = {
+        **os.environ, "POD_NAME": "sleep-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "sleep",
+        "INSTANCE_IP": "127.0.0.1", "CA_ADDR": address, "DISABLE_ENVOY": "true", "OUTPUT_CERTS": str(out),
+        "SECRET_TTL": "1h", "ECC_SIGNATURE_ALGORITHM": "ECDSA" if algorithm == "ECDSA" else "",
+    }
+    chain = out / "cert-chain.pem"
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: chain.exists() and (out / "root-cert.pem").exists(), 60)
+        elapsed = time.perf_counter() - start
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    return elapsed
+
+
+def time_minimal(pod: Path, address: str, algorithm: str, out: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, str(HERE / "minimal_ca_client.py"), str(pod), str(out), address, algorithm],
+                   check=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    from bench_ca_throughput import measure_ca_throughput
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        state, pod = base / "state", base / "pod"
+        plain, secure = free_port(), free_port()
+        server = subprocess.Popen(
+            [str(BIN / "istiod-local"), "serve", "--state-dir", str(state), "--grpc-addr", f"127.0.0.1:{plain}",
+             "--secure-grpc-addr", f"127.0.0.1:{secure}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: port_open(secure), 30)
+            subprocess.run([str(BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
+                            "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
+                           check=True)
+            address = f"localhost:{secure}"
+            results: dict[str, float] = {}
+            for algorithm in ("ECDSA", "RSA"):
+                agent_times: list[float] = []
+                minimal_times: list[float] = []
+                for i in range(ROUNDS):
+                    agent_times.append(time_agent(pod, address, algorithm, base / f"a-{algorithm}-{i}"))
+                    minimal_times.append(time_minimal(pod, address, algorithm, base / f"m-{algorithm}-{i}"))
+                agent_ms = statistics.median(agent_times) * 1000
+                minimal_ms = statistics.median(minimal_times) * 1000
+                ratio = agent_ms / minimal_ms
+                print(f"time to first cert {algorithm}: pilot-agent {agent_ms:.0f} ms, "
+                      f"minimal client {minimal_ms:.0f} ms, ratio {ratio:.2f}")
+                results[f"time_to_cert_ratio_{algorithm.lower()}"] = round(ratio, 3)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    for concurrency in (1, 50):
+        rate = measure_ca_throughput(concurrency=concurrency, algorithm="ECDSA", seconds=3.0)
+        print(f"istiod-local ECDSA CSRs/s with {concurrency} concurrent clients: {rate:.0f}")
+        results[f"ca_csr_per_s_ecdsa_{concurrency}"] = round(rate, 1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

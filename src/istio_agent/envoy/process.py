@@ -1,0 +1,89 @@
+"""Running Envoy as a child process whose fate the agent shares.
+
+Envoy's output is relayed line by line into the agent's log (logger
+`istio_agent.envoy.proc`), so a pod has one log stream. When Envoy exits on
+its own, `on_exit(returncode)` tells the agent, which then exits too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+
+log = logging.getLogger("istio_agent.envoy.proc")
+
+
+class EnvoyProcess:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        on_exit: Callable[[int], None],
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        preexec_user: tuple[int, int] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.on_exit = on_exit
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.preexec_user = preexec_user
+        self.proc: asyncio.subprocess.Process | None = None
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        user = self.preexec_user
+        kwargs: dict[str, object] = {}
+        if user is not None:
+            kwargs["user"], kwargs["group"] = user
+            kwargs["extra_groups"] = []
+        log.info("starting Envoy: %s", " ".join(self.argv))
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env=self.env, cwd=self.cwd, **kwargs,  # type: ignore[arg-type]
+        )
+        self._tasks = [asyncio.create_task(self._relay_output()), asyncio.create_task(self._watch())]
+
+    async def _relay_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                return
+            log.info("%s", line.decode("utf-8", "replace").rstrip())
+
+    async def _watch(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        if self._stopping:
+            log.info("Envoy stopped (exit code %s)", code)
+            return
+        log.warning("Envoy exited on its own with code %s", code)
+        self.on_exit(code)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Terminate Envoy (SIGTERM, then SIGKILL after `grace` seconds) and wait for it."""
+        self._stopping = True
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 2.0)
