@@ -1,0 +1,220 @@
+"""The CA client: `istio.v1.auth.IstioCertificateService/CreateCertificate` over grpc.aio.
+
+Connection rules follow upstream's citadel client: plaintext to istiod's
+insecure port 15010, TLS elsewhere with a root from `CA_ROOT_CA` /
+`XDS_ROOT_CA` (`SYSTEM` = the OS bundle) or the mounted
+`./var/run/secrets/istio/root-cert.pem`, and a server name taken from the
+address (`localhost` stands for `istiod.istio-system.svc`; `ISTIOD_SAN` wins).
+The bearer token is re-read on every call because Kubernetes rotates it on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+import grpc.aio
+from google.protobuf import struct_pb2
+
+from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
+from istio_agent.security.options import (
+    CA_ROOT_DEFAULT_PATH,
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    SYSTEM_ROOTS,
+    SecurityOptions,
+)
+from istio_agent.security.rotation import CA_MAX_ATTEMPTS, ca_retry_delay
+from istio_agent.security.secrets import SecretError, system_bundle_path
+
+log = logging.getLogger(__name__)
+
+ISTIOD_SERVICE_NAME = "istiod.istio-system.svc"
+
+# Codes upstream's retry interceptor treats as transient.
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+
+
+def is_retryable(code: grpc.StatusCode | None) -> bool:
+    return code in RETRYABLE_CODES
+
+
+class CaError(SecretError):
+    """The CA refused or could not be reached; `code` is the final gRPC status, if any."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CertificateSigner(Protocol):
+    """What the secret cache needs from a CA: sign a PEM CSR, return the chain (leaf first, root last)."""
+
+    async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]: ...
+
+    async def close(self) -> None: ...
+
+
+def split_host_port(address: str) -> tuple[str, str]:
+    """`host:port` / `[v6]:port` → (host, port); a bare host gets an empty port."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, rest.lstrip(":")
+    host, sep, port = address.rpartition(":")
+    if not sep or ":" in host:
+        return address, ""
+    return host, port
+
+
+def tls_server_name(address: str, istiod_san: str = "") -> str:
+    """The name the CA's certificate must carry: ISTIOD_SAN, else the address host (`localhost` → istiod)."""
+    if istiod_san:
+        return istiod_san
+    host, _ = split_host_port(address)
+    if host == "localhost" or host.startswith("localhost."):
+        return ISTIOD_SERVICE_NAME
+    return host
+
+
+def resolve_ca_root(options: SecurityOptions) -> Path:
+    """The root bundle used to verify the CA, or SecretError naming the missing file."""
+    configured = options.ca_root_ca or options.xds_root_ca
+    if configured == SYSTEM_ROOTS:
+        bundle = system_bundle_path()
+        if bundle is None:
+            raise SecretError("root CA for the CA is SYSTEM but no OS certificate bundle was found")
+        return bundle
+    path = options.path(configured or CA_ROOT_DEFAULT_PATH)
+    if not path.is_file():
+        raise SecretError(f"root CA file for CA does not exist {path}")
+    return path
+
+
+def ca_metadata(options: SecurityOptions, token: str | None) -> list[tuple[str, str]]:
+    """Call metadata: ClusterID, CA_HEADER_* headers and the bearer token (gRPC keys are lower case)."""
+    metadata: list[tuple[str, str]] = [("clusterid", options.cluster_id)]
+    metadata += [(name, value) for name, value in options.ca_headers]
+    if token:
+        metadata.append(("authorization", f"Bearer {token}"))
+    return metadata
+
+
+def read_token(path: Path) -> str | None:
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read token %s: %s", path, exc)
+        return None
+    return token or None
+
+
+class CaClient:
+    """A grpc.aio client to the CA, with upstream's retry policy; one channel, rebuilt when its root changes."""
+
+    def __init__(
+        self,
+        options: SecurityOptions,
+        *,
+        rand: Callable[[], float] = random.random,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.options = options
+        self._rand = rand
+        self._sleep = sleep
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: istioca_pb2_grpc.IstioCertificateServiceStub | None = None
+        self._channel_key: bytes | None = None
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    def _credentials(self) -> tuple[grpc.ChannelCredentials, bytes]:
+        root_path = resolve_ca_root(self.options)
+        root = root_path.read_bytes()
+        key = cert = None
+        if self.options.prov_cert:
+            prov = self.options.path(self.options.prov_cert)
+            if (prov / KEY_FILE).is_file() and (prov / CERT_CHAIN_FILE).is_file():
+                key, cert = (prov / KEY_FILE).read_bytes(), (prov / CERT_CHAIN_FILE).read_bytes()
+        creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
+        return creds, root + (key or b"") + (cert or b"")
+
+    def _ensure_stub(self) -> istioca_pb2_grpc.IstioCertificateServiceStub:
+        """The stub, (re)building the channel when the trust material on disk changed."""
+        address = self.options.ca_address
+        if self.options.plaintext_ca:
+            if self._stub is None:
+                self._channel = grpc.aio.insecure_channel(address)
+                self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
+            return self._stub
+        creds, material = self._credentials()
+        if self._stub is not None and material == self._channel_key:
+            return self._stub
+        if self._channel is not None:
+            old = self._channel
+            asyncio.get_running_loop().create_task(old.close())
+        channel_options: list[tuple[str, str]] = []
+        name = tls_server_name(address, self.options.istiod_san)
+        if name != split_host_port(address)[0]:
+            channel_options.append(("grpc.ssl_target_name_override", name))
+        self._channel = grpc.aio.secure_channel(address, creds, options=channel_options)
+        self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
+        self._channel_key = material
+        return self._stub
+
+    def _request(self, csr_pem: bytes, ttl_seconds: int) -> istioca_pb2.IstioCertificateRequest:
+        request = istioca_pb2.IstioCertificateRequest(csr=csr_pem.decode(), validity_duration=int(ttl_seconds))
+        if self.options.cert_signer:
+            meta = struct_pb2.Struct()
+            meta.update({"CertSigner": self.options.cert_signer})
+            request.metadata.CopyFrom(meta)
+        return request
+
+    async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]:
+        """Send the CSR; retry transient failures up to 5 calls in all; return the chain, leaf first."""
+        request = self._request(csr_pem, ttl_seconds)
+        last: CaError | None = None
+        for attempt in range(CA_MAX_ATTEMPTS):
+            delay = ca_retry_delay(attempt, self._rand())
+            if delay:
+                await self._sleep(delay)
+            stub = self._ensure_stub()
+            metadata = ca_metadata(self.options, read_token(self.options.token_path))
+            try:
+                response = await stub.CreateCertificate(
+                    request, metadata=metadata, timeout=self.options.ca_call_timeout
+                )
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                last = CaError(
+                    f"CreateCertificate to {self.options.ca_address} failed: {code.name}: {exc.details()}", code
+                )
+                if not is_retryable(code):
+                    raise last from None
+                log.debug("CA call %d/%d failed, retrying: %s", attempt + 1, CA_MAX_ATTEMPTS, last)
+                continue
+            chain = list(response.cert_chain)
+            if len(chain) < 2:
+                raise CaError("invalid empty CertChain")
+            return chain
+        assert last is not None
+        raise last

@@ -1,0 +1,84 @@
+"""The agent's identity component: CA client + secret cache + SDS server, started and stopped as one.
+
+Decisions made at start, as upstream's agent makes them:
+- a healthy SDS server already on the socket → use it: no SDS server of ours and
+  no CA (only mounted files would be served from our cache);
+- mounted workload certificates, or FILE_MOUNTED_CERTS=true → no CA client;
+- `run_sds_server=False` (DISABLE_ENVOY) → no SDS server, but the cache still
+  pre-warms and rotates so OUTPUT_CERTS stays fresh for proxyless clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from istio_agent.security.ca_client import CaClient, CertificateSigner
+from istio_agent.security.cache import SecretCache
+from istio_agent.security.options import SecurityOptions
+from istio_agent.security.sds import SdsServer, socket_is_healthy
+from istio_agent.security.secrets import WORKLOAD_RESOURCE, SecretItem
+
+log = logging.getLogger(__name__)
+
+
+class WorkloadIdentity:
+    """Component with `start()`/`stop()`; exposes `.cache` for the XDS proxy (trust bundles) and status server."""
+
+    def __init__(self, options: SecurityOptions, *, signer: CertificateSigner | None = None) -> None:
+        self.options = options
+        self._signer_override = signer
+        self.signer: CertificateSigner | None = None
+        # Built now so other components can subscribe (`cache.on_update`) before `start()`.
+        self.cache = SecretCache(options, None)
+        self.sds: SdsServer | None = None
+        self.external_sds = False
+        self._started = False
+
+    @property
+    def sds_socket_path(self) -> str:
+        return str(self.options.sds_socket_path)
+
+    async def start(self) -> None:
+        opts = self.options
+        if opts.run_sds_server and await socket_is_healthy(opts.sds_socket_path):
+            self.external_sds = True
+            log.info("existing SDS server found at %s: not starting ours", opts.sds_socket_path)
+        self.signer = None
+        if not self.external_sds and not opts.file_mounted_certs:
+            self.signer = self._signer_override or CaClient(opts)
+        self.cache.set_signer(self.signer)
+        if self.signer is not None and not self.cache.uses_ca:
+            log.info("workload certificates are mounted: not contacting the CA")
+        elif self.signer is not None:
+            log.info("CA endpoint %s (%s) for %s", opts.ca_address, "plaintext" if opts.plaintext_ca else "TLS",
+                     opts.spiffe_id)
+        await self.cache.start()
+        if opts.run_sds_server and not self.external_sds:
+            self.sds = SdsServer(self.cache, opts.sds_socket_path)
+            await self.sds.start()
+        self._started = True
+
+    async def stop(self) -> None:
+        if self.sds is not None:
+            await self.sds.stop()
+            self.sds = None
+        await self.cache.stop()
+        if self.signer is not None:
+            await self.signer.close()
+            self.signer = None
+        self._started = False
+
+    async def wait_for_certificate(self, timeout: float | None = None) -> SecretItem:
+        """Wait until a valid workload certificate is available (for readiness and the proxyless path)."""
+        if not self.cache.uses_ca:
+            return await asyncio.wait_for(self.cache.get(WORKLOAD_RESOURCE), timeout)
+
+        async def poll() -> SecretItem:
+            while True:
+                item = self.cache.current_workload()
+                if item is not None:
+                    return item
+                await asyncio.sleep(0.05)
+
+        return await asyncio.wait_for(poll(), timeout)
