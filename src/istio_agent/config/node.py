@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 
 PROXY_TYPES = ("sidecar", "router")
+
+log = logging.getLogger(__name__)
 
 
 def instance_ips(environment: env.Environment) -> list[str]:
@@ -87,42 +90,138 @@ def identity_from_env(environment: env.Environment, proxy_type: str, domain: str
     )
 
 
+# Typed node-metadata keys whose values upstream parses as Go's StringBool: "true"
+# spellings come out as "true"; false is omitted from the typed form, so the raw
+# value stays.
+_STRING_BOOL_KEYS = (
+    "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS",
+    "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE", "ENVOY_SKIP_DEPRECATED_LOGS",
+)
+_LOCALITY_LABEL = "istio-locality"
+
+
 def node_metadata(
     environment: env.Environment,
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
     proxy_config_json: Mapping[str, Any],
     ips: list[str],
+    *,
+    pilot_san: list[str] | None = None,
+    outlier_log_path: str = "",
+    envoy_status_port: int = 15021,
+    envoy_prometheus_port: int = 15090,
+    workload_identity_socket_file: str | None = None,
+    metadata_discovery: bool = False,
+    exit_on_zero_active_connections: bool = False,
+    sts_port: int = 0,
+    istio_version: str | None = None,
+    credential_socket_exists: bool = False,
 ) -> dict[str, Any]:
-    """Node metadata sent to istiod: ISTIO_META_*, ISTIO_METAJSON_*, pod labels and annotations."""
-    meta: dict[str, Any] = {}
-    for key, raw in environment.with_prefix(env.ISTIO_METAJSON_PREFIX):
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"environment variable {env.ISTIO_METAJSON_PREFIX}{key}: invalid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"environment variable {env.ISTIO_METAJSON_PREFIX}{key}: expected a JSON object")
-        meta.update(value)
+    """Node metadata as upstream's bootstrap writes it (and sends it to istiod).
+
+    Two layers, as upstream keeps them: the raw map (`ISTIO_META_*` values, then
+    every `ISTIO_METAJSON_*` object merged into the top level) and the typed
+    fields (PROXY_CONFIG, LABELS, ANNOTATIONS, INSTANCE_IPS, ports, ...). A typed
+    field wins over a raw key of the same name; every other raw key is kept.
+    `labels` are the pod-labels file (empty when absent); `istio-locality` in the
+    labels is rewritten from `a.b.c` to `a/b/c`.
+    """
+    raw: dict[str, Any] = {}
+    for key, value in dict(proxy_config_json.get("proxyMetadata") or {}).items():
+        if key.startswith(env.ISTIO_META_PREFIX):
+            raw[key[len(env.ISTIO_META_PREFIX):]] = value
     for key, value in environment.with_prefix(env.ISTIO_META_PREFIX):
-        meta[key] = value
+        raw[key] = value
+    static_labels: dict[str, str] = {}
+    for key, text in environment.with_prefix(env.ISTIO_METAJSON_PREFIX):
+        parsed = _json_object(f"{env.ISTIO_METAJSON_PREFIX}{key}", text)
+        raw.update(parsed)
+        if key == "LABELS" and parsed and all(isinstance(v, str) for v in parsed.values()):
+            static_labels = dict(parsed)
+
+    typed: dict[str, Any] = {}
+    for key in ("ISTIO_VERSION", "NAME", "NAMESPACE", "SERVICE_ACCOUNT"):
+        if isinstance(raw.get(key), str) and raw[key]:
+            typed[key] = raw[key]
+    for key in _STRING_BOOL_KEYS:
+        if key in raw and _string_bool(key, raw[key]):
+            typed[key] = "true"
+    if "ISTIO_VERSION" not in typed:
+        version = istio_version if istio_version is not None else environment.get(env.ISTIO_VERSION)
+        if version:
+            typed["ISTIO_VERSION"] = version
+    unique_ips = list(dict.fromkeys(ips))
+    if unique_ips:
+        typed["INSTANCE_IPS"] = ",".join(unique_ips)
+    if sts_port:
+        typed["STS_PORT"] = str(sts_port)
+    if envoy_status_port:
+        typed["ENVOY_STATUS_PORT"] = envoy_status_port
+    if envoy_prometheus_port:
+        typed["ENVOY_PROMETHEUS_PORT"] = envoy_prometheus_port
+    if exit_on_zero_active_connections:
+        typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
+    typed["METADATA_DISCOVERY"] = "true" if metadata_discovery else "false"
+    typed["PROXY_CONFIG"] = dict(proxy_config_json)
+    pod_vars = ((env.POD_NAME, "NAME"), (env.POD_NAMESPACE, "NAMESPACE"), (env.SERVICE_ACCOUNT, "SERVICE_ACCOUNT"))
+    for var, key in pod_vars:
+        if environment.get(var):
+            typed[key] = environment.get(var)
+
+    if not static_labels and isinstance(raw.get("LABELS"), dict):
+        static_labels = {str(k): str(v) for k, v in raw["LABELS"].items()}
     pod_labels = {k: v for k, v in labels.items() if k != "pod-template-hash"}
-    if pod_labels:
-        meta["LABELS"] = {**meta.get("LABELS", {}), **pod_labels}
-    if annotations:
-        meta["ANNOTATIONS"] = {**meta.get("ANNOTATIONS", {}), **annotations}
-    meta["INSTANCE_IPS"] = ",".join(ips)
-    version = environment.get(env.ISTIO_VERSION)
-    if version:
-        meta.setdefault("ISTIO_VERSION", version)
-    namespace = environment.get(env.POD_NAMESPACE)
-    if namespace:
-        meta.setdefault("NAMESPACE", namespace)
-    pod = environment.get(env.POD_NAME)
-    if pod:
-        meta.setdefault("NAME", pod)
-    meta.setdefault("CLUSTER_ID", environment.get(env.ISTIO_META_CLUSTER_ID))
-    meta["PROXY_CONFIG"] = dict(proxy_config_json)
+    # Upstream's LABELS and STATIC_LABELS are one map unless a pod-labels file exists,
+    # so the locality rewrite below shows in both.
+    all_labels = {**static_labels, **pod_labels} if pod_labels else static_labels
+    if all_labels.get(_LOCALITY_LABEL):
+        all_labels[_LOCALITY_LABEL] = all_labels[_LOCALITY_LABEL].replace(".", "/")
+    if all_labels:
+        typed["LABELS"] = all_labels
+    if static_labels:
+        typed["STATIC_LABELS"] = static_labels
+    all_annotations = dict(raw["ANNOTATIONS"]) if isinstance(raw.get("ANNOTATIONS"), dict) else {}
+    all_annotations.update(annotations)
+    if all_annotations:
+        typed["ANNOTATIONS"] = all_annotations
+    if pilot_san:
+        typed["PILOT_SAN"] = list(pilot_san)
+    if outlier_log_path:
+        typed["OUTLIER_LOG_PATH"] = outlier_log_path
+    socket_file = workload_identity_socket_file
+    if socket_file is None:
+        socket_file = environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE)
+    if socket_file:
+        typed["WORKLOAD_IDENTITY_SOCKET_FILE"] = socket_file
+    if credential_socket_exists:
+        raw["CREDENTIAL_SOCKET_EXISTS"] = "true"
     if environment.get(env.ISTIO_META_DNS_CAPTURE) or environment.get(env.ISTIO_META_ENABLE_DNS_SERVER):
-        meta["DNS_PROXY_ADDR"] = environment.get(env.DNS_PROXY_ADDR)
+        raw.setdefault("DNS_PROXY_ADDR", environment.get(env.DNS_PROXY_ADDR))
+
+    meta = dict(typed)
+    for key, value in raw.items():
+        meta.setdefault(key, value)
     return meta
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    """One ISTIO_METAJSON_* value; like upstream, a bad value is logged and ignored, not fatal."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        log.warning("environment variable %s: invalid JSON, ignored: %s", name, exc)
+        return {}
+    if not isinstance(value, dict):
+        log.warning("environment variable %s: expected a JSON object, ignored", name)
+        return {}
+    return value
+
+
+def _string_bool(key: str, value: Any) -> bool:
+    """A boolean metadata value; an unreadable one is kept as written (logged), not fatal."""
+    try:
+        return env.parse_bool(str(value))
+    except ValueError:
+        log.warning("node metadata %s=%r: expected true or false; kept as written", key, value)
+        return False
