@@ -1,0 +1,231 @@
+"""Forwarding unknown names to the resolv.conf servers (runs on the DNS thread's event loop).
+
+As upstream: servers are tried in resolv.conf order, each with its own timeout
+(5 s by default), the first reply of any rcode wins; with `parallel` every
+server is asked at once and the first reply wins. `query()` returns None when
+every server failed, and the caller answers SERVFAIL.
+
+UDP queries go out on a few long-lived connected sockets per server with a
+fresh random id each (a socket per query, as Go does, costs too much here).
+Connected sockets let the kernel drop replies from anyone but the server, and
+report ICMP port-unreachable, so a dead server fails fast instead of timing
+out. A reply is accepted only if its id and question match what we sent.
+TCP queries use one connection per query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from istio_agent.dns import wire
+
+MAX_PENDING_PER_SOCKET = 20_000  # of 65,536 ids: leave room for random picks to succeed fast
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvConf:
+    servers: tuple[str, ...]
+    search: tuple[str, ...]
+
+
+def parse_resolv_conf(text: str) -> ResolvConf:
+    """Nameservers and search domains; the last `search` or `domain` line wins (as libc)."""
+    servers: list[str] = []
+    search: list[str] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].split(";", 1)[0].split()
+        if len(line) < 2:
+            continue
+        if line[0] == "nameserver":
+            servers.append(line[1])
+        elif line[0] == "search":
+            search = line[1:]
+        elif line[0] == "domain":
+            search = [line[1]]
+    return ResolvConf(servers=tuple(servers), search=tuple(search))
+
+
+def read_resolv_conf(path: str | Path) -> ResolvConf:
+    return parse_resolv_conf(Path(path).read_text())
+
+
+class UpstreamError(Exception):
+    """One upstream server did not give a usable answer."""
+
+
+def _question_end(data: bytes) -> int:
+    return wire.skip_name(data, 12) + 4
+
+
+class _UdpUpstream(asyncio.DatagramProtocol):
+    """One connected UDP socket to one server, multiplexing queries by id."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self.transport: asyncio.DatagramTransport | None = None
+        # id -> (future, lower-cased question, deadline); insertion order = deadline order.
+        self.pending: dict[int, tuple[asyncio.Future[bytes], bytes, float]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's UDP transport does not subclass asyncio.DatagramTransport: no isinstance check.
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def send(self, data: bytes, qend: int, deadline: float) -> asyncio.Future[bytes]:
+        if self.transport is None or self.transport.is_closing():
+            raise UpstreamError("upstream socket closed")
+        if len(self.pending) >= MAX_PENDING_PER_SOCKET:
+            raise UpstreamError("too many queries in flight")
+        qid = self._rng.getrandbits(16)
+        while qid in self.pending:
+            qid = self._rng.getrandbits(16)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.pending[qid] = (future, data[12:qend].lower(), deadline)
+        self.transport.sendto(qid.to_bytes(2, "big") + data[2:])
+        return future
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        if len(data) < 12 or not data[2] & 0x80:
+            return
+        entry = self.pending.get((data[0] << 8) | data[1])
+        if entry is None:
+            return
+        future, question, _ = entry
+        if data[12:12 + len(question)].lower() != question:
+            return  # not the answer to our question: keep waiting for the real one
+        del self.pending[(data[0] << 8) | data[1]]
+        if not future.done():
+            future.set_result(data)
+
+    def error_received(self, exc: Exception) -> None:
+        self._fail_all(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(exc or UpstreamError("upstream socket closed"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        pending, self.pending = self.pending, {}
+        for future, _, _ in pending.values():
+            if not future.done():
+                future.set_exception(UpstreamError(str(exc)))
+
+    def expire(self, now: float) -> None:
+        expired = []
+        for qid, (_, _, deadline) in self.pending.items():
+            if deadline > now:
+                break
+            expired.append(qid)
+        for qid in expired:
+            future = self.pending.pop(qid)[0]
+            if not future.done():
+                future.set_exception(UpstreamError("upstream timeout"))
+
+
+class Forwarder:
+    """Sends queries to the upstream servers. Create, use and close on one event loop."""
+
+    def __init__(self, servers: list[tuple[str, int]], *, parallel: bool = False, timeout: float = 5.0,
+                 sockets_per_server: int = 2) -> None:
+        self.servers = servers
+        self.parallel = parallel
+        self.timeout = timeout
+        self._sockets_per_server = sockets_per_server
+        self._rng = random.Random()
+        self._udp: dict[tuple[str, int], list[_UdpUpstream]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for server in self.servers:
+            endpoints = []
+            for _ in range(self._sockets_per_server):
+                try:
+                    family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
+                    _, proto = await loop.create_datagram_endpoint(
+                        lambda: _UdpUpstream(self._rng), remote_addr=server, family=family)
+                except OSError:
+                    continue  # unroutable server: every query to it fails and moves on
+                endpoints.append(proto)
+            self._udp[server] = endpoints
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for endpoints in self._udp.values():
+            for proto in endpoints:
+                if proto.transport is not None:
+                    proto.transport.close()
+        self._udp = {}
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = max(0.01, min(0.25, self.timeout / 10))
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for endpoints in self._udp.values():
+                for proto in endpoints:
+                    proto.expire(now)
+
+    async def query(self, data: bytes, tcp: bool) -> bytes | None:
+        """The first upstream reply to a validated query, or None when every server failed."""
+        if not self.servers:
+            return None
+        if self.parallel and len(self.servers) > 1:
+            return await self._parallel(data, tcp)
+        for server in self.servers:
+            try:
+                return await self._exchange(server, data, tcp)
+            except (UpstreamError, OSError, TimeoutError, wire.WireError, asyncio.IncompleteReadError):
+                continue
+        return None
+
+    async def _parallel(self, data: bytes, tcp: bool) -> bytes | None:
+        tasks = [asyncio.ensure_future(self._exchange(server, data, tcp)) for server in self.servers]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except (UpstreamError, OSError, TimeoutError, wire.WireError, asyncio.IncompleteReadError):
+                    continue
+            return None
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Retrieve the results of losers so asyncio does not log them as never retrieved.
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _exchange(self, server: tuple[str, int], data: bytes, tcp: bool) -> bytes:
+        qend = _question_end(data)
+        if tcp:
+            return await self._exchange_tcp(server, data, qend)
+        endpoints = self._udp.get(server)
+        if not endpoints:
+            raise UpstreamError(f"no socket to {server}")
+        proto = endpoints[self._rng.randrange(len(endpoints))] if len(endpoints) > 1 else endpoints[0]
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        return await proto.send(data, qend, deadline)
+
+    async def _exchange_tcp(self, server: tuple[str, int], data: bytes, qend: int) -> bytes:
+        async with asyncio.timeout(self.timeout):
+            reader, writer = await asyncio.open_connection(server[0], server[1])
+            try:
+                writer.write(len(data).to_bytes(2, "big") + data)
+                while True:
+                    size = int.from_bytes(await reader.readexactly(2), "big")
+                    resp = await reader.readexactly(size)
+                    if (len(resp) >= 12 and resp[:2] == data[:2] and resp[2] & 0x80
+                            and resp[12:qend].lower() == data[12:qend].lower()):
+                        return resp
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()

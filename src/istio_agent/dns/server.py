@@ -1,0 +1,420 @@
+"""The DNS proxy component: UDP and TCP on DNS_PROXY_ADDR, answering off the agent's event loop.
+
+Threads, and why (benchmarks/bench_dns.py measures it): with answering on the
+agent's loop, a 50 ms burst of other work (an xDS push, a metrics scrape)
+stalls every DNS answer behind it; measured with dnsperf, QPS fell from ~180k
+to ~4k and average latency rose to the burst length. So:
+
+* one thread per UDP socket runs a blocking recvfrom/sendto loop around the
+  sans-IO Responder. A blocking loop beat a uvloop datagram endpoint by ~10% and
+  each syscall releases the GIL, so a busy agent loop slows answers down (GIL
+  sharing) but cannot stop them;
+* one "dns-io" thread runs its own event loop (uvloop when importable) for the
+  TCP listeners and for forwarding to upstream servers.
+
+The agent's loop only calls `start()`, `stop()` and `update_name_table()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from istio_agent.dns import wire
+from istio_agent.dns.answers import CompiledTable
+from istio_agent.dns.forward import Forwarder, read_resolv_conf
+from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
+from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, Forward, Responder
+from istio_agent.dns.table import build_lookup, proxy_domain
+from istio_agent.protos import nds_pb2
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDR = "localhost:15053"
+TCP_MAX_INFLIGHT = 64  # forwarded queries per TCP connection before we stop reading from it
+
+
+@dataclass(frozen=True, slots=True)
+class DnsProxyOptions:
+    """Everything the DNS proxy needs, resolved from flags/env by the caller."""
+
+    addr: str = DEFAULT_ADDR  # DNS_PROXY_ADDR; "localhost" binds 127.0.0.1 and ::1 (if available)
+    namespace: str = ""  # POD_NAMESPACE: decides which services answer by bare name
+    domain: str = ""  # the proxy's --domain, e.g. "default.svc.cluster.local"
+    resolv_conf: str = "/etc/resolv.conf"
+    upstream_port: int = 53  # resolv.conf cannot carry a port; tests point this at their own server
+    forward_parallel: bool = False  # DNS_FORWARD_PARALLEL
+    upstream_timeout: float = 5.0
+    respond_before_sync: bool = False  # forward instead of SERVFAIL before the first NameTable
+    tcp_idle_timeout: float = 8.0
+    max_tcp_connections: int = 1024
+    max_pending_forwards: int = 10_000
+    use_uvloop: bool = True
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"DNS address must be host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+class DnsProxy:
+    """The agent's DNS proxy. `await start()`, feed `update_name_table()`, `await stop()`."""
+
+    def __init__(self, options: DnsProxyOptions, registry: CollectorRegistry | None = None) -> None:
+        self.options = options
+        self.metrics = DnsMetrics(registry)
+        self.responder = Responder(respond_before_sync=options.respond_before_sync)
+        self._domain = proxy_domain(options.namespace, options.domain)
+        self._search: tuple[str, ...] = ()
+        self._udp_socks: list[socket.socket] = []
+        self._tcp_socks: list[socket.socket] = []
+        self._udp_threads: list[threading.Thread] = []
+        self._io_thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._forwarder: Forwarder | None = None
+        self._tcp_servers: list[asyncio.AbstractServer] = []
+        self._tcp_conns: set[_TcpConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending_forwards = 0
+        self._stopping = False
+        self._udp_forward_counts = self.metrics.counts("udp")
+        self._tcp_counts = self.metrics.counts("tcp")
+        self.addresses: list[tuple[str, int]] = []  # bound (host, port), same port for UDP and TCP
+
+    # ---- name table -------------------------------------------------------------------------
+
+    def update_name_table(self, table: nds_pb2.NameTable) -> None:
+        """Compile `table` and swap it in; answers switch over atomically."""
+        lookup = build_lookup(table, self.options.namespace, self._domain, self._search)
+        self.responder.table = CompiledTable(table, lookup)
+
+    def name_table(self) -> nds_pb2.NameTable | None:
+        """The NameTable being served (for /debug/ndsz), None before the first one."""
+        table = self.responder.table
+        return None if table is None else table.source
+
+    def is_ready(self) -> bool:
+        return self.responder.table is not None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        conf = read_resolv_conf(self.options.resolv_conf)
+        self._search = conf.search
+        table = self.responder.table
+        if table is not None:  # a table set before start() used the search list we did not know yet
+            self.update_name_table(table.source)
+        servers = [(s, self.options.upstream_port) for s in conf.servers]
+        self._bind()
+        loop = _new_loop(self.options.use_uvloop)
+        self._loop = loop
+        self._forwarder = Forwarder(servers, parallel=self.options.forward_parallel,
+                                    timeout=self.options.upstream_timeout)
+        self._io_thread = threading.Thread(target=self._run_io_loop, name="dns-io", daemon=True)
+        self._io_thread.start()
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._io_start(), loop))
+        except BaseException:
+            await self.stop()
+            raise
+        for sock in self._udp_socks:
+            thread = threading.Thread(target=self._udp_loop, args=(sock,), daemon=True,
+                                      name=f"dns-udp-{sock.getsockname()[0]}")
+            thread.start()
+            self._udp_threads.append(thread)
+        log.info("DNS proxy listening on %s (upstream %s, search %s)", self.addresses, servers, conf.search)
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for sock in self._udp_socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked recvfrom
+        for thread in self._udp_threads:
+            await asyncio.to_thread(thread.join)
+        loop = self._loop
+        if loop is not None and self._io_thread is not None:
+            if self._io_thread.is_alive():
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._io_stop(), loop))
+                loop.call_soon_threadsafe(loop.stop)
+                await asyncio.to_thread(self._io_thread.join)
+            loop.close()
+        for sock in (*self._udp_socks, *self._tcp_socks):
+            sock.close()
+
+    def _bind_hosts(self, host: str) -> list[tuple[str, bool]]:
+        """(address, required) pairs to bind; ::1 is best effort under "localhost"."""
+        if host in ("localhost", ""):
+            return [("127.0.0.1", True), ("::1", False)]
+        try:
+            ipaddress.ip_address(host)
+            return [(host, True)]
+        except ValueError:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+            return [(str(infos[0][4][0]), True)]
+
+    def _bind(self) -> None:
+        host, port = split_host_port(self.options.addr)
+        try:
+            for address, required in self._bind_hosts(host):
+                family = socket.AF_INET6 if ":" in address else socket.AF_INET
+                udp = socket.socket(family, socket.SOCK_DGRAM)
+                tcp = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    if family == socket.AF_INET6:
+                        udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                        tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    udp.bind((address, port))
+                    port = udp.getsockname()[1]  # an ephemeral port is shared by every listener
+                    tcp.bind((address, port))
+                    tcp.listen(128)
+                    tcp.setblocking(False)
+                except OSError as exc:
+                    udp.close()
+                    tcp.close()
+                    if required or exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                        raise
+                    log.info("DNS proxy: not listening on %s: %s", address, exc)
+                    continue
+                self._udp_socks.append(udp)
+                self._tcp_socks.append(tcp)
+                self.addresses.append((address, port))
+        except BaseException:
+            for sock in (*self._udp_socks, *self._tcp_socks):
+                sock.close()
+            self._udp_socks, self._tcp_socks, self.addresses = [], [], []
+            raise
+
+    # ---- dns-io thread ----------------------------------------------------------------------
+
+    def _run_io_loop(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        # Let cancelled tasks finish unwinding before the loop is closed by stop().
+        pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def _io_start(self) -> None:
+        assert self._forwarder is not None
+        await self._forwarder.start()
+        loop = asyncio.get_running_loop()
+        for sock in self._tcp_socks:
+            server = await loop.create_server(lambda: _TcpConnection(self), sock=sock)
+            self._tcp_servers.append(server)
+
+    async def _io_stop(self) -> None:
+        for server in self._tcp_servers:
+            server.close()
+        for conn in list(self._tcp_conns):
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._forwarder is not None:
+            await self._forwarder.close()
+
+    def spawn(self, coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a forwarding coroutine on the io loop (from that loop), keeping a reference until it ends."""
+        task = asyncio.ensure_future(coro())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def forward(self, data: bytes, limit: int, tcp: bool) -> bytes:
+        """Upstream's answer to a validated query (id restored, cut to `limit`), or SERVFAIL
+        when every upstream failed or too many queries are already in flight."""
+        counts = self._tcp_counts if tcp else self._udp_forward_counts
+        if self._pending_forwards >= self.options.max_pending_forwards:
+            counts[FAILED] += 1
+            return wire.error_reply(data, wire.parse_query(data), wire.RCODE_SERVFAIL)
+        assert self._forwarder is not None and self._loop is not None
+        self._pending_forwards += 1
+        start = self._loop.time()
+        try:
+            resp = await self._forwarder.query(data, tcp)
+        finally:
+            self._pending_forwards -= 1
+        if resp is None:
+            counts[FAILED] += 1
+            counts[UPSTREAM_FAILURES] += 1
+            return wire.error_reply(data, wire.parse_query(data), wire.RCODE_SERVFAIL)
+        self.metrics.upstream_latency.observe(self._loop.time() - start)
+        counts[FORWARDED] += 1
+        return wire.fit(data[:2] + resp[2:], limit)
+
+    def _forward_udp(self, data: bytes, addr: tuple[Any, ...], sock: socket.socket, limit: int) -> None:
+        async def run() -> None:
+            resp = await self.forward(data, limit, tcp=False)
+            with contextlib.suppress(OSError):
+                sock.sendto(resp, addr)
+
+        self.spawn(run)
+
+    # ---- UDP threads ------------------------------------------------------------------------
+
+    def _udp_loop(self, sock: socket.socket) -> None:
+        counts = self.metrics.counts("udp")
+        respond = self.responder.respond
+        recv = sock.recvfrom
+        send = sock.sendto
+        loop = self._loop
+        assert loop is not None
+        call = loop.call_soon_threadsafe
+        forward = self._forward_udp
+        while True:
+            try:
+                data, addr = recv(65535)
+            except OSError:
+                if self._stopping:
+                    return
+                continue
+            if addr is None:  # woken by shutdown()
+                return
+            try:
+                result = respond(data, False, counts)
+            except Exception:  # the responder never raises; if it does, lose one packet, not the server
+                log.exception("DNS proxy: failed to answer a UDP query")
+                counts[MALFORMED] += 1
+                continue
+            if result is None:
+                continue
+            if type(result) is bytes:
+                try:
+                    send(result, addr)
+                except OSError:
+                    pass
+            elif isinstance(result, Forward):
+                try:
+                    call(forward, data, addr, sock, result.limit)
+                except RuntimeError:  # loop closed while stopping
+                    return
+
+
+class _TcpConnection(asyncio.Protocol):
+    """One DNS-over-TCP client: 2-byte length framing, pipelined queries, idle timeout."""
+
+    def __init__(self, proxy: DnsProxy) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.inflight = 0
+        self.reading_paused = False
+        self.last_activity = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
+        if len(self.proxy._tcp_conns) >= self.proxy.options.max_tcp_connections:
+            transport.close()
+            return
+        self.proxy._tcp_conns.add(self)
+        loop = asyncio.get_running_loop()
+        self.last_activity = loop.time()
+        self.idle_timer = loop.call_later(self.proxy.options.tcp_idle_timeout, self._check_idle)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy._tcp_conns.discard(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _check_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self.last_activity
+        timeout = self.proxy.options.tcp_idle_timeout
+        if idle >= timeout and self.inflight == 0:
+            self.close()
+        else:
+            self.idle_timer = loop.call_later(max(0.05, timeout - idle), self._check_idle)
+
+    def pause_writing(self) -> None:  # the client is not reading: stop taking queries
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._drain()
+
+    def _drain(self) -> None:
+        assert self.transport is not None
+        self.last_activity = asyncio.get_running_loop().time()
+        buf = self.buffer
+        respond = self.proxy.responder.respond
+        counts = self.proxy._tcp_counts
+        while len(buf) >= 2 and not self.reading_paused:
+            size = (buf[0] << 8) | buf[1]
+            if len(buf) < 2 + size:
+                break
+            msg = bytes(buf[2:2 + size])
+            del buf[:2 + size]
+            try:
+                result = respond(msg, True, counts)
+            except Exception:
+                log.exception("DNS proxy: failed to answer a TCP query")
+                counts[MALFORMED] += 1
+                continue
+            if type(result) is bytes:
+                self._write(result)
+            elif isinstance(result, Forward):
+                self._forward(msg, result.limit)
+
+    def _write(self, resp: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(len(resp).to_bytes(2, "big") + resp)
+
+    def _forward(self, msg: bytes, limit: int) -> None:
+        self.inflight += 1
+        if self.inflight >= TCP_MAX_INFLIGHT and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+        async def run() -> None:
+            try:
+                self._write(await self.proxy.forward(msg, limit, tcp=True))
+            finally:
+                self.inflight -= 1
+                if self.reading_paused and self.inflight < TCP_MAX_INFLIGHT // 2 and self.transport is not None:
+                    self.reading_paused = False
+                    if not self.transport.is_closing():
+                        self.transport.resume_reading()
+                        self._drain()
+
+        self.proxy.spawn(run)

@@ -1,0 +1,324 @@
+"""DNS wire format, just as much as the proxy needs (RFC 1035, RFC 6891).
+
+Why our own and not dnspython here: the proxy never needs to *understand* most
+of a message, only to validate its structure, find the question, read the
+client's EDNS size and cut a response at a record boundary. Walking the bytes
+does that without building objects, which keeps the slow path cheap as well.
+All functions are pure: bytes in, bytes or values out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TYPE_A = 1
+TYPE_CNAME = 5
+TYPE_AAAA = 28
+TYPE_OPT = 41
+CLASS_IN = 1
+
+RCODE_NOERROR = 0
+RCODE_FORMERR = 1
+RCODE_SERVFAIL = 2
+RCODE_NOTIMP = 4
+RCODE_BADVERS = 16  # extended: upper 8 bits go into the OPT TTL
+
+OPCODE_QUERY = 0
+
+# Flag bits of the 16-bit header flags word.
+FLAG_QR = 0x8000
+FLAG_AA = 0x0400
+FLAG_TC = 0x0200
+FLAG_RD = 0x0100
+FLAG_CD = 0x0010
+
+MIN_UDP_SIZE = 512  # RFC 1035 limit without EDNS (and the floor with it)
+MAX_MSG_SIZE = 65535  # TCP length prefix limit
+# What we advertise in our own OPT records: the DNS flag day 2020 value, safe on any path.
+OUR_UDP_SIZE = 1232
+
+
+class WireError(ValueError):
+    """The bytes are not a well-formed DNS message."""
+
+
+def encode_name(name: str) -> bytes:
+    """Lower-cased wire form of a dotted name ("a.b." or "a.b"); "." is the root.
+
+    Raises ValueError for names DNS cannot carry (empty or >63-byte labels, >255 bytes).
+    """
+    text = name.lower().rstrip(".")
+    if not text:
+        return b"\x00"
+    out = bytearray()
+    for label in text.split("."):
+        raw = label.encode("utf-8")
+        if not raw or len(raw) > 63:
+            raise ValueError(f"invalid DNS label {label!r} in {name!r}")
+        out.append(len(raw))
+        out += raw
+    out.append(0)
+    if len(out) > 255:
+        raise ValueError(f"DNS name too long: {name!r}")
+    return bytes(out)
+
+
+def decode_name(wire: bytes) -> str:
+    """Dotted form (with trailing dot) of an uncompressed wire name."""
+    labels = []
+    off = 0
+    while wire[off]:
+        n = wire[off]
+        labels.append(wire[off + 1 : off + 1 + n].decode("utf-8", "replace"))
+        off += 1 + n
+    return ".".join(labels) + "."
+
+
+def skip_name(buf: bytes, off: int) -> int:
+    """Offset just past the (possibly compressed) name at `off`; raise WireError if malformed.
+
+    Pointers are only checked to point backwards (which also rules out loops); the
+    proxy never needs the name a pointer leads to.
+    """
+    start = off
+    end = len(buf)
+    while True:
+        if off >= end:
+            raise WireError("name runs past the end of the message")
+        n = buf[off]
+        if n == 0:
+            off += 1
+            break
+        kind = n & 0xC0
+        if kind == 0xC0:
+            if off + 2 > end:
+                raise WireError("truncated compression pointer")
+            target = ((n & 0x3F) << 8) | buf[off + 1]
+            if target >= start:
+                raise WireError("compression pointer does not point backwards")
+            off += 2
+            break
+        if kind:
+            raise WireError("unsupported label type")
+        off += 1 + n
+    if off - start > 255:
+        raise WireError("name longer than 255 bytes")
+    return off
+
+
+@dataclass(frozen=True, slots=True)
+class Edns:
+    """The client's OPT record: what it can receive and whether it wants DNSSEC records."""
+
+    udp_size: int
+    version: int
+    do: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A validated query message, reduced to what the proxy acts on."""
+
+    flags: int
+    opcode: int
+    qdcount: int
+    question: bytes  # qname (as sent) + qtype + qclass, or b"" when qdcount == 0
+    qname: bytes  # lower-cased wire qname
+    qtype: int
+    qclass: int
+    edns: Edns | None
+
+    @property
+    def udp_limit(self) -> int:
+        """Largest UDP response this client accepts (RFC 6891 6.2.5: never below 512)."""
+        if self.edns is None:
+            return MIN_UDP_SIZE
+        return max(MIN_UDP_SIZE, self.edns.udp_size)
+
+
+def _u16(buf: bytes, off: int) -> int:
+    return (buf[off] << 8) | buf[off + 1]
+
+
+def _walk_rr(buf: bytes, off: int) -> tuple[int, int, int, int]:
+    """Validate one resource record; return (name_end, type, rdata_start, end)."""
+    name_end = skip_name(buf, off)
+    if name_end + 10 > len(buf):
+        raise WireError("truncated record header")
+    rtype = _u16(buf, name_end)
+    rdlen = _u16(buf, name_end + 8)
+    end = name_end + 10 + rdlen
+    if end > len(buf):
+        raise WireError("record data runs past the end of the message")
+    return name_end, rtype, name_end + 10, end
+
+
+def _check_options(buf: bytes, off: int, end: int) -> None:
+    while off < end:
+        if off + 4 > end:
+            raise WireError("truncated EDNS option")
+        off += 4 + _u16(buf, off + 2)
+    if off != end:
+        raise WireError("EDNS option runs past its record")
+
+
+def parse_query(data: bytes) -> Query:
+    """Validate a whole query message and return its question and EDNS data.
+
+    Mirrors what a Go server built on miekg/dns accepts: exactly one question, at
+    most one answer and one authority record, at most two additional records, a
+    single OPT record owned by the root; nothing after the last record.
+    """
+    if len(data) < 12:
+        raise WireError("shorter than a DNS header")
+    flags = _u16(data, 2)
+    qd, an, ns, ar = _u16(data, 4), _u16(data, 6), _u16(data, 8), _u16(data, 10)
+    if an > 1 or ns > 1 or ar > 2 or qd > 1:
+        raise WireError("unexpected section counts for a query")
+    off = 12
+    question = b""
+    qname = b""
+    qtype = qclass = 0
+    if qd:
+        if data[12] & 0xC0:
+            raise WireError("compressed question name")
+        name_end = skip_name(data, 12)
+        if name_end + 4 > len(data):
+            raise WireError("truncated question")
+        qname = data[12:name_end].lower()
+        qtype = _u16(data, name_end)
+        qclass = _u16(data, name_end + 2)
+        off = name_end + 4
+        question = data[12:off]
+    edns: Edns | None = None
+    for index in range(an + ns + ar):
+        name_end, rtype, rdata, end = _walk_rr(data, off)
+        if rtype == TYPE_OPT:
+            if index < an + ns or edns is not None or name_end != off + 1 or data[off] != 0:
+                raise WireError("misplaced, duplicated or non-root OPT record")
+            _check_options(data, rdata, end)
+            edns = Edns(udp_size=_u16(data, name_end + 2), version=data[name_end + 5],
+                        do=bool(data[name_end + 6] & 0x80))
+        off = end
+    if off != len(data):
+        raise WireError("trailing bytes after the last record")
+    return Query(flags=flags, opcode=(flags >> 11) & 0xF, qdcount=qd, question=question,
+                 qname=qname, qtype=qtype, qclass=qclass, edns=edns)
+
+
+def opt_record(do: bool, ext_rcode: int = 0) -> bytes:
+    """Our OPT record: root owner, our UDP size, version 0, DO copied (RFC 3225), no options."""
+    return (b"\x00\x00\x29" + OUR_UDP_SIZE.to_bytes(2, "big") + bytes((ext_rcode, 0, 0x80 if do else 0, 0))
+            + b"\x00\x00")
+
+
+def reply_flags(query_flags: int, rcode: int, authoritative: bool = False) -> int:
+    """Response flags the way a miekg/dns `SetReply` builds them: QR, opcode, RD and CD copied."""
+    flags = FLAG_QR | (query_flags & 0x7800) | (rcode & 0xF)
+    if (query_flags >> 11) & 0xF == OPCODE_QUERY:
+        flags |= query_flags & (FLAG_RD | FLAG_CD)
+    if authoritative:
+        flags |= FLAG_AA
+    return flags
+
+
+def error_reply(data: bytes, query: Query, rcode: int) -> bytes:
+    """An answerless reply echoing the question (and an OPT record if the query had one)."""
+    opt = b""
+    if query.edns is not None:
+        opt = opt_record(query.edns.do, rcode >> 4)
+    return b"".join((
+        data[:2],
+        reply_flags(query.flags, rcode).to_bytes(2, "big"),
+        (1 if query.question else 0).to_bytes(2, "big"),
+        b"\x00\x00\x00\x00",
+        (1 if opt else 0).to_bytes(2, "big"),
+        query.question,
+        opt,
+    ))
+
+
+def formerr(data: bytes) -> bytes | None:
+    """Header-only FORMERR for a packet we cannot parse; None when it must be dropped.
+
+    Never answer a packet that is shorter than a header or is itself a response:
+    replying to responses lets two servers bounce errors at each other forever.
+    """
+    if len(data) < 12 or data[2] & 0x80:
+        return None
+    flags = reply_flags(_u16(data, 2), RCODE_FORMERR)
+    return data[:2] + flags.to_bytes(2, "big") + b"\x00" * 8
+
+
+def fit(resp: bytes, limit: int) -> bytes:
+    """Cut a response to at most `limit` bytes at a record boundary, setting TC if records were cut.
+
+    Keeps the header, the question and the longest run of records that fits,
+    then re-appends the OPT record (clients need it to learn our size). Records
+    are kept as a prefix, so compression pointers in them stay valid. A response
+    we cannot walk is reduced to its header and question with TC set.
+    """
+    if len(resp) <= limit:
+        return resp
+    try:
+        return _fit(resp, limit)
+    except WireError:
+        return _header_only(resp)
+
+
+def _header_only(resp: bytes) -> bytes:
+    flags = _u16(resp, 2) | FLAG_TC
+    try:
+        qd = _u16(resp, 4)
+        off = 12
+        if qd == 1:
+            off = skip_name(resp, 12) + 4
+            if off > len(resp):
+                raise WireError("truncated question")
+        elif qd:
+            raise WireError("multiple questions")
+    except WireError:
+        qd, off = 0, 12
+    return resp[:2] + flags.to_bytes(2, "big") + qd.to_bytes(2, "big") + b"\x00" * 6 + resp[12:off]
+
+
+def _fit(resp: bytes, limit: int) -> bytes:
+    if len(resp) < 12:
+        raise WireError("shorter than a DNS header")
+    qd = _u16(resp, 4)
+    counts = (_u16(resp, 6), _u16(resp, 8), _u16(resp, 10))
+    off = 12
+    for _ in range(qd):
+        off = skip_name(resp, off) + 4
+        if off > len(resp):
+            raise WireError("truncated question")
+    body_start = off
+    records: list[tuple[int, int]] = []  # (section, end offset) of each record before any OPT
+    opt = b""
+    stop_keeping = False
+    for section, count in enumerate(counts):
+        for _ in range(count):
+            _name_end, rtype, _rdata, end = _walk_rr(resp, off)
+            if rtype == TYPE_OPT and section == 2:
+                opt = resp[off:end]
+                stop_keeping = True  # later records would shift: keep only what precedes the OPT
+            elif not stop_keeping:
+                records.append((section, end))
+            off = end
+    budget = limit - len(opt)
+    kept = [0, 0, 0]
+    cut = body_start
+    for section, end in records:
+        if end > budget:
+            break
+        kept[section] += 1
+        cut = end
+    flags = _u16(resp, 2)
+    if kept[0] < counts[0] or kept[1] < counts[1]:
+        flags |= FLAG_TC
+    if cut > budget:  # not even the question fits: header only
+        return _header_only(resp)
+    ar = kept[2] + (1 if opt else 0)
+    header = (resp[:2] + flags.to_bytes(2, "big") + qd.to_bytes(2, "big") + kept[0].to_bytes(2, "big")
+              + kept[1].to_bytes(2, "big") + ar.to_bytes(2, "big"))
+    return header + resp[12:cut] + opt
