@@ -182,10 +182,13 @@ class SecretCache:
         bundle = [p for p in bundle if p.strip()]
         if self._extra_roots.get(source, []) == bundle:
             return
+        before = self._merged_roots(self._last_root)
         if bundle:
             self._extra_roots[source] = bundle
         else:
             self._extra_roots.pop(source, None)
+        if self._merged_roots(self._last_root) == before and self._last_root:
+            return
         workload = self.current_workload()
         if workload is not None:
             self._write_output(workload)

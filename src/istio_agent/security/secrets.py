@@ -8,6 +8,7 @@ Gateways).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,10 @@ def pem_certificates(data: bytes) -> list[x509.Certificate]:
         if end < 0:
             continue
         try:
-            out.append(x509.load_pem_x509_certificate(block[: end + len(b"-----END CERTIFICATE-----")] + b"\n"))
+            with warnings.catch_warnings():
+                # OS bundles hold a few legacy roots with non-positive serials; they are still roots.
+                warnings.simplefilter("ignore")
+                out.append(x509.load_pem_x509_certificate(block[: end + len(b"-----END CERTIFICATE-----")] + b"\n"))
         except ValueError:
             continue
     return out
