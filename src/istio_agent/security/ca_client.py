@@ -36,6 +36,14 @@ log = logging.getLogger(__name__)
 
 ISTIOD_SERVICE_NAME = "istiod.istio-system.svc"
 
+# gRPC's default reconnect backoff grows to 120 s; a CA that comes back must be
+# found within seconds so that rotation resumes well before the certificate expires.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+)
+
 # Codes upstream's retry interceptor treats as transient.
 RETRYABLE_CODES = frozenset(
     {
@@ -163,7 +171,7 @@ class CaClient:
         address = self.options.ca_address
         if self.options.plaintext_ca:
             if self._stub is None:
-                self._channel = grpc.aio.insecure_channel(address)
+                self._channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
                 self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
             return self._stub
         creds, material = self._credentials()
@@ -172,7 +180,7 @@ class CaClient:
         if self._channel is not None:
             old = self._channel
             asyncio.get_running_loop().create_task(old.close())
-        channel_options: list[tuple[str, str]] = []
+        channel_options: list[tuple[str, str | int]] = list(CHANNEL_OPTIONS)
         name = tls_server_name(address, self.options.istiod_san)
         if name != split_host_port(address)[0]:
             channel_options.append(("grpc.ssl_target_name_override", name))

@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,26 @@ log = logging.getLogger(__name__)
 SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_UDS_PATH = 107
+
+
+@contextlib.contextmanager
+def uds_address(path: Path) -> Iterator[str]:
+    """A gRPC `unix:` target for `path`, even when it is longer than a socket address allows.
+
+    Pods' working directories can be deep; a long path is reached through an open
+    descriptor of its directory (`/proc/self/fd/N/<name>`), which the kernel
+    resolves at bind/connect time. The descriptor is only needed until then.
+    """
+    if len(os.fsencode(str(path))) <= MAX_UDS_PATH:
+        yield f"unix:{path}"
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"unix:/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 def to_envoy_secret(item: SecretItem) -> secret_pb2.Secret:
@@ -51,14 +71,15 @@ async def socket_is_healthy(path: Path, timeout: float = 1.0) -> bool:
     """True when a gRPC server accepts connections on the UDS `path` (upstream's socket health check)."""
     if not path.exists() or path.is_file():
         return False
-    channel = grpc.aio.insecure_channel(f"unix:{path}")
-    try:
-        await asyncio.wait_for(channel.channel_ready(), timeout)
-        return True
-    except (TimeoutError, grpc.aio.AioRpcError):
-        return False
-    finally:
-        await channel.close()
+    with uds_address(path) as target:
+        channel = grpc.aio.insecure_channel(target)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout)
+            return True
+        except (TimeoutError, grpc.aio.AioRpcError):
+            return False
+        finally:
+            await channel.close()
 
 
 class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
@@ -99,8 +120,9 @@ class SdsServer:
             self.socket_path.unlink()
         server = grpc.aio.server()
         sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
+        with uds_address(self.socket_path) as target:
+            server.add_insecure_port(target)
+            await server.start()
         os.chmod(self.socket_path, SOCKET_MODE)
         self._server = server
         log.info("SDS server listening on %s", self.socket_path)
