@@ -10,6 +10,7 @@ matcher check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -78,7 +79,7 @@ def _options(kit: Path, manifest: dict[str, Any], case: dict[str, Any], scratch:
     # Upstream points customConfigFile at its template; here the built-in rendering is that
     # template, so only the metadata copy of ProxyConfig carries the path.
     renderer_config = {k: v for k, v in opts.proxy_config.items() if k != "customConfigFile"}
-    return BootstrapOptions(**{**opts.__dict__, "proxy_config": renderer_config})
+    return dataclasses.replace(opts, proxy_config=renderer_config)
 
 
 def _normalise(text: str, manifest: dict[str, Any], case: dict[str, Any], scratch: Path) -> str:

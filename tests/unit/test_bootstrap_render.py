@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -232,8 +233,7 @@ def test_log_as_json_lrs_and_deferred_switches() -> None:
     assert "json_format" in b["application_log_config"]["log_format"]
     assert b["cluster_manager"]["load_stats_config"] == {"api_type": "GRPC"}
     assert b["cluster_manager"]["outlier_detection"] == {"event_log_path": "/dev/stdout"}
-    off = render_bootstrap(BootstrapOptions(**{**opts.__dict__, "deferred_cluster_creation": False,
-                                               "deferred_stats_creation": False}))
+    off = render_bootstrap(dataclasses.replace(opts, deferred_cluster_creation=False, deferred_stats_creation=False))
     assert "enable_deferred_cluster_creation" not in off["cluster_manager"]
     assert "deferred_stat_options" not in off
 

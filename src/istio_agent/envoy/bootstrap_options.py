@@ -120,8 +120,6 @@ def bootstrap_options(
     HOST_IP, fragment stripping) are plain arguments.
     """
     config_json = proxy_config.to_json()
-    if not config_json.get("statusPort"):
-        config_json["statusPort"] = 15020
     metadata = node_metadata(
         environment, labels, annotations, config_json, list(ips),
         pilot_san=list(pilot_san),
