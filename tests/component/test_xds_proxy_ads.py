@@ -52,6 +52,8 @@ class _FakeStream:
     delta: bool
     queue: asyncio.Queue[pb_message.Message | None] = field(default_factory=asyncio.Queue)
     subscribed: set[str] = field(default_factory=set)
+    # Delta: names the client holds per type, so that a later response can remove the ones gone.
+    known: dict[str, set[str]] = field(default_factory=dict)
 
 
 class FakeAds:
@@ -99,16 +101,19 @@ class FakeAds:
     def requests_of(self, type_url: str, delta: bool | None = None) -> list[Any]:
         return [r for d, r in self.requests if r.type_url == type_url and (delta is None or d == delta)]
 
-    def _response(self, type_url: str, delta: bool) -> pb_message.Message:
+    def _response(self, type_url: str, stream: _FakeStream) -> pb_message.Message:
         self._nonce += 1
         nonce = f"nonce-{self._nonce}"
-        if delta:
+        if stream.delta:
             d = discovery_pb2.DeltaDiscoveryResponse(
                 type_url=type_url, nonce=nonce, system_version_info=str(self.version)
             )
             for name, msg in self.resources[type_url]:
                 r = d.resources.add(name=name, version=str(self.version))
                 r.resource.Pack(msg)
+            current = {name for name, _ in self.resources[type_url]}
+            d.removed_resources.extend(sorted(stream.known.get(type_url, set()) - current))
+            stream.known[type_url] = current
             return d
         s = discovery_pb2.DiscoveryResponse(type_url=type_url, nonce=nonce, version_info=str(self.version))
         for _, msg in self.resources[type_url]:
@@ -121,7 +126,7 @@ class FakeAds:
         self.resources[type_url] = resources
         for stream in self.streams:
             if type_url in stream.subscribed:
-                stream.queue.put_nowait(self._response(type_url, stream.delta))
+                stream.queue.put_nowait(self._response(type_url, stream))
 
     async def _sotw(self, _it: Any, context: grpc.aio.ServicerContext) -> None:
         await self._serve(context, SOTW)
@@ -147,7 +152,9 @@ class FakeAds:
             self.requests.append((stream.delta, request))
             if not request.response_nonce and request.type_url in self.resources:
                 stream.subscribed.add(request.type_url)
-                stream.queue.put_nowait(self._response(request.type_url, stream.delta))
+                if stream.delta:  # a reconnecting Delta client says what it already holds
+                    stream.known[request.type_url] = set(request.initial_resource_versions)
+                stream.queue.put_nowait(self._response(request.type_url, stream))
         stream.queue.put_nowait(None)
 
 
@@ -389,7 +396,7 @@ async def test_health_withheld_until_lds_and_resent_on_reconnect(tmp_path: Path,
 
 @pytest.mark.parametrize("delta", [SOTW, DELTA], ids=["sotw", "delta"])
 async def test_upstream_failure_ends_stream_and_reconnect_works(tmp_path: Path, delta: bool) -> None:
-    async with harness(tmp_path, dial_timeout=2.0) as h:
+    async with harness(tmp_path, dial_timeout=1.0) as h:
         client = h.client(delta)
         await client.subscribe(types.CLUSTER_TYPE, NODE)
         await client.read()
