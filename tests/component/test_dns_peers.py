@@ -6,7 +6,6 @@ Everything listens on loopback only and is torn down by the fixtures.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import subprocess
@@ -169,7 +168,3 @@ async def running_proxy(resolv_conf: Path, upstream_port: int, *, addr: str = "1
         yield proxy
     finally:
         await proxy.stop()
-
-
-async def in_thread(fn: object, *args: object) -> object:
-    return await asyncio.to_thread(fn, *args)  # type: ignore[arg-type]
