@@ -64,3 +64,10 @@ def test_environment_overrides(tmp_path: Path) -> None:
 def test_bad_values_name_the_variable(name: str, value: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=name):
         build({name: value}, tmp_path)
+
+
+def test_plaintext_follows_the_15010_rule_unless_forced(tmp_path: Path) -> None:
+    assert SecurityOptions(ca_address="istiod:15010").plaintext_ca
+    assert not SecurityOptions(ca_address="istiod:15012").plaintext_ca
+    assert SecurityOptions(ca_address="127.0.0.1:4000", ca_plaintext=True).plaintext_ca
+    assert not SecurityOptions(ca_address="istiod:15010", ca_plaintext=False).plaintext_ca

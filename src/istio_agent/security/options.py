@@ -52,6 +52,9 @@ class SecurityOptions:
     ca_headers: tuple[tuple[str, str], ...] = ()
     cert_signer: str = ""
     ca_call_timeout: float = 10.0
+    # None applies upstream's rule (plaintext iff the address ends in :15010); tests and
+    # local setups on other ports can force it.
+    ca_plaintext: bool | None = None
     # Workload certificates.
     secret_ttl: float = 24 * 3600.0
     grace_period_ratio: float = 0.5
@@ -94,6 +97,8 @@ class SecurityOptions:
     @property
     def plaintext_ca(self) -> bool:
         """Upstream speaks plaintext to istiod's insecure port 15010 and TLS everywhere else."""
+        if self.ca_plaintext is not None:
+            return self.ca_plaintext
         return self.ca_address.endswith(":15010")
 
     # --- construction ------------------------------------------------------------------------------------

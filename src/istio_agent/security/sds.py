@@ -103,13 +103,17 @@ class SdsServer:
         self.cache = cache
         self.socket_path = socket_path
         self._server: grpc.aio.Server | None = None
-        self._streams: set[asyncio.Queue[tuple[str, Any]]] = set()
+        self._streams: dict[asyncio.Queue[tuple[str, Any]], SubscriptionState] = {}
         self._versions = itertools.count(1)
         cache.on_update(self.push)
 
     @property
     def stream_count(self) -> int:
         return len(self._streams)
+
+    def subscriptions(self) -> list[tuple[str, frozenset[str]]]:
+        """(node id, watched names) of every open stream, for diagnostics."""
+        return [(state.node_id, state.watched or frozenset()) for state in self._streams.values()]
 
     async def start(self) -> None:
         directory = self.socket_path.parent
@@ -165,8 +169,8 @@ class SdsServer:
             events.put_nowait(("end", None))
 
         reader = asyncio.get_running_loop().create_task(read())
-        self._streams.add(events)
         state = SubscriptionState()
+        self._streams[events] = state
         try:
             while True:
                 kind, value = await events.get()
@@ -196,5 +200,5 @@ class SdsServer:
                 state.on_sent(response.nonce)
                 log.debug("SDS: pushed %s to %s", ",".join(names), state.node_id)
         finally:
-            self._streams.discard(events)
+            self._streams.pop(events, None)
             reader.cancel()
