@@ -1,0 +1,229 @@
+"""The ADS server: `envoy.service.discovery.v3.AggregatedDiscoveryService` over grpc.aio.
+
+A thin adapter around the sans-IO sessions: each stream reads its requests
+into a queue, registry changes drop a push marker into every stream's queue,
+and one loop per stream feeds both to its `SotwSession`/`DeltaSession` and
+writes what comes back. The mesh is one immutable `MeshSnapshot`, replaced
+whole when the registry changes or a pod's proxy tells us its address.
+
+    ads = AdsServer(registry)
+    plane.add_service(ads.register)      # same grpc.aio server as the CA
+    ...
+    ads.update_registry(new_registry)    # pushes to every connected proxy
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from istio_agent.controlplane.xds.auth import AuthError, XdsAuthenticator
+from istio_agent.controlplane.xds.generators import GeneratorSet, ProxyContext, Resources, default_generators
+from istio_agent.controlplane.xds.mesh import (
+    ConnectedPod,
+    MeshSnapshot,
+    build_snapshot,
+    effective_workloads,
+    service_views,
+)
+from istio_agent.controlplane.xds.proxy import Proxy, ProxyError, proxy_from_node
+from istio_agent.controlplane.xds.registry import Registry
+from istio_agent.controlplane.xds.sessions import DeltaSession, SotwSession
+
+log = logging.getLogger("istio_agent.controlplane.ads")
+
+_PUSH = object()
+_EOF = object()
+
+
+@dataclass
+class Connection:
+    """One ADS stream: its proxy, its session, and the queue its loop reads."""
+
+    id: str
+    proxy: Proxy
+    delta: bool
+    session: SotwSession | DeltaSession
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    push_pending: bool = False
+    pushes: int = 0
+
+    def notify(self) -> None:
+        if not self.push_pending:
+            self.push_pending = True
+            self.queue.put_nowait(_PUSH)
+
+    def status(self) -> dict[str, Any]:
+        """What the connection has been sent and what it refused (for debugging and tests)."""
+        watches = {t: {"nonce": w.nonce, "nacked": w.nacked} for t, w in self.session.watches.items()}
+        return {"id": self.id, "proxy": self.proxy.id, "delta": self.delta, "pushes": self.pushes,
+                "watches": watches}
+
+
+class AdsServer:
+    """Serves ADS (SotW and Delta) for every connected proxy from the current registry."""
+
+    def __init__(self, registry: Registry, generators: GeneratorSet | None = None,
+                 authenticator: XdsAuthenticator | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._generators = generators or default_generators()
+        self._authenticator = authenticator
+        self._clock = clock
+        self._registry = registry
+        self._pods: dict[tuple[str, str], ConnectedPod] = {}
+        self._pod_streams: dict[tuple[str, str], int] = {}
+        self._snapshot = build_snapshot(1, registry)
+        self._connections: dict[str, Connection] = {}
+        self._ids = itertools.count(1)
+
+    # ---- mesh state -------------------------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> MeshSnapshot:
+        return self._snapshot
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    def update_registry(self, registry: Registry) -> int:
+        """Serve a new registry; every connected proxy gets what changed. Returns the snapshot version."""
+        self._registry = registry
+        self._rebuild()
+        return self._snapshot.version
+
+    def _rebuild(self) -> None:
+        workloads = effective_workloads(self._registry, self._pods)
+        current = self._snapshot
+        same_registry = current.registry is self._registry
+        if same_registry and current.workloads == workloads:
+            return
+        services = current.services if same_registry else service_views(self._registry)
+        self._snapshot = MeshSnapshot(current.version + 1, self._registry, workloads, services)
+        log.info("mesh version %d: %d services, %d workloads; pushing to %d streams", self._snapshot.version,
+                 len(self._snapshot.services), len(workloads), len(self._connections))
+        for connection in self._connections.values():
+            connection.notify()
+
+    def _pod_connected(self, proxy: Proxy) -> None:
+        key = proxy.key
+        self._pod_streams[key] = self._pod_streams.get(key, 0) + 1
+        self._pods[key] = ConnectedPod.from_proxy(proxy)
+        self._rebuild()
+
+    def _pod_disconnected(self, proxy: Proxy) -> None:
+        key = proxy.key
+        left = self._pod_streams.get(key, 1) - 1
+        if left > 0:
+            self._pod_streams[key] = left
+            return
+        self._pod_streams.pop(key, None)
+        self._pods.pop(key, None)
+        self._rebuild()
+
+    def connections(self) -> list[dict[str, Any]]:
+        return [c.status() for c in self._connections.values()]
+
+    # ---- gRPC ---------------------------------------------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """A `ServiceRegistrar`: add the ADS service to a grpc.aio server (e.g. `ControlPlane.add_service`)."""
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(_Servicer(self), server)
+
+    def _generate_for(self, proxy: Proxy) -> tuple[Callable[[str, Collection[str] | None], Resources], frozenset[str]]:
+        generator = self._generators.for_proxy(proxy)
+        cache: dict[int, ProxyContext] = {}
+
+        def generate(type_url: str, names: Collection[str] | None) -> Resources:
+            snapshot = self._snapshot
+            ctx = cache.get(snapshot.version)
+            if ctx is None:
+                cache.clear()
+                ctx = cache[snapshot.version] = ProxyContext.build(snapshot, proxy)
+            return generator.generate(type_url, ctx, names)
+
+        return generate, generator.types
+
+    async def serve_stream(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, delta: bool) -> None:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        reader = asyncio.create_task(_read_into(requests, queue))
+        connection: Connection | None = None
+        try:
+            first = await queue.get()
+            if first is _EOF or isinstance(first, BaseException):
+                return
+            try:
+                proxy = proxy_from_node(first.node)
+            except ProxyError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                return
+            if self._authenticator is not None:
+                try:
+                    self._authenticator.authenticate(proxy, context, self._clock())
+                except AuthError as exc:
+                    log.warning("ADS: refused %s: %s", proxy.id, exc)
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+                    return
+            generate, served = self._generate_for(proxy)
+            conn_id = f"{proxy.id}-{next(self._ids)}"
+            session: SotwSession | DeltaSession = (DeltaSession if delta else SotwSession)(proxy.id, served, generate)
+            connection = Connection(conn_id, proxy, delta, session, queue)
+            self._connections[conn_id] = connection
+            log.info("ADS: new %s connection %s (generator %s)", "delta" if delta else "sotw", conn_id,
+                     self._generators.for_proxy(proxy).name)
+            self._pod_connected(proxy)
+            item = first
+            while True:
+                if item is _EOF:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if item is _PUSH:
+                    connection.push_pending = False
+                    responses: list[Any] = connection.session.on_push(str(self._snapshot.version))
+                    connection.pushes += bool(responses)
+                else:
+                    responses = connection.session.on_request(item, str(self._snapshot.version))  # type: ignore[arg-type]
+                for response in responses:
+                    await context.write(response)
+                item = await queue.get()
+        finally:
+            reader.cancel()
+            if connection is not None:
+                self._connections.pop(connection.id, None)
+                self._pod_disconnected(connection.proxy)
+                log.info("ADS: connection %s closed", connection.id)
+
+
+async def _read_into(requests: AsyncIterator[Any], queue: asyncio.Queue[Any]) -> None:
+    try:
+        async for request in requests:
+            queue.put_nowait(request)
+        queue.put_nowait(_EOF)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the client went away mid-stream
+        log.debug("ADS: stream read ended: %s", exc)
+        queue.put_nowait(_EOF)
+
+
+class _Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(self, server: AdsServer) -> None:
+        self._server = server
+
+    async def StreamAggregatedResources(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._server.serve_stream(request_iterator, context, delta=False)
+
+    async def DeltaAggregatedResources(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._server.serve_stream(request_iterator, context, delta=True)

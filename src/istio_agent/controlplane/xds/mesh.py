@@ -1,0 +1,209 @@
+"""The mesh as the generators see it: registry plus the pods that connected, indexed.
+
+A workload's address may be missing from the registry ("the local node
+assigns one"); the pod's own proxy then tells us, through its node id, as a
+kubelet would report a pod IP. A proxy whose pod is not in the registry at
+all still counts as a workload (its labels and service account come from its
+node metadata), so a selector can pick it up like a Kubernetes pod.
+
+`MeshSnapshot` is immutable and versioned: generators read it, the ADS server
+swaps in a new one on every change. Its `memo` dict lets generators cache
+proxy-independent output (clusters, endpoints) once per version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from istio_agent.controlplane.xds.proxy import Proxy
+from istio_agent.controlplane.xds.registry import Registry, Service, ServiceEntry, ServicePort
+
+KUBERNETES = "Kubernetes"
+EXTERNAL = "External"
+
+
+@dataclass(frozen=True)
+class Locality:
+    region: str = ""
+    zone: str = ""
+    subzone: str = ""
+
+
+def locality_from_labels(labels: Mapping[str, str]) -> Locality:
+    """Kubernetes topology labels, or Istio's `istio-locality: region/zone/subzone`."""
+    if labels.get("istio-locality"):
+        parts = [*labels["istio-locality"].replace(".", "/").split("/"), "", ""]
+        return Locality(parts[0], parts[1], parts[2])
+    return Locality(labels.get("topology.kubernetes.io/region", ""), labels.get("topology.kubernetes.io/zone", ""),
+                    labels.get("topology.istio.io/subzone", ""))
+
+
+@dataclass(frozen=True)
+class MeshWorkload:
+    name: str
+    namespace: str
+    service_account: str
+    labels: Mapping[str, str]
+    ip: str
+    registered: bool = True
+
+    @property
+    def locality(self) -> Locality:
+        return locality_from_labels(self.labels)
+
+
+@dataclass(frozen=True)
+class ConnectedPod:
+    """What a connected proxy says about its pod."""
+
+    namespace: str
+    name: str
+    ip: str
+    service_account: str
+    labels: Mapping[str, str]
+
+    @classmethod
+    def from_proxy(cls, proxy: Proxy) -> ConnectedPod:
+        return cls(proxy.namespace, proxy.pod_name, proxy.ip, proxy.service_account or "default", proxy.labels)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    address: str
+    port: int
+    workload: MeshWorkload | None = None
+
+    @property
+    def locality(self) -> Locality:
+        return self.workload.locality if self.workload else Locality()
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    """A Kubernetes service or one host of a service entry, as one hostname with ports."""
+
+    hostname: str
+    name: str
+    namespace: str
+    registry: str
+    addresses: tuple[str, ...]
+    ports: tuple[ServicePort, ...]
+    resolution: str  # "EDS" for Kubernetes services, else the service entry's resolution
+    service: Service | None = None
+    entry: ServiceEntry | None = None
+
+    @property
+    def mesh_external(self) -> bool:
+        return self.registry == EXTERNAL
+
+    def port(self, number: int) -> ServicePort | None:
+        return next((p for p in self.ports if p.port == number), None)
+
+
+@dataclass(frozen=True)
+class InboundTarget:
+    """A service port served by the proxy's own workload."""
+
+    service: ServiceView
+    port: ServicePort
+
+
+def effective_workloads(registry: Registry,
+                        connected: Mapping[tuple[str, str], ConnectedPod]) -> tuple[MeshWorkload, ...]:
+    out = []
+    seen = set()
+    for w in registry.workloads:
+        pod = connected.get((w.namespace, w.name))
+        out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else "")))
+        seen.add((w.namespace, w.name))
+    for key in sorted(connected):
+        if key not in seen:
+            pod = connected[key]
+            out.append(MeshWorkload(pod.name, pod.namespace, pod.service_account, dict(pod.labels), pod.ip, False))
+    return tuple(out)
+
+
+def service_views(registry: Registry) -> tuple[ServiceView, ...]:
+    views: dict[str, ServiceView] = {}
+    for s in registry.services:
+        host = s.hostname(registry.domain_suffix)
+        views[host] = ServiceView(host, s.name, s.namespace, KUBERNETES, (s.cluster_ip,), s.ports, "EDS", service=s)
+    for e in registry.service_entries:
+        for host in e.hosts:
+            if host in views:  # a Kubernetes service or an earlier entry already owns the name
+                continue
+            views[host] = ServiceView(host, "", e.namespace, EXTERNAL, e.addresses, e.ports, e.resolution, entry=e)
+    return tuple(views[h] for h in sorted(views))
+
+
+@dataclass
+class MeshSnapshot:
+    version: int
+    registry: Registry
+    workloads: tuple[MeshWorkload, ...]
+    services: tuple[ServiceView, ...]
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_host = {s.hostname: s for s in self.services}
+        self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+
+    @property
+    def trust_domain(self) -> str:
+        return self.registry.trust_domain
+
+    def service(self, hostname: str) -> ServiceView | None:
+        return self._by_host.get(hostname)
+
+    def selected_workloads(self, service: Service) -> list[MeshWorkload]:
+        return [w for w in self.workloads if w.namespace == service.namespace and service.selects(w.labels)]
+
+    def endpoints(self, view: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
+        """Endpoints of one service port (pods with an address; static service-entry endpoints)."""
+        key = (view.hostname, port.port)
+        if key not in self._endpoints:
+            if view.service is not None:
+                eps = [Endpoint(w.ip, port.target_port, w) for w in self.selected_workloads(view.service) if w.ip]
+            elif view.entry is not None and view.resolution == "STATIC":
+                eps = [Endpoint(address, port.target_port) for address in view.entry.endpoints]
+            else:
+                eps = []
+            self._endpoints[key] = tuple(sorted(eps, key=lambda e: (e.address, e.port)))
+        return self._endpoints[key]
+
+    def service_accounts(self, view: ServiceView) -> list[str]:
+        """SPIFFE ids of the pods behind a service, for the client's SAN check."""
+        if view.service is None:
+            return []
+        accounts = {self.registry.spiffe_id(w.namespace, w.service_account)
+                    for w in self.selected_workloads(view.service)}
+        return sorted(accounts)
+
+    def workload_for(self, proxy: Proxy) -> MeshWorkload | None:
+        for w in self.workloads:
+            if (w.namespace, w.name) == proxy.key:
+                return w
+        ips = set(proxy.ips)
+        return next((w for w in self.workloads if w.ip and w.ip in ips and w.namespace == proxy.namespace), None)
+
+    def inbound_targets(self, workload: MeshWorkload | None) -> list[InboundTarget]:
+        """Service ports the workload serves, one per target port (first service by hostname wins)."""
+        if workload is None:
+            return []
+        out: dict[int, InboundTarget] = {}
+        for view in self.services:
+            if view.service is None or view.namespace != workload.namespace:
+                continue
+            if not view.service.selects(workload.labels):
+                continue
+            for port in view.ports:
+                out.setdefault(port.target_port, InboundTarget(view, port))
+        return [out[p] for p in sorted(out)]
+
+
+def build_snapshot(version: int, registry: Registry,
+                   connected: Mapping[tuple[str, str], ConnectedPod] | None = None) -> MeshSnapshot:
+    return MeshSnapshot(version, registry, effective_workloads(registry, connected or {}), service_views(registry))
+

@@ -1,0 +1,314 @@
+"""The service registry: a tiny Kubernetes (services, workloads, PeerAuthentication, ServiceEntries).
+
+istiod-local has no API server; the mesh is described by one YAML file:
+
+    trustDomain: cluster.local            # optional
+    services:
+    - name: echo
+      namespace: default
+      selector: {app: echo}
+      ports: [{name: http, port: 80, targetPort: 8080, protocol: HTTP}]
+      clusterIP: 10.96.0.20               # optional, else allocated from 10.96.0.0/16
+    workloads:
+    - {name: echo-1, namespace: default, serviceAccount: echo, labels: {app: echo}, ip: 10.244.0.5}
+    peerAuthentication: {default: PERMISSIVE}   # namespace -> PERMISSIVE | STRICT | DISABLE
+    serviceEntries:
+    - hosts: [api.example.com]
+      addresses: [192.0.2.10]             # optional
+      ports: [{number: 443, name: tls, protocol: TCP}]
+      resolution: DNS                     # NONE | STATIC | DNS | DNS_ROUND_ROBIN
+
+`parse_registry` is pure: text in, a frozen `Registry` out, or a
+`RegistryError` naming the line and field. Nothing here knows about files or
+Envoy.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from istio_agent.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips
+from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose, line_of
+
+PROTOCOLS = ("HTTP", "HTTP2", "GRPC", "TCP")
+HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
+MTLS_MODES = ("PERMISSIVE", "STRICT", "DISABLE")
+RESOLUTIONS = ("NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN")
+INBOUND_POLICIES = ("PASSTHROUGH", "LOCALHOST")
+DEFAULT_TRUST_DOMAIN = "cluster.local"
+DEFAULT_DOMAIN_SUFFIX = "cluster.local"
+# PeerAuthentication in the root namespace applies mesh-wide, as upstream's istio-system does.
+ROOT_NAMESPACE = "istio-system"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    name: str
+    port: int
+    target_port: int
+    protocol: str
+
+    @property
+    def is_http(self) -> bool:
+        return self.protocol in HTTP_PROTOCOLS
+
+    @property
+    def is_http2(self) -> bool:
+        return self.protocol in ("HTTP2", "GRPC")
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    namespace: str
+    selector: Mapping[str, str]
+    ports: tuple[ServicePort, ...]
+    cluster_ip: str
+    cluster_ip_allocated: bool = False
+
+    def hostname(self, domain_suffix: str = DEFAULT_DOMAIN_SUFFIX) -> str:
+        return f"{self.name}.{self.namespace}.svc.{domain_suffix}"
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Kubernetes semantics: an empty selector selects nothing."""
+        return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector.items())
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    namespace: str
+    service_account: str
+    labels: Mapping[str, str]
+    ip: str = ""
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    namespace: str
+    hosts: tuple[str, ...]
+    addresses: tuple[str, ...]
+    ports: tuple[ServicePort, ...]
+    resolution: str
+    endpoints: tuple[str, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Registry:
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    domain_suffix: str = DEFAULT_DOMAIN_SUFFIX
+    services: tuple[Service, ...] = ()
+    workloads: tuple[Workload, ...] = ()
+    peer_authentication: Mapping[str, str] = field(default_factory=dict)
+    service_entries: tuple[ServiceEntry, ...] = ()
+    inbound_traffic_policy: str = "PASSTHROUGH"
+    # Stable VIPs for service-entry hosts without addresses (given only to proxies that ask).
+    auto_vips: Mapping[str, str] = field(default_factory=dict)
+
+    def mtls_mode(self, namespace: str) -> str:
+        return self.peer_authentication.get(namespace) or self.peer_authentication.get(ROOT_NAMESPACE) or "PERMISSIVE"
+
+    def spiffe_id(self, namespace: str, service_account: str) -> str:
+        return f"spiffe://{self.trust_domain}/ns/{namespace}/sa/{service_account}"
+
+
+_TOP = frozenset({"trustDomain", "domainSuffix", "services", "workloads", "peerAuthentication", "serviceEntries",
+                  "inboundTrafficPolicy"})
+_SERVICE = frozenset({"name", "namespace", "selector", "ports", "clusterIP"})
+_PORT = frozenset({"name", "targetPort", "protocol"})
+_WORKLOAD = frozenset({"name", "namespace", "serviceAccount", "labels", "ip"})
+_ENTRY = frozenset({"name", "namespace", "hosts", "addresses", "ports", "resolution", "endpoints"})
+_ENDPOINT = frozenset({"address"})
+
+
+def _label(f: Fields, key: str, default: str | None = None) -> str:
+    value = f.string(key, default)
+    if not _DNS_LABEL.match(value):
+        f.fail(f.value_node(key) if f.has(key) else f.node, key,
+               f"must be a DNS label (lowercase letters, digits and '-', at most 63), got {value!r}")
+    return value
+
+
+def _choice(f: Fields, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+    value = f.string(key, default)
+    if value not in choices:
+        f.fail(f.value_node(key), key, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _ip(f: Fields, key: str) -> str:
+    text = f.string(key, "")
+    if not text:
+        return ""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return f.fail(f.value_node(key), key, f"must be an IP address, got {text!r}")  # type: ignore[no-any-return]
+
+
+def _protocol_from_name(name: str) -> str:
+    """Upstream's port-name convention (`http-web`, `grpc`); anything else is TCP here (no sniffing)."""
+    prefix = name.split("-", 1)[0].lower()
+    return {"http": "HTTP", "http2": "HTTP2", "grpc": "GRPC", "tcp": "TCP"}.get(prefix, "TCP")
+
+
+def _port(path: str, node: object, source: str, number_key: str) -> tuple[ServicePort, Fields]:
+    f = Fields(node, path, source, _PORT | {number_key})  # type: ignore[arg-type]
+    port = f.integer(number_key, low=1, high=65535)
+    name = f.string("name", "")
+    protocol = _choice(f, "protocol", PROTOCOLS) if f.has("protocol") else _protocol_from_name(name)
+    target = f.integer("targetPort", default=port, low=1, high=65535)
+    return ServicePort(name, port, target, protocol), f
+
+
+def _ports(f: Fields, number_key: str) -> tuple[ServicePort, ...]:
+    ports: list[ServicePort] = []
+    seen: dict[int, str] = {}
+    for path, node in f.items("ports", required=True):
+        port, pf = _port(path, node, f.source, number_key)
+        if port.port in seen:
+            pf.fail(pf.value_node(number_key), number_key, f"port {port.port} is already declared at {seen[port.port]}")
+        seen[port.port] = path
+        ports.append(port)
+    return tuple(ports)
+
+
+def _services(top: Fields) -> list[tuple[Service, Fields]]:
+    out: list[tuple[Service, Fields]] = []
+    seen: dict[tuple[str, str], str] = {}
+    for path, node in top.items("services"):
+        f = Fields(node, path, top.source, _SERVICE)
+        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        if (name, namespace) in seen:
+            f.fail(f.value_node("name"), "name",
+                   f"service {namespace}/{name} is already defined at {seen[name, namespace]}")
+        seen[name, namespace] = path
+        cluster_ip = _ip(f, "clusterIP")
+        out.append((Service(name, namespace, f.string_map("selector"), _ports(f, "port"), cluster_ip), f))
+    return out
+
+
+def _workloads(top: Fields) -> tuple[Workload, ...]:
+    out: list[Workload] = []
+    seen: dict[tuple[str, str], str] = {}
+    ips: dict[str, str] = {}
+    for path, node in top.items("workloads"):
+        f = Fields(node, path, top.source, _WORKLOAD)
+        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        if (name, namespace) in seen:
+            f.fail(f.value_node("name"), "name",
+                   f"workload {namespace}/{name} is already defined at {seen[name, namespace]}")
+        seen[name, namespace] = path
+        ip = _ip(f, "ip")
+        if ip and ip in ips:
+            f.fail(f.value_node("ip"), "ip", f"{ip} is already used by {ips[ip]}")
+        if ip:
+            ips[ip] = path
+        account = _label(f, "serviceAccount", "default")
+        out.append(Workload(name, namespace, account, f.string_map("labels"), ip))
+    return tuple(out)
+
+
+def _peer_authentication(top: Fields) -> dict[str, str]:
+    if not top.has("peerAuthentication"):
+        return {}
+    f = Fields(top.value_node("peerAuthentication"), "peerAuthentication", top.source)
+    out = {}
+    for namespace in f.names():
+        if not _DNS_LABEL.match(namespace):
+            f.fail(f.value_node(namespace), namespace, "namespace must be a DNS label")
+        out[namespace] = _choice(f, namespace, MTLS_MODES)
+    return out
+
+
+def _service_entries(top: Fields) -> tuple[ServiceEntry, ...]:
+    out: list[ServiceEntry] = []
+    for path, node in top.items("serviceEntries"):
+        f = Fields(node, path, top.source, _ENTRY)
+        hosts = []
+        for host_path, host_node, host in f.string_list("hosts", required=True):
+            if not _DNS_NAME.match(host.lower()):
+                raise RegistryError(top.source, line_of(host_node), host_path, f"not a DNS name: {host!r}")
+            hosts.append(host.lower())
+        addresses = []
+        for address_path, address_node, address in f.string_list("addresses"):
+            try:
+                addresses.append(str(ipaddress.ip_address(address)))
+            except ValueError:
+                raise RegistryError(top.source, line_of(address_node), address_path,
+                                    f"must be an IP address, got {address!r}") from None
+        resolution = _choice(f, "resolution", RESOLUTIONS, "NONE")
+        endpoints = []
+        for endpoint_path, endpoint_node in f.items("endpoints"):
+            ef = Fields(endpoint_node, endpoint_path, top.source, _ENDPOINT)
+            endpoints.append(ef.string("address"))
+        if resolution == "STATIC" and not endpoints:
+            f.fail(f.value_node("resolution"), "resolution", "STATIC needs endpoints")
+        namespace = _label(f, "namespace", "default")
+        out.append(ServiceEntry(namespace, tuple(hosts), tuple(addresses), _ports(f, "number"), resolution,
+                                tuple(endpoints), f.string("name", "")))
+    return tuple(out)
+
+
+def _assign_cluster_ips(services: list[tuple[Service, Fields]]) -> tuple[Service, ...]:
+    taken: dict[str, str] = {}
+    for service, f in services:
+        if service.cluster_ip:
+            if service.cluster_ip in taken:
+                f.fail(f.value_node("clusterIP"), "clusterIP",
+                       f"{service.cluster_ip} is already used by {taken[service.cluster_ip]}")
+            taken[service.cluster_ip] = f.path
+    wanted = [f"{s.namespace}/{s.name}" for s, _ in services if not s.cluster_ip]
+    try:
+        allocated = allocate_cluster_ips(wanted, taken)
+    except ValueError as exc:
+        raise RegistryError(services[0][1].source, 0, "services", str(exc)) from None
+    out = []
+    for service, _ in services:
+        if service.cluster_ip:
+            out.append(service)
+        else:
+            ip = allocated[f"{service.namespace}/{service.name}"]
+            out.append(Service(service.name, service.namespace, service.selector, service.ports, ip, True))
+    return tuple(out)
+
+
+def _auto_vips(entries: tuple[ServiceEntry, ...]) -> dict[str, str]:
+    """VIPs for service-entry hosts without addresses: not NONE resolution, not wildcards (as upstream)."""
+    keys = {f"{e.namespace}/{h}": h for e in entries if not e.addresses and e.resolution != "NONE"
+            for h in e.hosts if not h.startswith("*")}
+    allocated = allocate_auto_vips(keys)
+    return {keys[k]: ip for k, ip in allocated.items()}
+
+
+def parse_registry(text: str, source: str = "registry") -> Registry:
+    """Parse and validate a registry document; `RegistryError` names the line and field of the first problem."""
+    root = compose(text, source)
+    if root is None:
+        return Registry()
+    top = Fields(root, "", source, _TOP)
+    trust_domain = top.string("trustDomain", DEFAULT_TRUST_DOMAIN)
+    if not _DNS_NAME.match(trust_domain):
+        top.fail(top.value_node("trustDomain"), "trustDomain", f"not a valid trust domain: {trust_domain!r}")
+    domain_suffix = top.string("domainSuffix", DEFAULT_DOMAIN_SUFFIX)
+    if not _DNS_NAME.match(domain_suffix):
+        top.fail(top.value_node("domainSuffix"), "domainSuffix", f"not a DNS name: {domain_suffix!r}")
+    services = _assign_cluster_ips(_services(top))
+    entries = _service_entries(top)
+    return Registry(
+        trust_domain=trust_domain,
+        domain_suffix=domain_suffix,
+        services=services,
+        workloads=_workloads(top),
+        peer_authentication=_peer_authentication(top),
+        service_entries=entries,
+        inbound_traffic_policy=_choice(top, "inboundTrafficPolicy", INBOUND_POLICIES, "PASSTHROUGH"),
+        auto_vips=_auto_vips(entries),
+    )
