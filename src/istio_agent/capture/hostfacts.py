@@ -17,10 +17,13 @@ no heavy imports on the start-up path.
 from __future__ import annotations
 
 import _socket
-import os
 import struct
 
 from istio_agent.capture.addr import format_addr, is_link_local, is_loopback, parse_addr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _RTM_GETADDR = 22
 _RTM_NEWADDR = 20
@@ -117,7 +120,7 @@ def read_dns_servers(path: str = "/etc/resolv.conf") -> tuple[list[str], list[st
         raise HostFactError(f"failed to load {path}: {err}") from None
 
 
-def default_proxy_uid(env: dict[str, str]) -> str:
+def default_proxy_uid(env: Mapping[str, str]) -> str:
     """The uid of $ENVOY_USER (default istio-proxy), or 1337 when there is no such user."""
     import pwd
 
@@ -134,7 +137,3 @@ def split_servers(servers: list[str]) -> tuple[list[str], list[str]]:
     for server in servers:
         (v4 if len(parse_addr(server)) == 4 else v6).append(server)
     return v4, v6
-
-
-def running_as_root() -> bool:
-    return os.geteuid() == 0

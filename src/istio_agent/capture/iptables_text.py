@@ -100,22 +100,21 @@ def _jump_anywhere(spec: Sequence[str]) -> str | None:
     return None
 
 
-def dry_run_record(ruleset: RuleSet, ipv6: bool, cleanup_only: bool = False, force_apply: bool = False) -> list[str]:
+def dry_run_record(ruleset: RuleSet, ipv6: bool, cleanup_only: bool = False) -> list[str]:
     """The lines upstream's dependency stub records for a run against a clean host.
 
-    Both state probes always run; the IPv4 restore input is recorded line by
-    line (the restore command itself is not); the IPv6 input only when it is
-    non-empty; then the final-state probes.
+    Both state probes always run; a clean host always needs the rules, so the
+    IPv4 restore input is recorded line by line (the restore command itself is
+    not), then the IPv6 input (nothing when it is empty), then the final-state
+    probes. With cleanup-only, the undo commands are recorded instead.
     """
     lines = ["iptables-save", "ip6tables-save"]
     if cleanup_only:
         lines += [" ".join(("iptables", *c)) for c in cleanup_commands(ruleset.v4)]
         lines += [" ".join(("ip6tables", *c)) for c in cleanup_commands(ruleset.v6)]
     else:
-        delta = bool(ruleset.v4) or bool(ruleset.v6)
-        if delta or force_apply:
-            lines += restore_text(ruleset.v4).splitlines()
-            lines += restore_text(ruleset.v6).splitlines()
+        lines += restore_text(ruleset.v4).splitlines()
+        lines += restore_text(ruleset.v6).splitlines()
     lines.append("iptables-save")
     if ipv6:
         lines.append("ip6tables-save")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from istio_agent.capture.config import CaptureConfig
-from istio_agent.capture.hostfacts import default_proxy_uid, detect_ipv6, read_dns_servers
+from istio_agent.capture.hostfacts import HostFactError, default_proxy_uid, detect_ipv6, read_dns_servers
 from istio_agent.capture.iptables_text import dry_run_record
 from istio_agent.capture.rules import RuleSet, build_rules
 from istio_agent.capture.validation import validate
@@ -34,13 +34,18 @@ def stderr_log(message: str) -> None:
 def resolve_host_facts(cfg: CaptureConfig, env: Mapping[str, str], resolv_conf: str = RESOLV_CONF) -> CaptureConfig:
     """Fill what upstream reads from the host: proxy uid/gid, IPv6 mode, DNS servers."""
     changes: dict[str, object] = {}
-    uid = cfg.proxy_uid or default_proxy_uid(dict(env))
+    uid = cfg.proxy_uid or default_proxy_uid(env)
     if uid != cfg.proxy_uid:
         changes["proxy_uid"] = uid
     if not cfg.proxy_gid:
         changes["proxy_gid"] = uid
     if cfg.enable_ipv6 is None:
-        changes["enable_ipv6"] = detect_ipv6(cfg.dual_stack)
+        try:
+            changes["enable_ipv6"] = detect_ipv6(cfg.dual_stack)
+        except HostFactError:
+            if not cfg.cleanup_only:  # cleanup removes both families whatever the host looks like
+                raise
+            changes["enable_ipv6"] = False
     if cfg.redirect_dns and not cfg.capture_all_dns and cfg.dns_servers_v4 is None and cfg.dns_servers_v6 is None:
         changes["dns_servers_v4"], changes["dns_servers_v6"] = read_dns_servers(resolv_conf)
     return cfg.replace(**changes) if changes else cfg
@@ -82,7 +87,7 @@ def configure_routes(cfg: CaptureConfig, log: Log) -> None:
 
     if cfg.ipv6:
         result = run(["ip", "-6", "addr", "add", "::6/128", "dev", "lo"])
-        if not result.ok and b"exists" not in result.stderr:
+        if not result.ok and b"inet6 ::6/128" not in run(["ip", "-6", "addr", "show", "dev", "lo"]).stdout:
             raise RuntimeError(f"failed to add IPv6 inbound address: {result.describe()}")
     if not (cfg.tproxy and cfg.inbound_ports_include):
         return
