@@ -429,6 +429,26 @@ async def test_large_push_passes_through(tmp_path: Path) -> None:
         assert len(response.resources) == 5000
 
 
+async def test_slow_envoy_holds_back_upstream(tmp_path: Path) -> None:
+    """Backpressure: with a client that does not read, the proxy stops reading istiod (bounded memory)."""
+    pushes = 40
+    async with harness(tmp_path, dns_enabled=False) as h:
+        big = clusters(5000)
+        client = h.client(SOTW)
+        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.read()
+        for _ in range(pushes):
+            h.ads.push(types.CLUSTER_TYPE, big)
+        await eventually(lambda: h.proxy.stats.received >= 2, what="the proxy to start relaying")
+        # ~35 MB is pending; the proxy holds one response and gRPC's windows a few more, never all of them.
+        with pytest.raises(AssertionError, match="timed out"):
+            await eventually(lambda: h.proxy.stats.received > pushes, timeout=2.0, what="read-ahead")
+        assert h.ads.streams[0].queue.qsize() > 0  # istiod is held back by flow control
+        for _ in range(pushes):
+            assert len((await client.read()).resources) == 5000
+        assert h.proxy.stats.received == pushes + 1
+
+
 async def test_new_stream_replaces_previous(tmp_path: Path) -> None:
     async with harness(tmp_path, dns_enabled=False) as h:
         first = h.client(SOTW)

@@ -49,11 +49,13 @@ def test_delta_request_head() -> None:
 
 def test_sotw_response_head_keeps_resources_as_raw_bytes() -> None:
     response = _clusters_response(50)
-    head = messages.response_head(response.SerializeToString(), delta=False)
+    data = response.SerializeToString()
+    head = messages.response_head(data, delta=False)
     assert (head.type_url, head.nonce, head.version_info) == (CDS, "abc", "2024-01-01T00:00:00Z/7")
-    assert len(head.resources) == 50
-    assert head.resources[3] == response.resources[3].SerializeToString()
-    any_type, value = messages.resource_value(head, 3)
+    raw = messages.resources(data)
+    assert len(raw) == 50
+    assert raw[3] == response.resources[3].SerializeToString()
+    any_type, value = messages.resource_value(raw[3], delta=False)
     assert any_type == CDS
     assert cluster_pb2.Cluster.FromString(value).name == "outbound|80||svc-3.default.svc.cluster.local"
 
@@ -66,17 +68,19 @@ def test_delta_response_head_unwraps_resource() -> None:
     )
     resource = response.resources.add(name="nds", version="1")
     resource.resource.Pack(table)
-    head = messages.response_head(response.SerializeToString(), delta=True)
+    data = response.SerializeToString()
+    head = messages.response_head(data, delta=True)
     assert (head.type_url, head.nonce, head.version_info, head.delta) == (types.NAME_TABLE_TYPE, "d1", "sv", True)
-    any_type, value = messages.resource_value(head)
+    (raw,) = messages.resources(data)
+    any_type, value = messages.resource_value(raw, delta=True)
     assert any_type == types.NAME_TABLE_TYPE
     assert nds_pb2.NameTable.FromString(value) == table
 
 
 def test_large_response_head() -> None:
     data = _clusters_response(5000).SerializeToString()
-    head = messages.response_head(data, delta=False)
-    assert head.type_url == CDS and len(head.resources) == 5000
+    assert messages.response_head(data, delta=False).type_url == CDS
+    assert len(messages.resources(data)) == 5000
 
 
 def _proxy_config_bytes(roots: list[str]) -> bytes:
@@ -99,6 +103,8 @@ def test_trust_bundle_reads_field_34() -> None:
 def test_malformed_bytes_raise_decode_error(delta: bool) -> None:
     with pytest.raises(DecodeError):
         messages.response_head(b"\x12\xff\xff\x01abc", delta=delta)
+    with pytest.raises(DecodeError):
+        messages.resources(b"\x12\x05ab")
     with pytest.raises(DecodeError):
         messages.request_head(b"\x22\x05ab", delta=delta)
 
@@ -153,6 +159,7 @@ def test_response_head_agrees_with_full_parse(type_url: str, nonce: str, values:
     response = discovery_pb2.DiscoveryResponse(type_url=type_url, nonce=nonce)
     for value in values:
         response.resources.append(any_pb2.Any(type_url=type_url, value=value))
-    head = messages.response_head(response.SerializeToString(), delta=False)
+    data = response.SerializeToString()
+    head = messages.response_head(data, delta=False)
     assert (head.type_url, head.nonce) == (type_url, nonce)
-    assert [messages.resource_value(head, i)[1] for i in range(len(values))] == values
+    assert [messages.resource_value(raw, delta=False)[1] for raw in messages.resources(data)] == values

@@ -45,23 +45,23 @@ _HEADS: dict[str, list[tuple[str, int, int, int, str]]] = {
         ("response_nonce", 5, _STRING, _OPTIONAL, ""),
         ("error_detail", 6, _MESSAGE, _OPTIONAL, "Status"),
     ],
-    # envoy.service.discovery.v3.DiscoveryResponse: resources kept as raw Any bytes.
+    # envoy.service.discovery.v3.DiscoveryResponse: routing fields only; resources stay unknown bytes.
     "DiscoveryResponse": [
         ("version_info", 1, _STRING, _OPTIONAL, ""),
-        ("resources", 2, _BYTES, _REPEATED, ""),
         ("type_url", 4, _STRING, _OPTIONAL, ""),
         ("nonce", 5, _STRING, _OPTIONAL, ""),
     ],
+    # Its resources, as raw Any bytes: parsed only for the types the agent consumes.
+    "DiscoveryResponseResources": [("resources", 2, _BYTES, _REPEATED, "")],
     # envoy.service.discovery.v3.DeltaDiscoveryRequest
     "DeltaDiscoveryRequest": [
         ("type_url", 2, _STRING, _OPTIONAL, ""),
         ("response_nonce", 6, _STRING, _OPTIONAL, ""),
         ("error_detail", 7, _MESSAGE, _OPTIONAL, "Status"),
     ],
-    # envoy.service.discovery.v3.DeltaDiscoveryResponse: resources kept as raw Resource bytes.
+    # envoy.service.discovery.v3.DeltaDiscoveryResponse: routing fields only (resources are field 2, as SotW).
     "DeltaDiscoveryResponse": [
         ("system_version_info", 1, _STRING, _OPTIONAL, ""),
-        ("resources", 2, _BYTES, _REPEATED, ""),
         ("type_url", 4, _STRING, _OPTIONAL, ""),
         ("nonce", 5, _STRING, _OPTIONAL, ""),
     ],
@@ -128,16 +128,17 @@ class RequestHead:
 
 @dataclass(frozen=True, slots=True)
 class ResponseHead:
-    """What the proxy reads from a (Delta)DiscoveryResponse; `resources` are undecoded bytes.
+    """What the proxy reads from every (Delta)DiscoveryResponse, for routing.
 
-    SotW resources are `google.protobuf.Any`; Delta resources are `Resource`
-    wrappers around one. `version_info` holds `system_version_info` for Delta.
+    `version_info` holds `system_version_info` for Delta. Resources are not
+    touched here: `resources()` extracts them for consumed types only, because
+    even turning 5,000 resources into Python bytes objects would cost more than
+    the parse itself.
     """
 
     type_url: str
     nonce: str
     version_info: str
-    resources: tuple[bytes, ...]
     delta: bool
 
 
@@ -153,13 +154,17 @@ def request_head(data: bytes, delta: bool) -> RequestHead:
 def response_head(data: bytes, delta: bool) -> ResponseHead:
     message = _parse("DeltaDiscoveryResponse" if delta else "DiscoveryResponse", data)
     version = message.system_version_info if delta else message.version_info
-    return ResponseHead(message.type_url, message.nonce, version, tuple(message.resources), delta)
+    return ResponseHead(message.type_url, message.nonce, version, delta)
 
 
-def resource_value(head: ResponseHead, index: int = 0) -> tuple[str, bytes]:
-    """(Any type URL, Any value) of one resource of a response, unwrapping Delta's `Resource`."""
-    raw = head.resources[index]
-    if head.delta:
+def resources(data: bytes) -> list[bytes]:
+    """The raw resources of a response: `Any` for SotW, `Resource` for Delta (field 2 in both)."""
+    return list(_parse("DiscoveryResponseResources", data).resources)
+
+
+def resource_value(raw: bytes, delta: bool) -> tuple[str, bytes]:
+    """(Any type URL, Any value) of one raw resource, unwrapping Delta's `Resource`."""
+    if delta:
         wrapper = _parse("Resource", raw)
         return wrapper.resource.type_url, wrapper.resource.value
     packed = _parse("Any", raw)

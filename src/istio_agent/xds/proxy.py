@@ -51,8 +51,9 @@ class ProxyStats:
 
     streams: int = 0
     upstream_failures: int = 0
-    requests: int = 0
-    responses: int = 0
+    requests: int = 0  # requests from Envoy, forwarded upstream
+    received: int = 0  # responses read from istiod
+    responses: int = 0  # responses forwarded to Envoy
     consumed: int = 0
     nacked: int = 0
     dropped: int = 0
@@ -264,6 +265,7 @@ class _ProxiedStream:
                 return _End(exc.code(), exc.details() or "", "upstream")
             if data is grpc.aio.EOF:
                 return _End(await call.code(), await call.details() or "", "upstream")
+            self.proxy.stats.received += 1
             try:
                 action = self.session.on_response(data)
             except messages.DecodeError as exc:

@@ -110,10 +110,11 @@ class StreamSession:
 
     def route(self, head: ResponseHead, data: bytes) -> ResponseAction:
         if head.type_url in self.consumed:
-            if not head.resources:
+            raw = messages.resources(data)
+            if not raw:
                 # Istio's own types are singletons; an empty push carries nothing to apply or ACK.
                 return Drop(head.type_url, "empty response for a consumed type")
-            _, value = messages.resource_value(head, 0)
+            _, value = messages.resource_value(raw[0], self.delta)
             return Consume(head.type_url, value, head.nonce, head.version_info)
         if types.forwardable(head.type_url):
             return Forward(data, head.type_url)
