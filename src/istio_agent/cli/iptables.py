@@ -276,7 +276,7 @@ def _build_click_command() -> click.Command:
     return istio_iptables
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> click.Command:
     """`command` (the click command) is built lazily so that `main()` never imports click."""
     if name == "command":
         cmd = _build_click_command()
