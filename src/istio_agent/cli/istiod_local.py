@@ -20,6 +20,7 @@ from istio_agent.controlplane.server import (
     ControlPlaneOptions,
 )
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
+from istio_agent.controlplane.xds.service import XdsOptions, XdsService
 
 log = logging.getLogger("istio_agent.controlplane")
 
@@ -72,30 +73,40 @@ trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAI
 @trust_domain_option
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.option("--registry", default=None, type=click.Path(dir_okay=False),
+              help="Mesh registry YAML (services, workloads, peerAuthentication, serviceEntries): serve ADS from it "
+                   "on the same ports, reloading it when it changes.")
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
-          log_level: str) -> None:
-    """Serve the CA until SIGTERM or SIGINT."""
+          log_level: str, registry: str | None) -> None:
+    """Serve the CA (and, with --registry, xDS) until SIGTERM or SIGINT."""
     _setup_logging(log_level)
     options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
     try:
-        asyncio.run(_serve(options))
+        asyncio.run(_serve(options, registry))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
-async def _serve(options: ControlPlaneOptions) -> None:
+async def _serve(options: ControlPlaneOptions, registry: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     plane = ControlPlane(options)
+    xds = XdsService(XdsOptions(registry, options.trust_domain), plane.verifier) if registry else None
+    if xds is not None:
+        plane.add_service(xds.register)
     await plane.start()
     try:
+        if xds is not None:
+            await xds.start()
         await stopping.wait()
         log.info("signal received, shutting down")
     finally:
+        if xds is not None:
+            await xds.stop()
         await plane.stop()
 
 

@@ -199,6 +199,7 @@ class DeltaSession:
                                                         dict(request.initial_resource_versions))
             current = self._current(type_url, watch)
             changed, removed = self._diff(watch, current)
+            removed += [n for n in watch.names if n not in current]
             return [self._response(type_url, watch, version, current, changed, removed)]
         if request.response_nonce and request.response_nonce == watch.nonce:
             if request.HasField("error_detail"):
