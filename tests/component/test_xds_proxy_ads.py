@@ -442,7 +442,7 @@ async def test_slow_envoy_holds_back_upstream(tmp_path: Path) -> None:
         await eventually(lambda: h.proxy.stats.received >= 2, what="the proxy to start relaying")
         # ~35 MB is pending; the proxy holds one response and gRPC's windows a few more, never all of them.
         with pytest.raises(AssertionError, match="timed out"):
-            await eventually(lambda: h.proxy.stats.received > pushes, timeout=2.0, what="read-ahead")
+            await eventually(lambda: h.proxy.stats.received > pushes, timeout=1.0, what="read-ahead")
         assert h.ads.streams[0].queue.qsize() > 0  # istiod is held back by flow control
         for _ in range(pushes):
             assert len((await client.read()).resources) == 5000

@@ -105,7 +105,10 @@ class XdsProxy:
         log.info("XDS proxy listening on %s, upstream %s", path, self.options.upstream.address)
 
     async def stop(self) -> None:
+        """End the current stream at once (Envoy is going away with the agent), then the server."""
         server, self._server = self._server, None
+        if self._current is not None:
+            self._current.superseded.set()
         if server is not None:
             await server.stop(self.options.stop_grace)
         with contextlib.suppress(FileNotFoundError):
@@ -113,7 +116,10 @@ class XdsProxy:
 
     # --- agent-facing API --------------------------------------------------------------------------------
     def set_health(self, healthy: bool, message: str = "") -> None:
-        """Report the workload's health to istiod now (after LDS) and on every later stream."""
+        """Report the workload's health to istiod now (after LDS) and on every later stream.
+
+        Call it on the proxy's event loop; it only queues a small request.
+        """
         self._health = Health(healthy, message)
         if self._current is not None:
             self._current.report_health(self._health)
@@ -194,7 +200,7 @@ class _ProxiedStream:
             call.cancel()
         finally:
             await channel.close()
-        if end.side != "downstream" and end.code != grpc.StatusCode.OK:
+        if end.side == "upstream" and end.code != grpc.StatusCode.OK:
             self.proxy.stats.upstream_failures += 1
             log.info("XDS proxy: stream %d ended by %s: %s %s", self.id, end.side, end.code.name, end.details)
         if end.code != grpc.StatusCode.OK:
@@ -216,11 +222,14 @@ class _ProxiedStream:
         for result in results:
             if isinstance(result, _End):
                 return result
+            if isinstance(result, Exception):  # a bug, not a peer's doing: say so, end the stream
+                log.error("XDS proxy: stream %d failed", self.id, exc_info=result)
+                return _End(grpc.StatusCode.INTERNAL, f"xds proxy error: {result}", "proxy")
         return _End(grpc.StatusCode.CANCELLED, "stream cancelled", "proxy")
 
     async def _wait_superseded(self) -> _End:
         await self.superseded.wait()
-        return _End(grpc.StatusCode.OK, "replaced by a newer stream", "proxy")
+        return _End(grpc.StatusCode.OK, "replaced by a newer stream or stopped", "proxy")
 
     async def _from_downstream(self) -> _End:
         """Envoy → outbox. Ends when Envoy half-closes, sends garbage, or goes away."""
