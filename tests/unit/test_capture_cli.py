@@ -1,0 +1,146 @@
+"""`istio-iptables` flag and environment handling (upstream's pflag/BindEnv semantics)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from istio_agent.cli.iptables import FLAGS, UsageError, parse_args, run_cli, usage
+
+
+def parse(*args: str, **env: str) -> dict[str, object]:
+    values, _ = parse_args(list(args), env)
+    return values
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-p", "16001"], ["-p16001"], ["-p=16001"], ["--envoy-port", "16001"], ["--envoy-port=16001"]],
+)
+def test_flag_spellings(args: list[str]) -> None:
+    assert parse(*args)["proxy_port"] == "16001"
+
+
+def test_empty_values_and_values_that_look_like_flags() -> None:
+    assert parse("-b", "")["inbound_ports_include"] == ""
+    assert parse("-x", "", "-b", "*")["outbound_ip_ranges_exclude"] == ""
+    assert parse("-c", "-n")["exclude_interfaces"] == "-n"  # pflag takes the next word verbatim
+
+
+def test_env_then_additional_env_then_flags() -> None:
+    assert parse(REDIRECT_DNS="true")["redirect_dns"] is True
+    assert parse(REDIRECT_DNS="true", ISTIO_META_DNS_CAPTURE="false")["redirect_dns"] is False
+    assert parse("--redirect-dns", REDIRECT_DNS="false")["redirect_dns"] is True
+    assert parse("--redirect-dns=false", ISTIO_META_DNS_CAPTURE="true")["redirect_dns"] is False
+    assert parse(INVALID_DROP="1")["drop_invalid"] is True
+    assert parse(ISTIO_DUAL_STACK="T")["dual_stack"] is True
+    assert parse("-b", "80", ISTIO_INBOUND_PORTS="*")["inbound_ports_include"] == "80"
+    assert parse(ISTIO_INBOUND_PORTS="*")["inbound_ports_include"] == "*"
+
+
+def test_envoy_port_has_no_environment_variable() -> None:
+    assert "proxy_port" not in parse(ENVOY_PORT="16001")
+
+
+def test_env_only_settings_always_come_from_the_environment() -> None:
+    values = parse()
+    assert values["owner_groups_include"] == "*"
+    assert values["owner_groups_exclude"] == ""
+    assert values["host_ipv4_loopback_cidr"] == "127.0.0.1/32"
+    assert parse(ISTIO_OUTBOUND_OWNER_GROUPS="java")["owner_groups_include"] == "java"
+
+
+def test_pinned_host_facts() -> None:
+    values = parse("--enable-ipv6=true", "--dns-servers=127.0.0.53,::127.0.0.53,10.0.0.1")
+    assert values["enable_ipv6"] is True
+    assert values["dns_servers_v4"] == ["127.0.0.53", "10.0.0.1"]
+    assert values["dns_servers_v6"] == ["::127.0.0.53"]  # verbatim, not canonicalised
+    assert parse("--enable-ipv6", "false")["enable_ipv6"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--no-such-flag"], {}, "unknown flag: --no-such-flag"),
+        (["-Q"], {}, "unknown flag: -Q"),
+        (["extra"], {}, "unexpected argument 'extra'"),
+        (["-p"], {}, "flag needs an argument: -p"),
+        (["--redirect-dns=yes"], {}, "invalid boolean 'yes' for --redirect-dns"),
+        ([], {"DRY_RUN": "maybe"}, "invalid boolean 'maybe' for $DRY_RUN"),
+        (["--dns-servers=resolver.local"], {}, "invalid --dns-servers"),
+        (["--enable-ipv6=auto"], {}, "invalid boolean 'auto' for --enable-ipv6"),
+    ],
+)
+def test_usage_errors(args: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("$", r"\$")):
+        parse_args(args, env)
+    err = io.StringIO()
+    assert run_cli(args, env, io.StringIO(), err) == 1
+    assert message in err.getvalue()
+
+
+def test_compatibility_flags_are_accepted() -> None:
+    out = io.StringIO()
+    assert run_cli(["-n", "--enable-ipv6=false", "--log_output_level=default:info", "--log_as_json"], {}, out) == 0
+    assert out.getvalue().startswith("iptables-save\nip6tables-save\n* nat\n")
+
+
+def test_help_lists_every_flag() -> None:
+    out = io.StringIO()
+    assert run_cli(["--help"], {}, out) == 0
+    text = out.getvalue()
+    for name, short, _, kind, envs, _ in FLAGS:
+        if kind.startswith("ignored"):
+            continue
+        assert f"--{name}" in text
+        if short:
+            assert f"-{short}, --{name}" in text
+        for env in envs:
+            assert env in text
+    assert usage() == text
+
+
+def test_cleanup_only_dry_run_records_the_undo_commands() -> None:
+    out = io.StringIO()
+    assert run_cli(["-n", "--enable-ipv6=false", "--cleanup-only"], {}, out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0:2] == ["iptables-save", "ip6tables-save"]
+    assert "iptables -t nat -D OUTPUT -j ISTIO_OUTPUT" in lines
+    assert lines[-2:] == ["iptables -t nat -X ISTIO_INBOUND", "iptables-save"]
+
+
+def test_native_nftables_dry_run_prints_the_script() -> None:
+    out = io.StringIO()
+    assert run_cli(["-n", "--enable-ipv6=false", "--native-nftables", "-i", "*"], {}, out) == 0
+    assert "add rule ip istio-proxy-nat ISTIO_OUTPUT jump ISTIO_REDIRECT" in out.getvalue()
+
+
+def test_cli_path_imports_stay_lean() -> None:
+    """The CLI must not pull in click, subprocess, dataclasses, typing, ipaddress or enum (start-up time)."""
+    code = (
+        "import io, sys\n"
+        "from istio_agent.cli.iptables import run_cli\n"
+        "assert run_cli(['-n', '--enable-ipv6=false', '-i', '*', '--redirect-dns', '--dns-servers=1.1.1.1'],"
+        " {}, io.StringIO(), io.StringIO()) == 0\n"
+        "import istio_agent.capture.apply, istio_agent.capture.netns\n"
+        "heavy = ('click', 'subprocess', 'dataclasses', 'typing', 'ipaddress', 'enum', 'ctypes', 're')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_pilot_agent_click_command_passes_arguments_through() -> None:
+    from click.testing import CliRunner
+
+    from istio_agent.cli import iptables
+
+    result = CliRunner().invoke(iptables.command, ["-n", "--enable-ipv6=false", "-b", "", "-c", "eth0 -j ACCEPT"])
+    assert result.exit_code == 1
+    assert "--istio-exclude-interfaces" in result.output
+    result = CliRunner().invoke(iptables.command, ["--help"])
+    assert result.exit_code == 0 and "--istio-inbound-ports" in result.output
