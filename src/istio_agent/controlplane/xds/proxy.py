@@ -89,9 +89,9 @@ def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> Pr
         ip = str(ipaddress.ip_address(ip))
     except ValueError:
         raise ProxyError(f"node id {node_id!r}: {ip!r} is not an IP address") from None
-    pod, _, namespace = pod_ns.rpartition(".")
+    pod, _, namespace = pod_ns.rpartition(".") if "." in pod_ns else (pod_ns, "", "")
     namespace = str(meta.get("NAMESPACE") or namespace)
-    pod = str(meta.get("NAME") or pod or pod_ns)
+    pod = str(meta.get("NAME") or pod)
     if not namespace:
         raise ProxyError(f"node id {node_id!r} names no namespace (<pod>.<namespace>)")
     return Proxy(node_id, proxy_type, ip, pod, namespace, domain, meta)
