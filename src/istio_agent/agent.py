@@ -1,24 +1,33 @@
 """The agent: composes the components that run beside one proxy.
 
 Each component is a plain object with `async start()` / `async stop()`. The
-agent starts them in dependency order, waits for a stop signal (SIGTERM,
-SIGINT, or a component that ends), and stops them in reverse order. There is
-no global state: two agents can run in one process (tests do this).
+agent starts them in dependency order (identity → DNS → XDS proxy → status
+server → Envoy), waits for a stop request (SIGTERM/SIGINT, `/quitquitquit`, or
+Envoy exiting on its own), drains Envoy as upstream does, and stops the rest in
+reverse order. There is no global state: two agents can run in one process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import AgentConfig, load_agent_config
+
+if TYPE_CHECKING:
+    from istio_agent.dns.server import DnsProxy
+    from istio_agent.envoy.admin import EnvoyAdmin
+    from istio_agent.envoy.process import EnvoyProcess
+    from istio_agent.protos import nds_pb2
+    from istio_agent.security.identity import WorkloadIdentity
+    from istio_agent.status.readiness import ReadinessState
+    from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +51,7 @@ class AgentFlags:
     concurrency: int = 0
     template_file: str = ""
     outlier_log_path: str = ""
+    log_as_json: bool = False
 
 
 class Agent:
@@ -53,21 +63,182 @@ class Agent:
         self.components: list[Component] = []
         self._stopping = asyncio.Event()
         self.exit_code = 0
+        self.disable_envoy = config.environment.get(env.DISABLE_ENVOY)
+        self.dns_enabled = config.environment.get(env.ISTIO_META_DNS_CAPTURE) or config.environment.get(
+            env.ISTIO_META_ENABLE_DNS_SERVER)
+        self.identity: WorkloadIdentity | None = None
+        self.dns: DnsProxy | None = None
+        self.xds: XdsProxy | None = None
+        self.readiness: ReadinessState | None = None
+        self.envoy: EnvoyProcess | None = None
+        self.admin: EnvoyAdmin | None = None
+
+    # ---- construction ------------------------------------------------------------------------
 
     def build(self) -> None:
         from istio_agent.security.identity import WorkloadIdentity
         from istio_agent.security.options import SecurityOptions
+        from istio_agent.status.readiness import ReadinessState
 
-        environment = self.config.environment
-        disable_envoy = environment.get(env.DISABLE_ENVOY)
-        security = SecurityOptions.from_config(self.config, run_sds_server=not disable_envoy)
+        security = SecurityOptions.from_config(self.config, run_sds_server=not self.disable_envoy)
         self.identity = WorkloadIdentity(security)
         self.components.append(self.identity)
-        if not disable_envoy:
-            log.warning(
-                "Envoy lifecycle is not implemented yet: serving SDS on %s for an Envoy started elsewhere",
-                security.sds_socket_path,
-            )
+        self.readiness = ReadinessState(dns_enabled=bool(self.dns_enabled) and not self.disable_envoy)
+        if self.dns_enabled:
+            self._build_dns()
+        self._build_xds_proxy()
+        if self.config.proxy_config.status_port > 0:
+            self._build_status_server()
+
+    def _build_dns(self) -> None:
+        from istio_agent.dns.server import DnsProxy, DnsProxyOptions
+
+        environment = self.config.environment
+        self.dns = DnsProxy(DnsProxyOptions(
+            addr=environment.get(env.DNS_PROXY_ADDR),
+            namespace=self.config.identity.namespace,
+            domain=self.config.identity.domain,
+            forward_parallel=environment.get(env.DNS_FORWARD_PARALLEL),
+        ))
+        self.components.append(self.dns)
+
+    def _on_name_table(self, table: nds_pb2.NameTable) -> None:
+        if self.dns is not None:
+            self.dns.update_name_table(table)
+        if self.readiness is not None:
+            self.readiness.name_table_received = True
+
+    def _on_trust_bundle(self, pems: list[str]) -> None:
+        if self.identity is not None:
+            self.identity.cache.set_extra_roots("pcds", pems)
+
+    def _build_xds_proxy(self) -> None:
+        from istio_agent.xds.options import XdsProxyOptions
+        from istio_agent.xds.proxy import XdsProxy
+
+        self.xds = XdsProxy(XdsProxyOptions.from_config(
+            self.config, on_name_table=self._on_name_table, on_trust_bundle=self._on_trust_bundle))
+        self.components.append(self.xds)
+
+    def _build_status_server(self) -> None:
+        from istio_agent.status.server import StatusServer, StatusServerOptions
+
+        assert self.readiness is not None
+        pc = self.config.proxy_config
+        server = StatusServer(
+            StatusServerOptions(port=pc.status_port, admin_port=pc.proxy_admin_port, no_envoy=self.disable_envoy),
+            self.readiness,
+            on_quit=lambda: self.request_stop(0),
+            on_drain=self.drain_now,
+            extra_ready_check=self._proxyless_ready if self.disable_envoy else None,
+        )
+        self.components.append(server)
+
+    def _proxyless_ready(self) -> str | None:
+        """Without Envoy, ready means the workload certificate is on disk (when OUTPUT_CERTS is set)."""
+        out = self.config.environment.get(env.OUTPUT_CERTS)
+        if out:
+            for name in ("cert-chain.pem", "key.pem", "root-cert.pem"):
+                if not self.config.path(out).joinpath(name).exists():
+                    return f"certificate file {name} not written yet"
+        return None
+
+    # ---- Envoy -------------------------------------------------------------------------------
+
+    def _envoy_process(self) -> EnvoyProcess:
+        from istio_agent.envoy.admin import EnvoyAdmin
+        from istio_agent.envoy.argv import EnvoyLaunch, envoy_command, read_bootstrap_override, split_component_log
+        from istio_agent.envoy.bootstrap import write_bootstrap
+        from istio_agent.envoy.bootstrap_options import bootstrap_options
+        from istio_agent.envoy.process import EnvoyProcess
+        from istio_agent.security.ca_client import tls_server_name
+        from istio_agent.version import ISTIO_COMPAT_VERSION
+
+        config, flags, environment = self.config, self.flags, self.config.environment
+        pc = config.proxy_config
+        opts = bootstrap_options(
+            environment, pc, config.identity.id, list(config.identity.ips), config.labels, config.annotations,
+            pilot_san=[tls_server_name(pc.discovery_address, environment.get(env.ISTIOD_SAN))],
+            outlier_log_path=flags.outlier_log_path,
+            istio_version=environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
+            log_as_json=flags.log_as_json,
+        )
+        written = write_bootstrap(opts, config.workdir, istio_bootstrap=environment.get(env.ISTIO_BOOTSTRAP),
+                                  template_file=flags.template_file)
+        level, components = split_component_log(flags.proxy_log_level)
+        component_levels = ",".join(filter(None, [*components, flags.proxy_component_log_level]))
+        override = environment.get(env.ISTIO_BOOTSTRAP_OVERRIDE)
+        launch = EnvoyLaunch(
+            config_file=str(written.path),
+            drain_duration=pc.drain_duration,
+            node_ips=tuple(config.identity.ips),
+            log_level=level,
+            component_log_level=component_levels,
+            concurrency=pc.concurrency,
+            config_override_json=read_bootstrap_override(override) if override else "",
+        )
+        self.admin = EnvoyAdmin(pc.proxy_admin_port)
+        return EnvoyProcess(envoy_command(pc.binary_path, launch), on_exit=self._on_envoy_exit,
+                            cwd=str(config.workdir))
+
+    def _on_envoy_exit(self, code: int) -> None:
+        self.envoy = None
+        self.request_stop(code if code != 0 else 0)
+        if code != 0:
+            self.exit_code = self.exit_code or 1
+
+    async def drain_now(self) -> None:
+        """POST drain_listeners?graceful (inbound only for sidecars), as `/drain` and SIGTERM do."""
+        if self.admin is None or self.envoy is None:
+            return
+        from istio_agent.envoy.admin import AdminError
+
+        path = "/drain_listeners?graceful" + ("&inboundonly" if self.flags.proxy_type == "sidecar" else "")
+        try:
+            await self.admin.post(path)
+        except AdminError as exc:
+            log.warning("draining Envoy failed: %s", exc)
+
+    async def _drain_and_stop_envoy(self) -> None:
+        from istio_agent.envoy.admin import AdminError
+        from istio_agent.envoy.drain import DrainPolicy, next_step
+        from istio_agent.envoy.stats import ACTIVE_CONNECTIONS_FILTER, active_downstream_connections, parse_stats
+
+        envoy, admin = self.envoy, self.admin
+        if envoy is None or admin is None:
+            return
+        if self.readiness is not None:
+            self.readiness.draining = True
+        environment = self.config.environment
+        policy = DrainPolicy(
+            termination_drain_duration=self.config.proxy_config.termination_drain_duration,
+            exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+            minimum_drain_duration=environment.get(env.MINIMUM_DRAIN_DURATION),
+        )
+        log.info("draining Envoy (%s)", "until no active connections" if policy.exit_on_zero_active_connections
+                 else f"for {policy.termination_drain_duration:g}s")
+        await self.drain_now()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        active: int | str | None = "unpolled"
+        while self.envoy is not None:
+            step = next_step(policy, started, loop.time(), active)
+            if step.stop:
+                log.info("stopping Envoy: %s", step.reason)
+                break
+            if step.wait > 0:
+                await asyncio.sleep(step.wait)
+            if step.poll_connections and loop.time() - started >= policy.minimum_drain_duration:
+                try:
+                    active = active_downstream_connections(parse_stats(await admin.stats(ACTIVE_CONNECTIONS_FILTER)))
+                except AdminError as exc:
+                    log.warning("reading active connections failed: %s", exc)
+                    active = None
+        if self.envoy is not None:
+            await self.envoy.stop()
+            self.envoy = None
+
+    # ---- running -----------------------------------------------------------------------------
 
     def request_stop(self, exit_code: int = 0) -> None:
         self.exit_code = self.exit_code or exit_code
@@ -80,9 +251,16 @@ class Agent:
             for component in self.components:
                 await component.start()
                 started.append(component)
+            if not self.disable_envoy:
+                self.envoy = self._envoy_process()
+                await self.envoy.start()
             log.info("agent started: node %s", self.config.identity.id)
             await self._stopping.wait()
+            log.info("agent stopping")
+            await self._drain_and_stop_envoy()
         finally:
+            if self.envoy is not None:
+                await self.envoy.stop()
             for component in reversed(started):
                 try:
                     await component.stop()
@@ -101,6 +279,8 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run(flags: AgentFlags, workdir: Path | None = None) -> int:
     """Entry point of `pilot-agent proxy`: returns the process exit code."""
+    import signal
+
     try:
         config = load_agent_config(
             env.Environment(),
@@ -121,7 +301,7 @@ def run(flags: AgentFlags, workdir: Path | None = None) -> int:
         loop.add_signal_handler(sig, agent.request_stop)
     try:
         return loop.run_until_complete(agent.run())
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -78,6 +78,7 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
         concurrency=flags["concurrency"],
         template_file=flags["template_file"],
         outlier_log_path=flags["outlier_log_path"],
+        log_as_json=flags["log_as_json"],
     )
     sys.exit(run(agent_flags))
 

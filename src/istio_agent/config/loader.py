@@ -68,7 +68,12 @@ def load_agent_config(
     _apply_flags_and_annotations(proxy_config, proxy_type, concurrency, service_cluster, annotations)
     environment = environment.overlay(proxy_config.proxy_metadata)
     identity = identity_from_env(environment, proxy_type, domain)
-    metadata = node_metadata(environment, labels, annotations, proxy_config.to_json(), list(identity.ips))
+    from istio_agent.version import ISTIO_COMPAT_VERSION
+
+    metadata = node_metadata(
+        environment, labels, annotations, proxy_config.to_json(), list(identity.ips),
+        istio_version=environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
+    )
     return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations, metadata)
 
 

@@ -16,6 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 
 log = logging.getLogger("istio_agent.envoy.proc")
 
+PR_SET_PDEATHSIG = 1
+
+
+def _detach_and_die_with_parent() -> None:
+    """In the child before exec: own process group, and SIGKILL when the agent dies.
+
+    A terminal's Ctrl-C (or a signal to the agent's process group) must reach only the
+    agent, which then drains Envoy; and Envoy must never outlive a crashed agent.
+    """
+    import ctypes
+
+    os.setpgid(0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
 
 class EnvoyProcess:
     def __init__(
@@ -48,7 +63,7 @@ class EnvoyProcess:
         log.info("starting Envoy: %s", " ".join(self.argv))
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env=self.env, cwd=self.cwd, **kwargs,  # type: ignore[arg-type]
+            env=self.env, cwd=self.cwd, preexec_fn=_detach_and_die_with_parent, **kwargs,  # type: ignore[arg-type]
         )
         self._tasks = [asyncio.create_task(self._relay_output()), asyncio.create_task(self._watch())]
 
