@@ -30,6 +30,7 @@ from istio_agent.capture.iptables_text import (
     restore_text,
     undo_commands,
 )
+from istio_agent.capture.kernelstate import legacy_table_names, nft_table_names
 from istio_agent.capture.procs import CommandError, run, which
 from istio_agent.capture.rules import BUILTIN_CHAINS_AND_TARGETS, Rule, RuleSet
 
@@ -46,7 +47,8 @@ _VARIANTS = {
     "nft": ("{}-nft", "{}-nft-save", "{}-nft-restore"),
     "": ("{}", "{}-save", "{}-restore"),
 }
-RESTORE_WAIT = ("-w", "10")  # legacy takes a host-wide lock; nft accepts and ignores it
+RESTORE_WAIT = ("-w", "10")  # legacy xtables take a host-wide lock; wait for it rather than fail
+XTABLES_NAMES = frozenset({"filter", "nat", "mangle", "raw", "security"})
 
 
 class ApplyError(RuntimeError):
@@ -73,12 +75,7 @@ class Tools:
 
 def _legacy_has_rules(tools: Tools) -> bool:
     """Legacy tables exist only once used; /proc says so without instantiating any."""
-    names = "/proc/net/ip6_tables_names" if tools.v6 else "/proc/net/ip_tables_names"
-    try:
-        with open(names) as handle:
-            if not handle.read().strip():
-                return False
-    except OSError:
+    if not legacy_table_names(tools.v6):
         return False
     result = run([tools.save])
     return result.ok and any(line.startswith("-A ") for line in result.stdout.decode().splitlines())
@@ -102,10 +99,20 @@ def select_tools(v6: bool, force: str = "") -> Tools:
 
 
 def restore(tools: Tools, text: str) -> None:
-    run([tools.restore, *RESTORE_WAIT, "--noflush"], stdin=text.encode(), check=True)
+    wait = () if tools.variant == "nft" else RESTORE_WAIT
+    run([tools.restore, *wait, "--noflush"], stdin=text.encode(), check=True)
 
 
 def read_state(tools: Tools) -> SaveState | None:
+    """The saved state; without running iptables-save when the kernel shows no tables at all."""
+    if tools.variant == "nft":
+        tables = nft_table_names(tools.v6)
+    elif tools.variant == "legacy":
+        tables = legacy_table_names(tools.v6)
+    else:
+        tables = None  # plain `iptables` may be either backend
+    if tables is not None and not tables & XTABLES_NAMES:
+        return parse_save("")
     result = run([tools.save])
     return parse_save(result.stdout.decode(errors="replace")) if result.ok else None
 

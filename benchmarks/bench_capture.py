@@ -1,0 +1,187 @@
+"""Time to apply the default capture rules in a fresh network namespace.
+
+Compares, in the same run and in alternating order, two ways of loading the
+same IPv4 rules into a brand-new namespace (one with a pod-like address):
+
+- `istio-iptables --network-namespace <ns> <istio-init's default flags>`: the
+  whole tool, including interpreter start-up, flag parsing, validation, host
+  fact detection, the `iptables-save` state probe and the `iptables-restore`;
+- `nsenter --net=<ns> iptables-restore --noflush` of the identical rules text.
+
+It also reports the bare interpreter start-up, and an in-process comparison
+(the library's apply vs spawning iptables-restore, both from a child already
+inside the namespace) that shows the cost of the tool minus Python start-up.
+Needs root. The last line is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+DEFAULT_ARGS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
+                "-d", "15090,15021,15020"]  # fmt: skip
+REPS = int(os.environ.get("BENCH_CAPTURE_REPS", "15"))
+
+
+def sh(*argv: str, stdin: bytes | None = None) -> None:
+    subprocess.run(list(argv), input=stdin, check=True, capture_output=True)
+
+
+def fresh_namespace() -> str:
+    name = f"bench-cap-{uuid.uuid4().hex[:8]}"
+    sh("ip", "netns", "add", name)
+    sh("ip", "-n", name, "link", "set", "lo", "up")
+    sh("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+    sh("ip", "-n", name, "addr", "add", "10.88.0.2/24", "dev", "eth0")
+    sh("ip", "-n", name, "link", "set", "eth0", "up")
+    return name
+
+
+def drop_namespace(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def timed(argv: list[str], stdin: bytes | None = None) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(argv, input=stdin, capture_output=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed: {result.stderr.decode()}")
+    return elapsed
+
+
+def rules_text() -> bytes:
+    """The IPv4 restore input istio-iptables loads for the default flags."""
+    from istio_agent.capture.iptables_text import restore_text
+    from istio_agent.capture.rules import build_rules
+    from istio_agent.cli.iptables import build_config
+
+    cfg, _ = build_config([*DEFAULT_ARGS, "--enable-ipv6=false"], {})
+    return restore_text(build_rules(cfg.replace(proxy_gid="1337", proxy_uid="1337")).v4).encode()
+
+
+def in_process(ns: str, text: bytes) -> tuple[float, float]:
+    """(library apply, spawned restore) timed from a forked child inside fresh namespaces."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        code = 0
+        try:
+            from istio_agent.capture.apply import apply_iptables
+            from istio_agent.capture.netns import enter_netns
+            from istio_agent.capture.procs import run
+            from istio_agent.capture.program import resolve_host_facts
+            from istio_agent.capture.rules import build_rules
+            from istio_agent.cli.iptables import build_config
+
+            enter_netns(f"/run/netns/{ns}")
+            start = time.perf_counter()
+            cfg, _ = build_config(DEFAULT_ARGS, {})
+            cfg = resolve_host_facts(cfg, {})
+            apply_iptables(build_rules(cfg), lambda _: None)
+            library = time.perf_counter() - start
+            run(["iptables", "-t", "nat", "-F"], check=True)  # a clean slate for the bare restore
+            run(["iptables-restore", "--noflush"], stdin=b"*nat\n-X\nCOMMIT\n", check=True)
+            start = time.perf_counter()
+            run(["iptables-restore", "--noflush"], stdin=text, check=True)
+            bare = time.perf_counter() - start
+            os.write(write_fd, json.dumps([library, bare]).encode())
+        except BaseException as err:  # report and exit the child, whatever happened
+            os.write(write_fd, json.dumps({"error": repr(err)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        data = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    if isinstance(data, dict):
+        raise RuntimeError(data["error"])
+    return data[0], data[1]
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        print("bench_capture needs root (network namespaces)")
+        print(json.dumps({"apply_ratio": None, "skipped": "needs root"}))
+        return
+    # An installed package carries bytecode; PYTHONDONTWRITEBYTECODE in CI would otherwise
+    # make every run re-compile our modules and measure the compiler, not the tool.
+    for target in (ROOT / "src" / "istio_agent" / "capture", ROOT / "src" / "istio_agent" / "cli"):
+        compileall.compile_dir(str(target), quiet=1)
+    compileall.compile_file(str(ROOT / "src" / "istio_agent" / "__init__.py"), quiet=1)
+    text = rules_text()
+    tool = str(VENV_BIN / "istio-iptables")
+    cli: list[float] = []
+    bare: list[float] = []
+    startup: list[float] = []
+    lib: list[float] = []
+    lib_bare: list[float] = []
+    for rep in range(REPS + 1):
+        order = ("cli", "bare") if rep % 2 == 0 else ("bare", "cli")
+        for kind in order:
+            ns = fresh_namespace()
+            try:
+                if kind == "cli":
+                    elapsed = timed([tool, "--network-namespace", f"/run/netns/{ns}", *DEFAULT_ARGS])
+                else:
+                    elapsed = timed(["nsenter", f"--net=/run/netns/{ns}", "iptables-restore", "--noflush"], text)
+            finally:
+                drop_namespace(ns)
+            if rep:  # the first round warms caches
+                (cli if kind == "cli" else bare).append(elapsed)
+        startup.append(timed([sys.executable, "-c", "pass"]))
+        ns = fresh_namespace()
+        try:
+            library, spawned = in_process(ns, text)
+        finally:
+            drop_namespace(ns)
+        if rep:
+            lib.append(library)
+            lib_bare.append(spawned)
+    series = {"cli": cli, "bare": bare, "startup": startup[1:], "lib": lib, "lib_bare": lib_bare}
+    ms = {name: statistics.median(values) * 1000 for name, values in series.items()}
+    low = {name: min(values) * 1000 for name, values in series.items()}
+    print(f"rules: {len(text.splitlines())} restore lines (IPv4, istio-init defaults); {REPS} reps; median (min)")
+    rows = [
+        ("cli", "istio-iptables (whole tool, fresh netns)"),
+        ("bare", "nsenter + iptables-restore (same rules)"),
+        ("startup", "python -c pass (interpreter start-up alone)"),
+        ("lib", "in-process: library apply (facts, probe, restore)"),
+        ("lib_bare", "in-process: spawned iptables-restore alone"),
+    ]
+    for key, label in rows:
+        print(f"{label:52s} {ms[key]:7.2f} ms ({low[key]:.2f})")
+    ratio = ms["cli"] / ms["bare"]
+    print(
+        f"apply ratio (tool / bare restore): {ratio:.2f}x median, {low['cli'] / low['bare']:.2f}x best; "
+        f"interpreter start-up alone is {ms['startup'] / ms['bare']:.2f}x the bare restore; "
+        f"in-process ratio {ms['lib'] / ms['lib_bare']:.2f}x"
+    )
+    print(
+        json.dumps(
+            {
+                "apply_ratio": round(ratio, 3),
+                "apply_ratio_best": round(low["cli"] / low["bare"], 3),
+                "cli_ms": round(ms["cli"], 3),
+                "bare_restore_ms": round(ms["bare"], 3),
+                "python_startup_ms": round(ms["startup"], 3),
+                "inprocess_apply_ratio": round(ms["lib"] / ms["lib_bare"], 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Which netfilter tables exist in this namespace, asked of the kernel directly.
+
+A brand-new pod namespace has no tables at all; then there can be no rules,
+no Istio residue and nothing to compare, and the `iptables-save` probe (a
+process of its own) can be skipped. For the nf_tables backend the tables come
+from one NFT_MSG_GETTABLE dump over nfnetlink; for the legacy backend from
+/proc/net/ip{,6}_tables_names, which lists only tables already in use. Any
+doubt (an error, an unexpected reply) answers None, and the caller falls back
+to `iptables-save`.
+"""
+
+from __future__ import annotations
+
+import _socket
+import struct
+
+_NETLINK_NETFILTER = 12
+_NFNL_SUBSYS_NFTABLES = 10
+_NFT_MSG_GETTABLE = 1
+_NFT_MSG_NEWTABLE = 0
+_NFTA_TABLE_NAME = 1
+_NLM_F_REQUEST = 0x1
+_NLM_F_DUMP = 0x300
+_NLMSG_ERROR = 2
+_NLMSG_DONE = 3
+_NFPROTO_IPV4 = 2
+_NFPROTO_IPV6 = 10
+
+
+def nft_table_names(v6: bool) -> set[str] | None:
+    """Names of the nf_tables tables of family ip (or ip6), or None when the kernel cannot say."""
+    family = _NFPROTO_IPV6 if v6 else _NFPROTO_IPV4
+    kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETTABLE
+    request = struct.pack("=IHHII", 20, kind, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0) + struct.pack("=BBH", family, 0, 0)
+    try:
+        sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, _NETLINK_NETFILTER)
+    except OSError:
+        return None
+    names: set[str] = set()
+    try:
+        sock.settimeout(2.0)
+        sock.bind((0, 0))
+        sock.sendto(request, (0, 0))
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, msg_type = struct.unpack_from("=IH", data, offset)
+                if length < 16 or msg_type == _NLMSG_ERROR:
+                    return None  # a dump ends with NLMSG_DONE; anything else is a refusal
+                if msg_type == _NLMSG_DONE:
+                    return names
+                if msg_type == (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWTABLE:
+                    name = _table_name(data[offset + 20 : offset + length])
+                    if name is None:
+                        return None
+                    names.add(name)
+                offset += (length + 3) & ~3
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def _table_name(attrs: bytes) -> str | None:
+    offset = 0
+    while offset + 4 <= len(attrs):
+        rta_len, rta_type = struct.unpack_from("=HH", attrs, offset)
+        if rta_len < 4:
+            return None
+        if rta_type & 0x3FFF == _NFTA_TABLE_NAME:
+            return attrs[offset + 4 : offset + rta_len].split(b"\x00", 1)[0].decode(errors="replace")
+        offset += (rta_len + 3) & ~3
+    return None
+
+
+def legacy_table_names(v6: bool) -> set[str] | None:
+    """Legacy xtables tables in use in this namespace (instantiated on first use)."""
+    path = "/proc/net/ip6_tables_names" if v6 else "/proc/net/ip_tables_names"
+    try:
+        with open(path) as handle:
+            return set(handle.read().split())
+    except FileNotFoundError:
+        return set()  # no legacy xtables support at all: certainly no legacy tables
+    except OSError:
+        return None
