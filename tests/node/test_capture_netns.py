@@ -359,3 +359,23 @@ def _preexisting_rules(t: Topology, backend: str) -> None:
     )
     for family in ("iptables", "ip6tables"):
         sh("ip", "netns", "exec", t.pod, f"{family}-{variant}-restore", "--noflush", stdin=text)
+
+
+def test_kernel_table_probe_sees_what_the_tools_create(topo: Topology) -> None:
+    """The iptables-save probe is skipped only when the kernel really has no tables."""
+    probe = (
+        "import json; from istio_agent.capture.kernelstate import nft_table_names, legacy_table_names;"
+        "print(json.dumps([sorted(nft_table_names(False)), sorted(nft_table_names(True)),"
+        " sorted(legacy_table_names(False))]))"
+    )
+
+    def tables() -> list[list[str]]:
+        out = sh("nsenter", f"--net={topo.pod_path}", sys.executable, "-c", probe).stdout
+        result: list[list[str]] = json.loads(out)
+        return result
+
+    assert tables() == [[], [], []]
+    sh("ip", "netns", "exec", topo.pod, "iptables-nft", "-t", "nat", "-N", "X")
+    sh("ip", "netns", "exec", topo.pod, "ip6tables-nft", "-t", "raw", "-N", "Y")
+    sh("ip", "netns", "exec", topo.pod, "iptables-legacy", "-t", "mangle", "-N", "Z")
+    assert tables() == [["nat"], ["raw"], ["mangle"]]
