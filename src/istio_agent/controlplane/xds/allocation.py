@@ -12,6 +12,7 @@ collision moves it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 
@@ -30,29 +31,27 @@ def fnv1a32(data: bytes) -> int:
     return value
 
 
-def _usable(network: ipaddress.IPv4Network, skip_edge_octets: bool) -> list[ipaddress.IPv4Address]:
-    """Addresses a VIP may take: no network/broadcast address, and (for auto VIPs) no .0/.255."""
-    out = []
-    for address in network.hosts():
-        last = int(address) & 0xFF
-        if skip_edge_octets and last in (0, 255):
-            continue
-        out.append(address)
-    return out
+def _usable(network: ipaddress.IPv4Network, skip_edge_octets: bool) -> list[int]:
+    """Addresses a VIP may take, as integers: no network/broadcast address, and (for auto VIPs) no .0/.255."""
+    first, last = int(network.network_address) + 1, int(network.broadcast_address) - 1
+    if skip_edge_octets:
+        return [a for a in range(first, last + 1) if a & 0xFF not in (0, 255)]
+    return list(range(first, last + 1))
 
 
-_POOLS: dict[tuple[str, bool], list[ipaddress.IPv4Address]] = {}
+_POOLS: dict[tuple[str, bool], list[int]] = {}
 
 
-def _pool(cidr: str, skip_edge_octets: bool) -> list[ipaddress.IPv4Address]:
+def _pool(cidr: str, skip_edge_octets: bool) -> list[int]:
     key = (cidr, skip_edge_octets)
     if key not in _POOLS:
         _POOLS[key] = _usable(ipaddress.IPv4Network(cidr), skip_edge_octets)
     return _POOLS[key]
 
 
-def _largest_prime_below(n: int) -> int:
-    for candidate in range(n - 1, 1, -1):
+@functools.cache
+def _largest_prime(below: int) -> int:
+    for candidate in range(below - 1, 1, -1):
         if all(candidate % d for d in range(2, int(candidate**0.5) + 1)):
             return candidate
     return 2
@@ -69,17 +68,20 @@ def allocate(
 
     Raises ValueError when the pool is exhausted.
     """
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
     pool = _pool(cidr, skip_edge_octets)
     size = len(pool)
-    step_prime = _largest_prime_below(size)
+    step_prime = _largest_prime(size)
     used = {str(a) for a in taken} | {str(a) for a in reserved}
     out: dict[str, str] = {}
-    for key in sorted(set(keys)):
+    for key in wanted:
         digest = fnv1a32(key.encode())
         slot = digest % size
         step = step_prime - (digest % step_prime)
         for _ in range(size):
-            candidate = str(pool[slot])
+            candidate = str(ipaddress.IPv4Address(pool[slot]))
             if candidate not in used:
                 break
             slot = (slot + step) % size

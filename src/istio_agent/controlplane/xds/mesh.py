@@ -149,6 +149,12 @@ class MeshSnapshot:
     def __post_init__(self) -> None:
         self._by_host = {s.hostname: s for s in self.services}
         self._endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+        self._selected: dict[tuple[str, str], list[MeshWorkload]] = {}
+        # (namespace, label, value) -> workloads, so a selector costs a few set lookups, not a scan of every pod.
+        self._by_label: dict[tuple[str, str, str], list[int]] = {}
+        for index, w in enumerate(self.workloads):
+            for key, value in w.labels.items():
+                self._by_label.setdefault((w.namespace, key, value), []).append(index)
 
     @property
     def trust_domain(self) -> str:
@@ -158,7 +164,17 @@ class MeshSnapshot:
         return self._by_host.get(hostname)
 
     def selected_workloads(self, service: Service) -> list[MeshWorkload]:
-        return [w for w in self.workloads if w.namespace == service.namespace and service.selects(w.labels)]
+        """The pods a service selects (same namespace, every selector label matches), in registry order."""
+        key = (service.namespace, service.name)
+        if key not in self._selected:
+            matched: set[int] | None = None
+            for label, value in service.selector.items():
+                found = set(self._by_label.get((service.namespace, label, value), ()))
+                matched = found if matched is None else matched & found
+                if not matched:
+                    break
+            self._selected[key] = [self.workloads[i] for i in sorted(matched or ())]
+        return self._selected[key]
 
     def endpoints(self, view: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
         """Endpoints of one service port (pods with an address; static service-entry endpoints)."""

@@ -91,7 +91,8 @@ class RegistryWatcher:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            registry = self.poll()
+            # Parsing a big registry takes a while; keep the event loop (and every ADS stream) running meanwhile.
+            registry = await asyncio.to_thread(self.poll)
             if registry is not None:
                 try:
                     result = self._on_change(registry)

@@ -121,7 +121,11 @@ def build_routes(ctx: ProxyContext, names: Collection[str] | None) -> Resources:
     """Route configurations by name; only the requested names are built (RDS is never wildcard)."""
     known = {str(p) for p in http_ports(ctx.snapshot)}
     wanted = known if names is None else {n for n in names if n in known}
-    return {name: pack(outbound_route(ctx, int(name))) for name in sorted(wanted)}
+    # Routes depend on the proxy only through its DNS domain and VIP auto-allocation: share them per snapshot.
+    cache = ctx.snapshot.memo.setdefault(("rds", ctx.proxy.dns_domain, ctx.proxy.dns_auto_allocate), {})
+    for name in wanted - cache.keys():
+        cache[name] = pack(outbound_route(ctx, int(name)))
+    return {name: cache[name] for name in sorted(wanted)}
 
 
 def inbound_route(view: ServiceView, port: ServicePort) -> route_pb2.RouteConfiguration:
