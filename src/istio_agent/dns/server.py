@@ -59,6 +59,7 @@ class DnsProxyOptions:
     tcp_idle_timeout: float = 8.0
     max_tcp_connections: int = 1024
     max_pending_forwards: int = 10_000
+    udp_receive_buffer: int = 1 << 20  # absorbs bursts while the GIL is elsewhere (capped by rmem_max)
     use_uvloop: bool = True
 
 
@@ -191,6 +192,8 @@ class DnsProxy:
                         udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                         tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    with contextlib.suppress(OSError):
+                        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.options.udp_receive_buffer)
                     udp.bind((address, port))
                     port = udp.getsockname()[1]  # an ephemeral port is shared by every listener
                     tcp.bind((address, port))

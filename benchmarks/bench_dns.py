@@ -1,0 +1,277 @@
+"""DNS proxy throughput and latency against dnsmasq, with dnsperf, in one run.
+
+Both servers answer the same known names (the proxy from a NameTable, dnsmasq
+from a hosts file) and forward the same unknown names to one loopback
+upstream (another dnsmasq; the dnsmasq under test runs with its cache off,
+since the proxy does not cache either). Each server under test is pinned to
+core 0, dnsperf and the upstream to the last core.
+
+Figures: max QPS (dnsperf, closed loop, many outstanding queries) and p99
+latency at a fixed offered rate (dnsperf -Q, per-query latencies with -v).
+`known_qps_agent_busy` repeats the known-name QPS run while the agent's own
+event loop burns CPU in 50 ms slices (a stand-in for xDS pushes): it shows what
+answering on dedicated threads buys.
+
+Usage: python benchmarks/bench_dns.py [--duration S] [--names N]
+Last line: one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+FWD_DOMAIN = "fwd.test"
+LATENCY_RATE = 5_000  # offered queries/s for the p99 runs: well below both servers' capacity
+LOST_LATENCY = 5.0  # dnsperf's default timeout: what an unanswered query counts as
+
+
+def _free_port() -> int:
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no free port")
+
+
+def _known_names(n: int) -> list[tuple[str, str]]:
+    return [(f"svc{i}.ns{i % 10}.svc.cluster.local", f"10.96.{i // 250}.{i % 250 + 1}") for i in range(n)]
+
+
+def _pin(core: int | None) -> list[str]:
+    taskset = shutil.which("taskset")
+    if core is None or taskset is None:
+        return []
+    return [taskset, "-c", str(core)]
+
+
+def _wait_udp(port: int, deadline_s: float = 10.0) -> None:
+    query = bytes.fromhex("abcd01000001000000000000") + b"\x05probe\x04test\x00\x00\x01\x00\x01"
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(0.2)
+            try:
+                s.sendto(query, ("127.0.0.1", port))
+                s.recv(4096)
+                return
+            except OSError:
+                time.sleep(0.05)
+    raise TimeoutError(f"nothing answers on port {port}")
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], port: int, *, stdin: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_udp(port)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _dnsmasq(port: int, core: int | None, extra: list[str]) -> list[str]:
+    binary = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
+    return [*_pin(core), binary, "--no-daemon", "--conf-file=/dev/null", f"--port={port}",
+            "--listen-address=127.0.0.1", "--bind-interfaces", "--no-hosts", "--pid-file=",
+            "--log-facility=/dev/null", *extra]
+
+
+def _dnsperf(port: int, queries: Path, duration: float, core: int | None) -> float:
+    out = subprocess.run([*_pin(core), "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
+                          "-l", str(duration), "-c", "8", "-q", "400"], capture_output=True, text=True,
+                         check=True).stdout
+    match = re.search(r"Queries per second:\s+([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"dnsperf output not understood:\n{out}")
+    lost = re.search(r"Queries lost:\s+(\d+)", out)
+    if lost and int(lost.group(1)) > 0:
+        print(f"  (dnsperf lost {lost.group(1)} queries)", file=sys.stderr)
+    return float(match.group(1))
+
+
+def _p99(port: int, queries: Path, duration: float, core: int | None) -> float:
+    log = queries.with_suffix(".latencies")
+    with log.open("w") as sink:  # a file, not a pipe: dnsperf must not wait on our reading
+        subprocess.run([*_pin(core), "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
+                        "-l", str(duration), "-c", "4", "-q", "200", "-Q", str(LATENCY_RATE), "-v"],
+                       stdout=sink, stderr=subprocess.DEVNULL, check=True)
+    out = log.read_text()
+    latencies = []
+    lost = 0
+    for line in out.splitlines():
+        if line.startswith("> T "):
+            lost += 1
+            latencies.append(LOST_LATENCY)  # unanswered within dnsperf's timeout
+        elif line.startswith("> "):
+            latencies.append(float(line.rsplit(" ", 1)[1]))
+    if not latencies:
+        raise RuntimeError(f"no latencies in dnsperf output:\n{out[:2000]}")
+    if lost:
+        print(f"  ({lost} of {len(latencies)} queries unanswered in the latency run)", file=sys.stderr)
+    return statistics.quantiles(sorted(latencies), n=100)[98]
+
+
+# ---- the proxy under test (a separate, pinned process) ---------------------------------------------
+
+
+async def _serve(port: int, resolv_conf: str, upstream_port: int, names: int, busy: bool) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from istio_agent.dns import DnsProxy, DnsProxyOptions
+    from istio_agent.protos import nds_pb2
+
+    table = nds_pb2.NameTable()
+    for host, ip in _known_names(names):
+        name, namespace = host.split(".")[:2]
+        table.table[host].CopyFrom(nds_pb2.NameInfo(ips=[ip], registry="Kubernetes", shortname=name,
+                                                    namespace=namespace))
+    proxy = DnsProxy(DnsProxyOptions(addr=f"127.0.0.1:{port}", namespace="ns0", domain="ns0.svc.cluster.local",
+                                     resolv_conf=resolv_conf, upstream_port=upstream_port),
+                     registry=CollectorRegistry())
+    await proxy.start()
+    proxy.update_name_table(table)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    while not stop.is_set():
+        if busy:  # the agent's loop doing 50 ms of CPU work at a time
+            end = time.perf_counter() + 0.05
+            x = 0
+            while time.perf_counter() < end:
+                for i in range(1000):
+                    x += i
+        await asyncio.sleep(0.001 if busy else 0.5)
+    await proxy.stop()
+
+
+def _serve_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--resolv-conf", required=True)
+    parser.add_argument("--upstream-port", type=int, required=True)
+    parser.add_argument("--names", type=int, required=True)
+    parser.add_argument("--busy", action="store_true")
+    args = parser.parse_args(argv)
+    main_coro = _serve(args.port, args.resolv_conf, args.upstream_port, args.names, args.busy)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coro)
+    else:
+        uvloop.run(main_coro)
+
+
+def _proxy_argv(core: int | None, port: int, resolv_conf: Path, upstream_port: int, names: int,
+                busy: bool) -> list[str]:
+    argv = [*_pin(core), sys.executable, __file__, "--serve", "--port", str(port), "--resolv-conf",
+            str(resolv_conf), "--upstream-port", str(upstream_port), "--names", str(names)]
+    return argv + (["--busy"] if busy else [])
+
+
+# ---- orchestration ---------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per QPS run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per server (medians kept)")
+    parser.add_argument("--names", type=int, default=1000, help="known names in the table")
+    args = parser.parse_args()
+    search_path = os.environ.get("PATH", "") + ":/usr/sbin"
+    if shutil.which("dnsperf") is None or shutil.which("dnsmasq", path=search_path) is None:
+        raise SystemExit("bench_dns needs dnsperf and dnsmasq")
+    cores = os.cpu_count() or 1
+    server_core, client_core = (0, cores - 1) if cores > 1 else (None, None)
+
+    with tempfile.TemporaryDirectory(prefix="bench-dns-") as tmp_name:
+        tmp = Path(tmp_name)
+        names = _known_names(args.names)
+        (tmp / "hosts").write_text("".join(f"{ip} {host}\n" for host, ip in names))
+        known = tmp / "known.txt"
+        known.write_text("".join(f"{host} A\n" for host, _ in names))
+        forwarded = tmp / "forwarded.txt"
+        forwarded.write_text("".join(f"q{i}.{FWD_DOMAIN} A\n" for i in range(args.names)))
+        resolv_conf = tmp / "resolv.conf"
+        resolv_conf.write_text("nameserver 127.0.0.1\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\n")
+
+        upstream_port, dnsmasq_port, proxy_port = _free_port(), _free_port(), _free_port()
+        upstream = _dnsmasq(upstream_port, client_core, ["--no-resolv", f"--address=/{FWD_DOMAIN}/192.0.2.7"])
+        dnsmasq = _dnsmasq(dnsmasq_port, server_core, [f"--addn-hosts={tmp / 'hosts'}", "--no-resolv",
+                                                        f"--server=127.0.0.1#{upstream_port}", "--cache-size=0"])
+        proxy = _proxy_argv(server_core, proxy_port, resolv_conf, upstream_port, args.names, busy=False)
+        runs: dict[str, list[float]] = {}
+        with _process(upstream, upstream_port), _process(dnsmasq, dnsmasq_port), _process(proxy, proxy_port):
+            for port in (proxy_port, dnsmasq_port):
+                _dnsperf(port, known, 1.0, client_core)  # warm-up
+            # Interleave the two servers round by round and keep medians: the machine may be shared.
+            for _ in range(args.rounds):
+                for label, port in (("proxy", proxy_port), ("dnsmasq", dnsmasq_port)):
+                    runs.setdefault(f"{label}_known_qps", []).append(
+                        _dnsperf(port, known, args.duration, client_core))
+                    runs.setdefault(f"{label}_forward_qps", []).append(
+                        _dnsperf(port, forwarded, args.duration, client_core))
+                    runs.setdefault(f"{label}_known_p99", []).append(_p99(port, known, 2.0, client_core))
+                    runs.setdefault(f"{label}_forward_p99", []).append(_p99(port, forwarded, 2.0, client_core))
+        results = {key: statistics.median(values) for key, values in runs.items()}
+        for label in ("proxy", "dnsmasq"):
+            print(f"{label:8s} known: {results[f'{label}_known_qps']:9.0f} qps  "
+                  f"p99 {results[f'{label}_known_p99'] * 1e3:6.3f} ms @ {LATENCY_RATE}/s   "
+                  f"forwarded: {results[f'{label}_forward_qps']:9.0f} qps  "
+                  f"p99 {results[f'{label}_forward_p99'] * 1e3:6.3f} ms @ {LATENCY_RATE}/s   "
+                  f"(median of {args.rounds} rounds)", flush=True)
+        busy_port = _free_port()
+        with _process(upstream, upstream_port), \
+                _process(_proxy_argv(server_core, busy_port, resolv_conf, upstream_port, args.names, busy=True),
+                         busy_port):
+            results["proxy_known_qps_agent_busy"] = _dnsperf(busy_port, known, args.duration, client_core)
+            print(f"proxy    known with the agent loop busy (50 ms CPU slices): "
+                  f"{results['proxy_known_qps_agent_busy']:10.0f} qps", flush=True)
+
+    known_ratio = results["proxy_known_qps"] / results["dnsmasq_known_qps"]
+    summary = {
+        "known_qps_ratio": round(known_ratio, 3),
+        "known_p99_ratio": round(results["proxy_known_p99"] / results["dnsmasq_known_p99"], 3),
+        "forward_qps_ratio": round(results["proxy_forward_qps"] / results["dnsmasq_forward_qps"], 3),
+        "forward_p99_ratio": round(results["proxy_forward_p99"] / results["dnsmasq_forward_p99"], 3),
+        "known_qps": round(results["proxy_known_qps"]),
+        "dnsmasq_qps": round(results["dnsmasq_known_qps"]),
+        "forward_qps": round(results["proxy_forward_qps"]),
+        "dnsmasq_forward_qps": round(results["dnsmasq_forward_qps"]),
+        "known_qps_agent_busy": round(results["proxy_known_qps_agent_busy"]),
+        "dns_qps_ratio_vs_dnsmasq": round(known_ratio, 3),
+    }
+    print(f"known-name QPS ratio vs dnsmasq: {summary['known_qps_ratio']}  "
+          f"p99 ratio: {summary['known_p99_ratio']}  forwarded QPS ratio: {summary['forward_qps_ratio']}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        _serve_main(sys.argv[2:])
+    else:
+        main()
