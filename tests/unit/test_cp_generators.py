@@ -14,7 +14,8 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from istio_agent.controlplane.xds import typeurls
-from istio_agent.controlplane.xds.generators import ProxyContext, SidecarGenerator, default_generators
+from istio_agent.controlplane.xds.ads import AdsServer
+from istio_agent.controlplane.xds.generators import GeneratorSet, ProxyContext, SidecarGenerator, default_generators
 from istio_agent.controlplane.xds.mesh import ConnectedPod, build_snapshot
 from istio_agent.controlplane.xds.proxy import ProxyError, parse_node_id
 from istio_agent.controlplane.xds.registry import parse_registry
@@ -280,3 +281,26 @@ def test_generator_selection_falls_back_to_sidecar() -> None:
 def test_reserved_ports_get_no_outbound_listener() -> None:
     registry = REGISTRY.replace("{name: grpc, port: 9090, protocol: GRPC}", "{name: http-admin, port: 15000}")
     assert "0.0.0.0_15000" not in _listeners(_ctx(registry=registry))
+
+
+class _Exploding:
+    """A generator with a bug that only a particular registry triggers."""
+
+    name = "sidecar"
+    types = SidecarGenerator.types
+
+    def generate(self, type_url: str, ctx: ProxyContext, names: Any) -> Any:
+        if any(s.name == "boom" for s in ctx.snapshot.registry.services):
+            raise RuntimeError("generator bug")
+        return SidecarGenerator().generate(type_url, ctx, names)
+
+
+def test_registry_that_breaks_generation_is_not_served() -> None:
+    good = parse_registry(REGISTRY)
+    ads = AdsServer(good, GeneratorSet({"sidecar": _Exploding()}))
+    version = ads.snapshot.version
+    with pytest.raises(RuntimeError):
+        ads.update_registry(parse_registry(REGISTRY.replace("name: db\n", "name: boom\n")))
+    assert ads.registry is good and ads.snapshot.version == version
+    assert ads.update_registry(parse_registry(REGISTRY.replace("name: db\n", "name: pg\n"))) == version + 1
+    assert "outbound|5432||pg.data.svc.cluster.local" in ads.snapshot.memo["cds"]  # warmed by the probe

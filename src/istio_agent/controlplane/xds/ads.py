@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from istio_agent.controlplane.xds.auth import AuthError, XdsAuthenticator
@@ -94,19 +95,40 @@ class AdsServer:
         return self._registry
 
     def update_registry(self, registry: Registry) -> int:
-        """Serve a new registry; every connected proxy gets what changed. Returns the snapshot version."""
+        """Serve a new registry; every connected proxy gets what changed. Returns the snapshot version.
+
+        The new mesh is generated once for a probe proxy first: if that fails, the error propagates
+        and the registry in service stays (a bad registry must never cut proxies off). It also warms
+        the shared per-snapshot caches before the push fans out.
+        """
+        trial = MeshSnapshot(self._snapshot.version + 1, registry, effective_workloads(registry, self._pods),
+                             service_views(registry))
+        self._probe(trial)
         self._registry = registry
-        self._rebuild()
+        self._rebuild(trial)
         return self._snapshot.version
 
-    def _rebuild(self) -> None:
+    def _probe(self, snapshot: MeshSnapshot) -> None:
+        namespace = snapshot.workloads[0].namespace if snapshot.workloads else "default"
+        probe = proxy_from_node(base_pb2.Node(id=f"sidecar~0.0.0.0~istiod-probe.{namespace}~{namespace}.svc."
+                                                 f"{snapshot.registry.domain_suffix}"))
+        ctx = ProxyContext.build(snapshot, probe)
+        for name in self._generators.names():
+            generator = self._generators.get(name)
+            for type_url in sorted(generator.types):
+                generator.generate(type_url, ctx, None)
+
+    def _rebuild(self, prepared: MeshSnapshot | None = None) -> None:
         workloads = effective_workloads(self._registry, self._pods)
         current = self._snapshot
         same_registry = current.registry is self._registry
         if same_registry and current.workloads == workloads:
             return
-        services = current.services if same_registry else service_views(self._registry)
-        self._snapshot = MeshSnapshot(current.version + 1, self._registry, workloads, services)
+        if prepared is not None and prepared.registry is self._registry and prepared.workloads == workloads:
+            self._snapshot = prepared
+        else:
+            services = current.services if same_registry else service_views(self._registry)
+            self._snapshot = MeshSnapshot(current.version + 1, self._registry, workloads, services)
         log.info("mesh version %d: %d services, %d workloads; pushing to %d streams", self._snapshot.version,
                  len(self._snapshot.services), len(workloads), len(self._connections))
         for connection in self._connections.values():

@@ -63,7 +63,12 @@ class XdsService:
             self.watcher.last_error = str(exc)
             log.error("registry refused, previous configuration stays in service: %s", exc)
             return
-        version = self.ads.update_registry(registry)
+        try:
+            version = self.ads.update_registry(registry)
+        except Exception as exc:  # a generator failed on it: keep serving the previous registry
+            self.watcher.last_error = f"registry refused, config generation failed: {exc}"
+            log.exception("registry refused, previous configuration stays in service")
+            return
         log.info("registry change pushed as mesh version %d", version)
 
     def register(self, server: grpc.aio.Server) -> None:

@@ -65,6 +65,9 @@ class GeneratorSet:
     def register(self, generator: Generator) -> None:
         self._generators[generator.name] = generator
 
+    def get(self, name: str) -> Generator:
+        return self._generators[name]
+
     def for_proxy(self, proxy: Proxy) -> Generator:
         return self._generators.get(proxy.generator or self._default) or self._generators[self._default]
 
