@@ -81,6 +81,7 @@ class AdsServer:
         self._pods: dict[tuple[str, str], ConnectedPod] = {}
         self._pod_streams: dict[tuple[str, str], int] = {}
         self._snapshot = build_snapshot(1, registry)
+        self._probe(self._snapshot)
         self._connections: dict[str, Connection] = {}
         self._ids = itertools.count(1)
 
