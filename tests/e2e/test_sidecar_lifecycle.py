@@ -1,0 +1,208 @@
+"""One real `pilot-agent proxy sidecar` outside any namespace, with istiod-local and the real Envoy.
+
+This is the issue's hand demo as tests: the agent becomes ready through Envoy's
+15021 listener, Envoy holds istiod-local's sidecar config and the agent's SDS
+secrets, and the lifecycle endpoints and signals behave as upstream's:
+SIGTERM drains and exits 0, `/quitquitquit` (POST only) stops, `/drain` (POST
+only) drains the inbound listener, Envoy dying takes the agent down with a
+non-zero code, and readiness is 503 before config and while draining.
+
+The agent uses the fixed sidecar ports on the host, so these tests run one
+agent at a time; istiod-local listens on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from sidecar_harness import (
+    SPIFFE_ECHO,
+    IstiodLocal,
+    SidecarAgent,
+    active_listener_names,
+    active_secret,
+    config_dump,
+    free_port,
+    http_request,
+    inline_bytes,
+    need_sidecar_binaries,
+    pid_alive,
+    poll,
+    registry_yaml,
+    stats,
+    wait_sidecar_ports_free,
+    write_pod_files,
+)
+
+# How long the agent gets beyond its configured drain before a test calls it stuck.
+EXIT_MARGIN = 15.0
+
+
+@dataclass
+class Mesh:
+    state: Path
+    registry: Path
+    istiod: IstiodLocal
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    need_sidecar_binaries()
+    base = tmp_path_factory.mktemp("sidecar-mesh")
+    registry = base / "mesh.yaml"
+    registry.write_text(registry_yaml())
+    istiod = IstiodLocal(base / "state", registry)
+    try:
+        yield Mesh(base / "state", registry, istiod)
+    finally:
+        istiod.stop()
+
+
+AgentFactory = Callable[..., SidecarAgent]
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[AgentFactory]:
+    """Start agents in fresh pod dirs (pod files written from `state`); every one is killed afterwards."""
+    agents: list[SidecarAgent] = []
+
+    def start(state: Path, discovery: str, **kwargs: Any) -> SidecarAgent:
+        pod_dir = tmp_path / f"pod{len(agents)}"
+        pod_dir.mkdir()
+        write_pod_files(state, pod_dir)
+        wait_sidecar_ports_free()
+        agent = SidecarAgent(pod_dir, discovery, **kwargs)
+        agents.append(agent)
+        agent.start()
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.kill()
+
+
+def discovery_of(mesh: Mesh) -> str:
+    return f"localhost:{mesh.istiod.secure_port}"
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(mesh: Mesh, start_agent: AgentFactory) -> None:
+    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"terminationDrainDuration": "1s"})
+    agent.wait_ready()
+    assert http_request("127.0.0.1", 15020, "/healthz/ready")[0] == 200
+
+    dump = config_dump()
+    assert {"virtualOutbound", "virtualInbound"} <= active_listener_names(dump)
+    default = active_secret(dump, "default")
+    assert default is not None, "no ACTIVE `default` secret in Envoy"
+    chain = inline_bytes(default["tls_certificate"]["certificate_chain"])
+    leaf = x509.load_pem_x509_certificates(chain)[0]
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == [SPIFFE_ECHO]
+    root = active_secret(dump, "ROOTCA")
+    assert root is not None, "no ACTIVE `ROOTCA` secret in Envoy"
+    trusted = inline_bytes(root["validation_context"]["trusted_ca"]).decode()
+    pod_root = (agent.pod_dir / "var/run/secrets/istio/root-cert.pem").read_text().strip()
+    assert pod_root in trusted
+
+    envoy = agent.envoy_pid()
+    assert envoy is not None
+    agent.signal(signal.SIGTERM)
+    assert agent.wait_exit(1 + EXIT_MARGIN) == 0, agent.output()
+    assert not pid_alive(envoy), "Envoy outlived the agent"
+    assert "termination drain duration elapsed" in agent.output()
+
+
+def test_quitquitquit_takes_post_only_and_stops_the_agent(mesh: Mesh, start_agent: AgentFactory) -> None:
+    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"terminationDrainDuration": "1s"})
+    agent.wait_ready()
+    envoy = agent.envoy_pid()
+    assert envoy is not None
+
+    assert http_request("127.0.0.1", 15020, "/quitquitquit")[0] == 405
+    assert agent.alive() and pid_alive(envoy)
+    assert http_request("127.0.0.1", 15020, "/quitquitquit", method="POST")[0] == 200
+    assert agent.wait_exit(1 + EXIT_MARGIN) == 0, agent.output()
+    assert not pid_alive(envoy)
+
+
+def test_drain_endpoint_drains_the_inbound_listener_only(mesh: Mesh, start_agent: AgentFactory) -> None:
+    # drainDuration is Envoy's --drain-time-s: after it, drained listeners close their sockets.
+    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"drainDuration": "1s"})
+    agent.wait_ready()
+    assert accepts(15006) and accepts(15001)
+    stopped_before = stats().get("listener_manager.listener_stopped", 0)
+
+    assert http_request("127.0.0.1", 15020, "/drain")[0] == 405
+    assert http_request("127.0.0.1", 15020, "/drain", method="POST")[0] == 200
+    poll(lambda: stats().get("listener_manager.listener_stopped", 0) > stopped_before,
+         "Envoy to stop the drained listener", 15, agent.output)
+    poll(lambda: not accepts(15006), "virtualInbound (15006) to stop accepting", 10, agent.output)
+    assert accepts(15001), "outbound listener drained although the sidecar drains inbound only"
+    assert agent.alive(), "/drain must not stop the agent"
+
+
+def test_envoy_killed_takes_the_agent_down_non_zero(mesh: Mesh, start_agent: AgentFactory) -> None:
+    agent = start_agent(mesh.state, discovery_of(mesh))
+    agent.wait_ready()
+    envoy = agent.envoy_pid()
+    assert envoy is not None
+    os.kill(envoy, signal.SIGKILL)
+    code = agent.wait_exit(EXIT_MARGIN)
+    assert code != 0, agent.output()
+    assert "Envoy exited" in agent.output()
+
+
+def test_readiness_503_before_config_and_while_draining(tmp_path: Path, start_agent: AgentFactory) -> None:
+    need_sidecar_binaries()
+    registry = tmp_path / "mesh.yaml"
+    registry.write_text(registry_yaml())
+    state = tmp_path / "state"
+    port = free_port()
+    # No istiod yet: pod files create the state (root, token key) istiod-local will serve from later.
+    agent = start_agent(state, f"localhost:{port}", proxy_config={"terminationDrainDuration": "3s"})
+
+    # Envoy's own 15021 listener only opens once Envoy has initialized (after its first config),
+    # so before config it is the status server that answers, with the reason.
+    def not_ready_for_config() -> bool:
+        assert agent.alive(), agent.output()
+        status, body = http_request("127.0.0.1", 15020, "/healthz/ready", timeout=1)
+        assert status != 200, "ready without any istiod"
+        return b"config not received" in body
+
+    poll(not_ready_for_config, "the status server to report 503: no config yet", 20, agent.output)
+    assert http_request("127.0.0.1", 15020, "/healthz/ready")[0] == 503
+
+    istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
+    try:
+        agent.wait_ready(timeout=30)
+        agent.signal(signal.SIGTERM)
+        seen: list[tuple[int, bytes]] = []
+
+        def unready_while_draining() -> bool:
+            if not agent.alive():
+                raise AssertionError(f"agent exited before readiness went 503; saw {seen}")
+            seen.append(http_request("127.0.0.1", 15020, "/healthz/ready", timeout=1))
+            return seen[-1][0] == 503
+
+        poll(unready_while_draining, "readiness to go 503 while draining", 10, agent.output)
+        assert b"DRAINING" in seen[-1][1]
+        assert agent.alive()
+        assert agent.wait_exit(3 + EXIT_MARGIN) == 0, agent.output()
+    finally:
+        istiod.stop()
