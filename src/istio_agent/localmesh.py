@@ -1,122 +1,180 @@
-"""`make run`: the local mesh on this machine, no Kubernetes.
+"""`make run`: a local mesh on this machine, no Kubernetes (needs root).
 
-Today it starts istiod-local (CA on 127.0.0.1:15010/15012) and one agent for
-the pod `sleep-1` (namespace `default`, service account `sleep`) in its own
-working directory laid out as a pod's, then prints where everything is. The
-agent serves SDS on the pod's socket and writes its certificates to
-`OUTPUT_CERTS`, rotating them. Ctrl-C stops everything it started.
+It builds a local node (network namespaces; see `istio_agent.node`) with
+istiod-local on the node's gateway address and two pods:
 
-Each piece runs through its real command line (`istiod-local serve`,
-`istiod-local pod-files`, `pilot-agent proxy sidecar`), exactly as a user would
-run them, so this is also a living example.
+- `client-1` (service account `sleep`): a sidecar and no app;
+- `echo-1` (service account `echo`, label app=echo): an HTTP echo app on 8080
+  behind the `echo` service, clusterIP 10.96.0.20 port 80.
+
+Each pod gets capture rules from `istio-iptables` and runs `pilot-agent proxy
+sidecar`, whose Envoy takes its config from istiod-local through the agent.
+Once both are ready, a request goes from the client pod to
+`http://10.96.0.20:80/`: the client's Envoy captures it, opens mTLS to the
+echo pod, whose Envoy checks the client certificate (the `default` namespace is
+STRICT) and passes the request to the app with `x-forwarded-client-cert`
+naming the client's SPIFFE id. The app echoes its headers back, and this
+prints them. Then it keeps running (Ctrl-C stops everything and removes every
+namespace, process and socket it made), or exits with `--once`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-BIN = Path(sys.executable).parent
+import yaml
+
+from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
+from istio_agent.node.processes import NodeError
+
+ECHO_VIP = "10.96.0.20"
+ECHO_URL = f"http://{ECHO_VIP}:80/"
+CLIENT_SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"
+ECHO_SPIFFE = "spiffe://cluster.local/ns/default/sa/echo"
+ECHO_SERVICE: dict[str, Any] = {
+    "name": "echo", "namespace": "default", "selector": {"app": "echo"}, "clusterIP": ECHO_VIP,
+    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "HTTP"}],
+}
+
+# Istio's default stats inclusion list leaves out TLS counters; keep the one that shows the handshakes.
+DEMO_PROXY_CONFIG: dict[str, Any] = {"proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]}}
 
 
-def _wait_for(predicate: object, what: str, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                command = " ".join(map(str, proc.args))  # type: ignore[arg-type]
-                raise SystemExit(f"{command} exited with {proc.returncode} while waiting for {what}")
-        if callable(predicate) and predicate():
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+def pod_specs(python: str) -> list[PodSpec]:
+    """The two pods of the demo: a client with only a sidecar, and the echo app with its sidecar."""
+    return [
+        PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}),
+        PodSpec("echo-1", service_account="echo", labels={"app": "echo"},
+                app=[python, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]),
+    ]
 
 
-def _port_open(host: str, port: int) -> bool:
+def registry_yaml(pods: list[PodPlan], services: list[dict[str, Any]], mtls: str = "STRICT") -> str:
+    """istiod-local's registry for these pods (their planned IPs) and services."""
+    return yaml.safe_dump({"services": services, "workloads": registry_workloads(pods),
+                           "peerAuthentication": {"default": mtls}}, sort_keys=False)
+
+
+def request(node: LocalNode, client: Pod, url: str, deadline: float) -> dict[str, Any]:
+    """GET `url` from the client pod, retrying until a 200 or the deadline; the echo app's JSON answer."""
+    last: Any = None
+    while True:
+        done = node.exec(client, [node.options.python, "-m", "istio_agent.node.echo_app", "get", url])
+        try:
+            answer: dict[str, Any] = json.loads(done.stdout)
+        except ValueError:
+            answer = {"error": done.stdout.strip() or done.stderr.strip()}
+        if answer.get("status") == 200 and isinstance(answer.get("body"), dict):
+            return answer
+        last = answer
+        if time.monotonic() > deadline:
+            raise NodeError(f"no answer from {url}: last attempt gave {last}")
+        time.sleep(0.2)
+
+
+def ssl_handshakes(node: LocalNode, pod: Pod, needle: str) -> int:
+    """Sum of Envoy's `ssl.handshake` counters whose name contains `needle`."""
+    total = 0
+    for line in node.envoy_admin(pod, "stats?filter=ssl.handshake").splitlines():
+        name, _, value = line.partition(": ")
+        if needle in name and value.strip().isdigit():
+            total += int(value)
+    return total
+
+
+def show_answer(node: LocalNode, client: Pod, echo: Pod, answer: dict[str, Any]) -> bool:
+    """Print what crossed the mesh; True when it proves the client's identity reached the app over mTLS."""
+    body = answer["body"]
+    headers: dict[str, str] = body.get("headers", {})
+    xfcc = headers.get("x-forwarded-client-cert", "")
+    print(f"\nGET {ECHO_URL} from {client.name} ({client.ip}) -> {answer['status']}, served by {body.get('pod')}")
+    for key in sorted(headers):
+        print(f"  {key}: {headers[key]}")
+    outbound = ssl_handshakes(node, client, "outbound|80||echo.default.svc.cluster.local")
+    inbound = ssl_handshakes(node, echo, "listener.")
+    print(f"\nclient Envoy: TLS handshakes on outbound|80||echo.default.svc.cluster.local: {outbound}")
+    print(f"echo Envoy:   TLS handshakes on its inbound listener: {inbound}")
+    ok = f"URI={CLIENT_SPIFFE}" in xfcc and f"By={ECHO_SPIFFE}" in xfcc and outbound > 0 and inbound > 0
+    if ok:
+        print(f"\nmTLS between the sidecars: the echo app saw the client's identity {CLIENT_SPIFFE}")
+    else:
+        print("\nthe answer does not show mTLS with the client's identity", file=sys.stderr)
+    return ok
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    base = Path(args.dir).resolve()
+    python = sys.executable
+    node = LocalNode(NodeOptions(workdir=base / "node", istiod_state=base / "istiod",
+                                 registry=base / "mesh.yaml", pod_cidr=args.pod_cidr,
+                                 ready_timeout=args.timeout, proxy_config=DEMO_PROXY_CONFIG))
     try:
-        with socket.create_connection((host, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def _describe_cert(path: Path) -> str:
-    from istio_agent.pki import certs
-
-    leaf = certs.load_pem_chain(path.read_bytes())[0]
-    expiry = time.strftime("%H:%M:%S", time.localtime(certs.not_after(leaf)))
-    return f"SAN {', '.join(certs.uri_sans(leaf))}, serial {certs.serial_hex(leaf)}, expires {expiry}"
+        node.create()
+        print(f"node: namespace {node.plan.netns}, bridge {node.plan.bridge} {node.plan.gateway}/"
+              f"{node.plan.network.prefixlen}; logs in {node.logs}")
+        client_plan, echo_plan = node.plan_pods(pod_specs(python))
+        node.registry.write_text(registry_yaml([client_plan, echo_plan], [ECHO_SERVICE]))
+        node.start_istiod()
+        print(f"istiod-local: {node.plan.istiod_tls_addr} (TLS) and {node.plan.istiod_plaintext_addr}, "
+              f"state in {node.istiod_state}, registry {node.registry}")
+        client, echo = node.add_pod(client_plan), node.add_pod(echo_plan)
+        for pod in (client, echo):
+            print(f"pod {pod.name}: {pod.ip} in namespace {pod.netns}, directory {pod.dir}")
+        node.wait_ready([client, echo], {echo.name: 8080})
+        print("both sidecars ready (:15021/healthz/ready)")
+        answer = request(node, client, ECHO_URL, time.monotonic() + args.timeout)
+        ok = show_answer(node, client, echo, answer)
+        if args.once or not ok:
+            return 0 if ok else 1
+        print(f"\nrunning; try: ip netns exec {client.netns} {python} -m istio_agent.node.echo_app get {ECHO_URL}")
+        print("Ctrl-C stops everything")
+        while True:
+            for proc in [*client.processes(), *echo.processes(), *([node.istiod] if node.istiod else [])]:
+                if not proc.running():
+                    print(proc.describe_exit(), file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping")
+        return 0
+    except NodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        try:
+            node.close()
+        except NodeError as exc:
+            print(f"cleanup: {exc}", file=sys.stderr)
+        print("removed the node's namespaces, processes and pod directories")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", default="run", help="where state and pod directories go (default ./run)")
-    parser.add_argument("--secret-ttl", default="1h", help="lifetime of workload certificates")
-    parser.add_argument("--exit-after-ready", action="store_true", help="stop once the certificates exist (tests)")
-    parser.add_argument("--grpc-port", type=int, default=15010)
-    parser.add_argument("--secure-grpc-port", type=int, default=15012)
+    parser.add_argument("--dir", default="run", help="istiod state, registry and logs go here (default ./run)")
+    parser.add_argument("--once", "--exit-after-ready", dest="once", action="store_true",
+                        help="exit after the request (0 when it proved mTLS with the client's identity)")
+    parser.add_argument("--pod-cidr", default="10.244.0.0/24", help="the node's pod network")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each step")
     args = parser.parse_args(argv)
-
-    base = Path(args.dir).resolve()
-    state = base / "istiod"
-    pod = base / "pods" / "sleep-1"
-    out = pod / "var/lib/istio/data"
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def stop_all(*_: object) -> None:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(procs):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        state.mkdir(parents=True, exist_ok=True)
-        print(f"istiod-local: state in {state}, listening on 127.0.0.1:{args.grpc_port} and :{args.secure_grpc_port}")
-        procs.append(subprocess.Popen([
-            str(BIN / "istiod-local"), "serve", "--state-dir", str(state),
-            "--grpc-addr", f"127.0.0.1:{args.grpc_port}", "--secure-grpc-addr", f"127.0.0.1:{args.secure_grpc_port}",
-        ]))
-        _wait_for(lambda: _port_open("127.0.0.1", args.secure_grpc_port), "istiod-local to listen", 30, procs)
-        subprocess.run([
-            str(BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace", "default",
-            "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod),
-        ], check=True)
-        agent_env = {
-            **os.environ,
-            "POD_NAME": "sleep-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "sleep",
-            "INSTANCE_IP": "127.0.0.1", "CA_ADDR": f"localhost:{args.secure_grpc_port}",
-            "OUTPUT_CERTS": str(out), "SECRET_TTL": args.secret_ttl,
-        }
-        print(f"pilot-agent: pod sleep-1 in {pod}")
-        procs.append(subprocess.Popen([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=agent_env))
-        chain = out / "cert-chain.pem"
-        _wait_for(lambda: chain.exists() and (out / "root-cert.pem").exists(), "the first certificate", 60, procs)
-        print(f"certificates: {out}/{{cert-chain,key,root-cert}}.pem")
-        print(f"  leaf: {_describe_cert(chain)}")
-        print(f"SDS socket: {pod / 'var/run/secrets/workload-spiffe-uds/socket'}")
-        if args.exit_after_ready:
-            return 0
-        print("running; Ctrl-C stops everything")
-        while all(proc.poll() is None for proc in procs):
-            time.sleep(0.5)
-        failed = [p for p in procs if p.poll() is not None]
-        print(f"{' '.join(map(str, failed[0].args))} exited with {failed[0].returncode}", file=sys.stderr)  # type: ignore[arg-type]
+    if os.geteuid() != 0:
+        print("make run builds network namespaces and iptables rules: run it as root", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stop_all()
+    signal.signal(signal.SIGTERM, _interrupt)
+    return run(args)
 
 
 if __name__ == "__main__":

