@@ -178,8 +178,9 @@ class Agent:
             config_override_json=read_bootstrap_override(override) if override else "",
         )
         self.admin = EnvoyAdmin(pc.proxy_admin_port)
+        envoy_uid = environment.get(env.ISTIO_AGENT_ENVOY_UID)
         return EnvoyProcess(envoy_command(pc.binary_path, launch), on_exit=self._on_envoy_exit,
-                            cwd=str(config.workdir))
+                            cwd=str(config.workdir), preexec_user=(envoy_uid, envoy_uid) if envoy_uid > 0 else None)
 
     def _on_envoy_exit(self, code: int) -> None:
         self.envoy = None

@@ -175,6 +175,11 @@ EXIT_ON_ZERO_ACTIVE_CONNECTIONS = boolean(
     "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", False, "Stop Envoy as soon as downstream connections reach zero."
 )
 ISTIO_META_GENERATOR = string("ISTIO_META_GENERATOR", "", "xDS generator istiod uses (grpc for proxyless).")
+ISTIO_AGENT_ENVOY_UID = integer(
+    "ISTIO_AGENT_ENVOY_UID", 0,
+    "Not upstream. When the agent runs as root, run Envoy as this uid (gid of the same number), e.g. 1337, "
+    "so Envoy's own traffic bypasses capture as the istio-proxy user's does; 0 keeps the agent's user.",
+)
 GRPC_XDS_BOOTSTRAP = string(
     "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", "Where the gRPC xDS bootstrap is written."
 )

@@ -19,15 +19,22 @@ log = logging.getLogger("istio_agent.envoy.proc")
 PR_SET_PDEATHSIG = 1
 
 
-def _detach_and_die_with_parent() -> None:
-    """In the child before exec: own process group, and SIGKILL when the agent dies.
+def _detach_and_die_with_parent(user: tuple[int, int] | None = None) -> None:
+    """In the child before exec: own process group, the proxy user, and SIGKILL when the agent dies.
 
     A terminal's Ctrl-C (or a signal to the agent's process group) must reach only the
     agent, which then drains Envoy; and Envoy must never outlive a crashed agent.
+    The user switch happens here rather than through `user=`/`group=` because
+    uvloop's subprocess support rejects those; it comes before the death signal,
+    which a credential change would clear.
     """
     import ctypes
 
     os.setpgid(0, 0)
+    if user is not None:
+        os.setgroups([])
+        os.setgid(user[1])
+        os.setuid(user[0])
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -56,14 +63,10 @@ class EnvoyProcess:
 
     async def start(self) -> None:
         user = self.preexec_user
-        kwargs: dict[str, object] = {}
-        if user is not None:
-            kwargs["user"], kwargs["group"] = user
-            kwargs["extra_groups"] = []
         log.info("starting Envoy: %s", " ".join(self.argv))
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env=self.env, cwd=self.cwd, preexec_fn=_detach_and_die_with_parent, **kwargs,  # type: ignore[arg-type]
+            env=self.env, cwd=self.cwd, preexec_fn=lambda: _detach_and_die_with_parent(user),
         )
         self._tasks = [asyncio.create_task(self._relay_output()), asyncio.create_task(self._watch())]
 
