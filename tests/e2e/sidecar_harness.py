@@ -359,6 +359,7 @@ class Netns:
     def check_prerequisites() -> None:
         need_root()
         need_tool("ip")
+        need_tool("curl")
         need_tool("iptables-restore")
         need(ISTIO_IPTABLES.exists(), f"needs {ISTIO_IPTABLES}")
 
@@ -382,10 +383,10 @@ class Netns:
         return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(PEERS), *args],
                                 stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def http(self, ns: str, url: str) -> tuple[int, str]:
-        """A request made from inside `ns` (curl), for ports only reachable there."""
-        done = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "2", "-o", "-", "-w", "\n%{http_code}",
-                               url], capture_output=True, text=True, timeout=10)
+    def http(self, ns: str, url: str, method: str = "GET") -> tuple[int, str]:
+        """A request made from inside `ns` (curl), for ports only reachable there; status 0 when none came."""
+        done = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "2", "-X", method, "-o", "-",
+                               "-w", "\n%{http_code}", url], capture_output=True, text=True, timeout=10)
         body, _, code = done.stdout.rpartition("\n")
         return int(code or 0), body
 

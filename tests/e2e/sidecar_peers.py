@@ -38,7 +38,9 @@ class _Handler(BaseHTTPRequestHandler):
         delay_ms = int(query.get("ms", ["0"])[0])
         if delay_ms:
             time.sleep(delay_ms / 1000)
-        body = json.dumps({"xfcc": self.headers.get("x-forwarded-client-cert", "")}).encode()
+        # Envoy's HTTP connection manager adds these; a request that bypassed the sidecar has neither.
+        proxied = "x-request-id" in self.headers or "x-forwarded-proto" in self.headers
+        body = json.dumps({"proxied": proxied, "xfcc": self.headers.get("x-forwarded-client-cert", "")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -64,11 +66,14 @@ class LoadStats:
         self.ok = 0
         self.ok_after_term = 0
         self.slow_ok = 0
+        self.not_proxied = 0
         self.failed = 0
         self.errors: list[str] = []
 
-    def record(self, ok: bool, error: str = "", after_term: bool = False, slow: bool = False) -> None:
+    def record(self, ok: bool, error: str = "", after_term: bool = False, slow: bool = False,
+               proxied: bool = True) -> None:
         with self.lock:
+            self.not_proxied += ok and not proxied
             if ok:
                 self.ok += 1
                 self.ok_after_term += after_term
@@ -79,18 +84,26 @@ class LoadStats:
                     self.errors.append(error)
 
 
-def _one_request(conn: http.client.HTTPConnection, path: str) -> str:
-    """Send one GET; '' when it got a 200, else what went wrong."""
+def _answer(response: http.client.HTTPResponse) -> tuple[str, bool]:
+    """('' or what went wrong, whether the app saw the request come through Envoy)."""
+    body = response.read()
+    if response.status != 200:
+        return f"HTTP {response.status}", False
+    return "", bool(json.loads(body).get("proxied"))
+
+
+def _one_request(conn: http.client.HTTPConnection, path: str) -> tuple[str, bool]:
+    """Send one GET on a keep-alive connection (reopened when the server closed it)."""
     try:
         conn.request("GET", path)
         response = conn.getresponse()
-        response.read()
+        answer = _answer(response)
         if response.will_close:
             conn.close()
-        return "" if response.status == 200 else f"HTTP {response.status}"
-    except (OSError, http.client.HTTPException) as exc:
+        return answer
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         conn.close()
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {exc}", False
 
 
 def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: int) -> None:
@@ -105,8 +118,8 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
         left = after_term
         while True:
             was_term = term.is_set()
-            error = _one_request(conn, "/?ms=20")
-            stats.record(not error, error, after_term=was_term)
+            error, proxied = _one_request(conn, "/?ms=20")
+            stats.record(not error, error, after_term=was_term, proxied=proxied)
             if first:
                 first = False
                 answered.wait()
@@ -126,11 +139,9 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
             return
         sent.wait()
         try:
-            response = conn.getresponse()
-            response.read()
-            ok = response.status == 200
-            stats.record(ok, "" if ok else f"slow: HTTP {response.status}", slow=True)
-        except (OSError, http.client.HTTPException) as exc:
+            error, proxied = _answer(conn.getresponse())
+            stats.record(not error, f"slow: {error}", slow=True, proxied=proxied)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             stats.record(False, f"slow: {type(exc).__name__}: {exc}", slow=True)
         finally:
             conn.close()
@@ -156,6 +167,7 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
     for thread in threads:
         thread.join()
     print(json.dumps({"ok": stats.ok, "ok_after_term": stats.ok_after_term, "slow_ok": stats.slow_ok,
+                      "not_proxied": stats.not_proxied,
                       "failed": stats.failed, "errors": stats.errors}), flush=True)
 
 

@@ -1,0 +1,122 @@
+"""SIGTERM under load with EXIT_ON_ZERO_ACTIVE_CONNECTIONS: no request fails, Envoy waits for the last one.
+
+Inbound traffic needs its original destination, which only capture rules give,
+so this test builds a pod network namespace with `istio-iptables` capture and
+a client namespace joined to it by a veth pair. istiod-local, the HTTP app on
+the workload's targetPort 8080, and the agent with its Envoy run in the pod;
+the load generator runs in the client and calls `<pod IP>:8080`, which the
+rules send through Envoy's `virtualInbound`.
+
+terminationDrainDuration is 1s and two in-flight requests are held by the app
+for 3s: only the connection-counting drain keeps Envoy alive long enough for
+them to succeed. The lifecycle endpoints are also checked from the client
+namespace: not from localhost, so refused.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sidecar_harness import (
+    IstiodLocal,
+    LogCollector,
+    Netns,
+    SidecarAgent,
+    need_sidecar_binaries,
+    poll,
+    registry_yaml,
+    stop_process,
+    write_pod_files,
+)
+
+WORKERS = 4
+SLOW = 2
+AFTER_TERM = 10
+
+
+@dataclass
+class Pod:
+    netns: Netns
+    agent: SidecarAgent
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    Netns.check_prerequisites()
+    need_sidecar_binaries()
+    netns = Netns()
+    processes: list[subprocess.Popen[str]] = []
+    istiod: IstiodLocal | None = None
+    agent: SidecarAgent | None = None
+    try:
+        netns.create()
+        registry = tmp_path / "mesh.yaml"
+        registry.write_text(registry_yaml(workload_ip=Netns.POD_IP))
+        state, pod_dir = tmp_path / "state", tmp_path / "pod"
+        istiod = IstiodLocal(state, registry, netns=netns.pod)
+        pod_dir.mkdir()
+        write_pod_files(state, pod_dir)
+        app = netns.exec_python(netns.pod, "app", "8080")
+        processes.append(app)
+        assert app.stdout is not None and app.stdout.readline().strip() == "READY"
+        agent = SidecarAgent(
+            pod_dir, f"localhost:{istiod.secure_port}", netns=netns.pod, instance_ip=Netns.POD_IP,
+            proxy_config={"terminationDrainDuration": "1s"},
+            extra_env={"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true", "MINIMUM_DRAIN_DURATION": "1s"})
+        agent.start()
+        poll(lambda: netns.http(netns.pod, "http://127.0.0.1:15021/healthz/ready")[0] == 200,
+             "the agent in the pod to be ready", 30, agent.output)
+        yield Pod(netns, agent)
+    finally:
+        if agent is not None:
+            agent.kill()
+        for proc in processes:
+            proc.kill()
+            proc.wait()
+        if istiod is not None:
+            istiod.stop()
+        netns.destroy()
+
+
+def test_lifecycle_endpoints_refuse_other_hosts(pod: Pod) -> None:
+    netns = pod.netns
+    for path in ("/quitquitquit", "/drain"):
+        status, _ = netns.http(netns.client, f"http://{Netns.POD_IP}:15020{path}", method="POST")
+        assert status == 403, path
+    assert netns.http(netns.client, f"http://{Netns.POD_IP}:15020/healthz/ready")[0] == 200
+    assert pod.agent.alive()
+
+
+def test_sigterm_under_load_fails_no_request_and_exits_zero(pod: Pod) -> None:
+    netns, agent = pod.netns, pod.agent
+    load = netns.exec_python(
+        netns.client, "loadgen", f"{Netns.POD_IP}:8080", "--workers", str(WORKERS), "--slow", str(SLOW),
+        "--slow-ms", "3000", "--after-term", str(AFTER_TERM), stdin=subprocess.PIPE)
+    assert load.stdin is not None and load.stdout is not None
+    out = LogCollector(load.stdout)
+    try:
+        poll(lambda: "READY\n" in out.lines, "the load to flow", 20, lambda: out.text() + agent.output())
+        load.stdin.write("slow\n")
+        load.stdin.flush()
+        poll(lambda: "SLOW-SENT\n" in out.lines, "the slow requests to be sent", 10, out.text)
+
+        agent.signal(signal.SIGTERM)
+        load.stdin.write("term\n")
+        load.stdin.close()
+        load.wait(60)
+        summary = json.loads(out.lines[-1])
+        assert summary["failed"] == 0, summary
+        assert summary["not_proxied"] == 0, "requests bypassed the sidecar"
+        assert summary["slow_ok"] == SLOW, summary
+        assert summary["ok_after_term"] >= WORKERS * AFTER_TERM, summary
+
+        assert agent.wait_exit(20) == 0, agent.output()
+        assert "no active downstream connections" in agent.output()
+    finally:
+        stop_process(load, grace=2)
