@@ -14,11 +14,12 @@ from istio_agent.controlplane.xds.generators.base import (
     ProxyContext,
     Resources,
 )
+from istio_agent.controlplane.xds.generators.grpc_generator import GrpcGenerator
 from istio_agent.controlplane.xds.generators.sidecar import SidecarGenerator
 
 
 def default_generators() -> GeneratorSet:
-    return GeneratorSet({SidecarGenerator.name: SidecarGenerator()})
+    return GeneratorSet({SidecarGenerator.name: SidecarGenerator(), GrpcGenerator.name: GrpcGenerator()})
 
 
 __all__ = ["DEFAULT_GENERATOR", "Generator", "GeneratorSet", "ProxyContext", "Resources", "SidecarGenerator",
