@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import random
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -63,56 +64,60 @@ def _question_end(data: bytes) -> int:
     return wire.skip_name(data, 12) + 4
 
 
+Reply = Callable[[bytes | None], None]  # called once with the reply, or None on failure
+
+
 class _UdpUpstream(asyncio.DatagramProtocol):
-    """One connected UDP socket to one server, multiplexing queries by id."""
+    """One connected UDP socket to one server, multiplexing queries by id.
+
+    Callbacks rather than futures: a forwarded query is the proxy's second
+    hottest path, and a Task plus a Future per query cost more than the rest.
+    """
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
         self.transport: asyncio.DatagramTransport | None = None
-        # id -> (future, lower-cased question, deadline); insertion order = deadline order.
-        self.pending: dict[int, tuple[asyncio.Future[bytes], bytes, float]] = {}
+        # id -> (callback, lower-cased question, deadline); insertion order = deadline order.
+        self.pending: dict[int, tuple[Reply, bytes, float]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's UDP transport does not subclass asyncio.DatagramTransport: no isinstance check.
         self.transport = cast(asyncio.DatagramTransport, transport)
 
-    def send(self, data: bytes, qend: int, deadline: float) -> asyncio.Future[bytes]:
-        if self.transport is None or self.transport.is_closing():
-            raise UpstreamError("upstream socket closed")
-        if len(self.pending) >= MAX_PENDING_PER_SOCKET:
-            raise UpstreamError("too many queries in flight")
+    def send(self, data: bytes, qend: int, deadline: float, reply: Reply) -> bool:
+        """Send with a fresh id; False (and no callback) when the socket cannot take it."""
+        if self.transport is None or self.transport.is_closing() or len(self.pending) >= MAX_PENDING_PER_SOCKET:
+            return False
         qid = self._rng.getrandbits(16)
         while qid in self.pending:
             qid = self._rng.getrandbits(16)
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.pending[qid] = (future, data[12:qend].lower(), deadline)
+        self.pending[qid] = (reply, data[12:qend].lower(), deadline)
         self.transport.sendto(qid.to_bytes(2, "big") + data[2:])
-        return future
+        return True
 
     def datagram_received(self, data: bytes, addr: object) -> None:
         if len(data) < 12 or not data[2] & 0x80:
             return
-        entry = self.pending.get((data[0] << 8) | data[1])
+        qid = (data[0] << 8) | data[1]
+        entry = self.pending.get(qid)
         if entry is None:
             return
-        future, question, _ = entry
+        reply, question, _ = entry
         if data[12:12 + len(question)].lower() != question:
             return  # not the answer to our question: keep waiting for the real one
-        del self.pending[(data[0] << 8) | data[1]]
-        if not future.done():
-            future.set_result(data)
+        del self.pending[qid]
+        reply(data)
 
     def error_received(self, exc: Exception) -> None:
-        self._fail_all(exc)
+        self.fail_all()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail_all(exc or UpstreamError("upstream socket closed"))
+        self.fail_all()
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail_all(self) -> None:
         pending, self.pending = self.pending, {}
-        for future, _, _ in pending.values():
-            if not future.done():
-                future.set_exception(UpstreamError(str(exc)))
+        for reply, _, _ in pending.values():
+            reply(None)
 
     def expire(self, now: float) -> None:
         expired = []
@@ -121,9 +126,57 @@ class _UdpUpstream(asyncio.DatagramProtocol):
                 break
             expired.append(qid)
         for qid in expired:
-            future = self.pending.pop(qid)[0]
-            if not future.done():
-                future.set_exception(UpstreamError("upstream timeout"))
+            self.pending.pop(qid)[0](None)
+
+
+class _UdpExchange:
+    """One forwarded UDP query: servers in order (or all at once), first reply wins."""
+
+    __slots__ = ("data", "done", "failures", "finished", "forwarder", "next_server", "qend")
+
+    def __init__(self, forwarder: Forwarder, data: bytes, qend: int, done: Reply) -> None:
+        self.forwarder = forwarder
+        self.data = data
+        self.qend = qend
+        self.done = done
+        self.next_server = 0
+        self.failures = 0
+        self.finished = False
+
+    def start(self) -> None:
+        if self.forwarder.parallel:
+            for _ in self.forwarder.servers:
+                self._send_next()
+        else:
+            self._send_next()
+
+    def _send_next(self) -> None:
+        servers = self.forwarder.servers
+        while self.next_server < len(servers):
+            server = servers[self.next_server]
+            self.next_server += 1
+            if self.forwarder.send_udp(server, self.data, self.qend, self.on_reply):
+                return
+            self.failures += 1
+        if self.failures >= len(servers):
+            self._finish(None)
+
+    def on_reply(self, resp: bytes | None) -> None:
+        if self.finished:
+            return
+        if resp is not None:
+            self._finish(resp)
+            return
+        self.failures += 1
+        if not self.forwarder.parallel:
+            self._send_next()
+        elif self.failures >= len(self.forwarder.servers):
+            self._finish(None)
+
+    def _finish(self, resp: bytes | None) -> None:
+        if not self.finished:
+            self.finished = True
+            self.done(resp)
 
 
 class Forwarder:
@@ -138,9 +191,11 @@ class Forwarder:
         self._rng = random.Random()
         self._udp: dict[tuple[str, int], list[_UdpUpstream]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         for server in self.servers:
             endpoints = []
             for _ in range(self._sockets_per_server):
@@ -163,6 +218,7 @@ class Forwarder:
             for proto in endpoints:
                 if proto.transport is not None:
                     proto.transport.close()
+                proto.fail_all()
         self._udp = {}
 
     async def _sweep(self) -> None:
@@ -175,21 +231,51 @@ class Forwarder:
                 for proto in endpoints:
                     proto.expire(now)
 
+    def query_udp(self, data: bytes, done: Reply) -> None:
+        """Forward a validated query over UDP; `done` gets the first reply, or None when all failed.
+
+        `done` may be called before this returns (no usable server).
+        """
+        try:
+            qend = _question_end(data)
+        except wire.WireError:
+            done(None)
+            return
+        _UdpExchange(self, data, qend, done).start()
+
+    def send_udp(self, server: tuple[str, int], data: bytes, qend: int, reply: Reply) -> bool:
+        endpoints = self._udp.get(server)
+        if not endpoints:
+            return False
+        proto = endpoints[self._rng.randrange(len(endpoints))] if len(endpoints) > 1 else endpoints[0]
+        assert self._loop is not None
+        return proto.send(data, qend, self._loop.time() + self.timeout, reply)
+
     async def query(self, data: bytes, tcp: bool) -> bytes | None:
         """The first upstream reply to a validated query, or None when every server failed."""
         if not self.servers:
             return None
+        if not tcp:
+            future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+
+            def resolve(resp: bytes | None) -> None:
+                if not future.done():
+                    future.set_result(resp)
+
+            self.query_udp(data, resolve)
+            return await future
         if self.parallel and len(self.servers) > 1:
-            return await self._parallel(data, tcp)
+            return await self._parallel_tcp(data)
         for server in self.servers:
             try:
-                return await self._exchange(server, data, tcp)
+                return await self._exchange_tcp(server, data, _question_end(data))
             except (UpstreamError, OSError, TimeoutError, wire.WireError, asyncio.IncompleteReadError):
                 continue
         return None
 
-    async def _parallel(self, data: bytes, tcp: bool) -> bytes | None:
-        tasks = [asyncio.ensure_future(self._exchange(server, data, tcp)) for server in self.servers]
+    async def _parallel_tcp(self, data: bytes) -> bytes | None:
+        qend = _question_end(data)
+        tasks = [asyncio.ensure_future(self._exchange_tcp(server, data, qend)) for server in self.servers]
         try:
             for next_done in asyncio.as_completed(tasks):
                 try:
@@ -202,17 +288,6 @@ class Forwarder:
                 task.cancel()
             # Retrieve the results of losers so asyncio does not log them as never retrieved.
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _exchange(self, server: tuple[str, int], data: bytes, tcp: bool) -> bytes:
-        qend = _question_end(data)
-        if tcp:
-            return await self._exchange_tcp(server, data, qend)
-        endpoints = self._udp.get(server)
-        if not endpoints:
-            raise UpstreamError(f"no socket to {server}")
-        proto = endpoints[self._rng.randrange(len(endpoints))] if len(endpoints) > 1 else endpoints[0]
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        return await proto.send(data, qend, deadline)
 
     async def _exchange_tcp(self, server: tuple[str, int], data: bytes, qend: int) -> bytes:
         async with asyncio.timeout(self.timeout):

@@ -18,6 +18,7 @@ The agent's loop only calls `start()`, `stop()` and `update_name_table()`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import ipaddress
@@ -101,6 +102,8 @@ class DnsProxy:
         self._tcp_conns: set[_TcpConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_forwards = 0
+        self._inbox: collections.deque[tuple[bytes, tuple[Any, ...], socket.socket, int]] = collections.deque()
+        self._inbox_scheduled = False
         self._stopping = False
         self._udp_forward_counts = self.metrics.counts("udp")
         self._tcp_counts = self.metrics.counts("tcp")
@@ -259,8 +262,7 @@ class DnsProxy:
         when every upstream failed or too many queries are already in flight."""
         counts = self._tcp_counts if tcp else self._udp_forward_counts
         if self._pending_forwards >= self.options.max_pending_forwards:
-            counts[FAILED] += 1
-            return wire.error_reply(data, wire.parse_query(data), wire.RCODE_SERVFAIL)
+            return self._finish_forward(data, None, limit, None, counts)
         assert self._forwarder is not None and self._loop is not None
         self._pending_forwards += 1
         start = self._loop.time()
@@ -268,21 +270,55 @@ class DnsProxy:
             resp = await self._forwarder.query(data, tcp)
         finally:
             self._pending_forwards -= 1
+        return self._finish_forward(data, resp, limit, start, counts)
+
+    def _finish_forward(self, data: bytes, resp: bytes | None, limit: int, start: float | None,
+                        counts: list[int]) -> bytes:
+        counts_index = FAILED if resp is None else FORWARDED
+        counts[counts_index] += 1
         if resp is None:
-            counts[FAILED] += 1
-            counts[UPSTREAM_FAILURES] += 1
+            if start is not None:  # all upstreams failed (else: shed before asking anyone)
+                counts[UPSTREAM_FAILURES] += 1
             return wire.error_reply(data, wire.parse_query(data), wire.RCODE_SERVFAIL)
+        assert self._loop is not None and start is not None
         self.metrics.upstream_latency.observe(self._loop.time() - start)
-        counts[FORWARDED] += 1
         return wire.fit(data[:2] + resp[2:], limit)
 
-    def _forward_udp(self, data: bytes, addr: tuple[Any, ...], sock: socket.socket, limit: int) -> None:
-        async def run() -> None:
-            resp = await self.forward(data, limit, tcp=False)
-            with contextlib.suppress(OSError):
-                sock.sendto(resp, addr)
+    def _enqueue_forward(self, item: tuple[bytes, tuple[Any, ...], socket.socket, int]) -> None:
+        """From a UDP thread: queue a query for the io loop, waking it only if it is not already due.
 
-        self.spawn(run)
+        Under load one wake-up then carries many queries across threads.
+        """
+        self._inbox.append(item)
+        if not self._inbox_scheduled:
+            self._inbox_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        self._inbox_scheduled = False  # before draining: a query appended from now on schedules again
+        inbox = self._inbox
+        while inbox:
+            data, addr, sock, limit = inbox.popleft()
+            self._forward_udp(data, addr, sock, limit)
+
+    def _forward_udp(self, data: bytes, addr: tuple[Any, ...], sock: socket.socket, limit: int) -> None:
+        counts = self._udp_forward_counts
+        if self._pending_forwards >= self.options.max_pending_forwards:
+            with contextlib.suppress(OSError):
+                sock.sendto(self._finish_forward(data, None, limit, None, counts), addr)
+            return
+        assert self._forwarder is not None and self._loop is not None
+        self._pending_forwards += 1
+        start = self._loop.time()
+
+        def done(resp: bytes | None) -> None:
+            self._pending_forwards -= 1
+            out = self._finish_forward(data, resp, limit, start, counts)
+            with contextlib.suppress(OSError):
+                sock.sendto(out, addr)
+
+        self._forwarder.query_udp(data, done)
 
     # ---- UDP threads ------------------------------------------------------------------------
 
@@ -291,10 +327,7 @@ class DnsProxy:
         respond = self.responder.respond
         recv = sock.recvfrom
         send = sock.sendto
-        loop = self._loop
-        assert loop is not None
-        call = loop.call_soon_threadsafe
-        forward = self._forward_udp
+        forward = self._enqueue_forward
         while True:
             try:
                 data, addr = recv(65535)
@@ -319,7 +352,7 @@ class DnsProxy:
                     pass
             elif isinstance(result, Forward):
                 try:
-                    call(forward, data, addr, sock, result.limit)
+                    forward((data, addr, sock, result.limit))
                 except RuntimeError:  # loop closed while stopping
                     return
 
