@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -49,6 +49,7 @@ class StatusServer:
         on_quit: Callable[[], None],
         on_drain: Callable[[], Awaitable[None]],
         extra_ready_check: Callable[[], str | None] | None = None,
+        extra_routes: Sequence[Callable[[web.Application], None]] = (),
     ) -> None:
         self.options = options
         self.readiness = readiness
@@ -60,6 +61,8 @@ class StatusServer:
         self.app.router.add_route("*", "/healthz/ready", self.handle_ready)
         self.app.router.add_route("*", "/quitquitquit", self.handle_quit)
         self.app.router.add_route("*", "/drain", self.handle_drain)
+        for add_routes in extra_routes:  # app probes, debug endpoints: each part registers its own routes
+            add_routes(self.app)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
