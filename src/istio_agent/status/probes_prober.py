@@ -1,0 +1,256 @@
+"""The app prober's I/O edge: HTTP(S), TCP and gRPC health probes, and the :15020 routes that run them.
+
+The rules (which request, which redirect to follow, what to answer) live in
+`probes`; this module only opens connections. Each probe gets a fresh
+connection (no keep-alive, like the kubelet, so an idle timeout in the app can
+never fail a probe) and the probe's whole time budget covers connecting,
+redirects and reading the body. Any failure to get an answer is a 500 with an
+empty body; the reason goes to the `probes` log, which is about the app, not
+the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+from aiohttp import web
+from yarl import URL
+
+from istio_agent.status.probes import (
+    PROBE_SOURCE_V6,
+    PROBE_USER_AGENT,
+    Answer,
+    AppProbe,
+    Fail,
+    Follow,
+    GrpcAction,
+    HttpGetAction,
+    ProbeOptions,
+    TcpSocketAction,
+    host_port,
+    next_step,
+    probe_url,
+    request_headers,
+    source_address,
+    target_host,
+)
+
+log = logging.getLogger("istio_agent.probes")
+
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+
+
+# ---- grpc.health.v1 messages, encoded by hand (two fields; no generated code needed at runtime) ---------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_health_request(service: str) -> bytes:
+    """HealthCheckRequest{service = 1}: empty service encodes to no bytes (proto3 default)."""
+    data = service.encode()
+    return b"\x0a" + _varint(len(data)) + data if data else b""
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def decode_health_response(data: bytes) -> int:
+    """HealthCheckResponse → its status (field 1, enum); unknown fields skipped, absent status is UNKNOWN (0)."""
+    status, pos = 0, 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+            if number == 1:
+                status = value
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            pos += length
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > len(data):
+            raise ValueError("truncated message")
+    return status
+
+
+# ---- the prober ------------------------------------------------------------------------------------------
+
+
+class AppProber:
+    """Runs one probe at a time per request; holds no connections between probes."""
+
+    def __init__(self, options: ProbeOptions) -> None:
+        self.options = options
+        self._v6_source_ok: bool | None = None
+
+    def _bindable(self, source: str | None) -> str | None:
+        """::6 exists only where the pod set it up (127.0.0.6 is always local); fall back to no bind."""
+        if source != PROBE_SOURCE_V6:
+            return source
+        if self._v6_source_ok is None:
+            try:
+                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+                    sock.bind((PROBE_SOURCE_V6, 0))
+                self._v6_source_ok = True
+            except OSError as exc:
+                self._v6_source_ok = exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+        return source if self._v6_source_ok else None
+
+    def _source(self, destination: str) -> str | None:
+        if not self.options.bind_probe_source:
+            return None
+        return self._bindable(source_address(destination, self.options.pod_ip))
+
+    async def probe(self, probe: AppProbe, headers: Iterable[tuple[str, str]] = (),
+                    host: str | None = None) -> ProbeResult:
+        """Probe the app; the answer's status is what the status server returns to the kubelet."""
+        action = probe.action
+        try:
+            async with asyncio.timeout(probe.timeout):
+                if isinstance(action, HttpGetAction):
+                    return await self._http(probe, action, list(headers), host)
+                if isinstance(action, TcpSocketAction):
+                    return await self._tcp(action)
+                return await self._grpc(probe, action)
+        except TimeoutError:
+            log.info("probe %s: no answer within %gs", probe.path, probe.timeout)
+            return ProbeResult(500)
+
+    async def _http(self, probe: AppProbe, action: HttpGetAction, incoming: list[tuple[str, str]],
+                    incoming_host: str | None) -> ProbeResult:
+        first = url = probe_url(action, self.options.pod_ip)
+        headers, host = request_headers(action, incoming, incoming_host, self.options.status_port)
+        source = self._source(target_host(action, self.options.pod_ip))
+        connector = aiohttp.TCPConnector(ssl=False, force_close=True, local_addr=(source, 0) if source else None)
+        requests = 0
+        try:
+            async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+                while True:
+                    requests += 1
+                    request_headers_now = [*headers, *([("Host", host)] if host else [])]
+                    async with session.get(URL(url, encoded=True), headers=request_headers_now,
+                                           allow_redirects=False, skip_auto_headers=("User-Agent",)) as response:
+                        step = next_step(response.status, response.headers.get("Location"), url, first, requests,
+                                         host)
+                        if isinstance(step, Follow):
+                            url, host = step.url, step.host
+                            continue
+                        if isinstance(step, Fail):
+                            log.info("probe %s: %s", probe.path, step.reason)
+                            return ProbeResult(500)
+                        return await self._answer(step, response)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            log.info("probe %s: request to %s failed: %s", probe.path, url, exc or type(exc).__name__)
+            return ProbeResult(500)
+
+    async def _answer(self, step: Answer, response: aiohttp.ClientResponse) -> ProbeResult:
+        if not step.pass_body:
+            return ProbeResult(step.status)
+        body = bytearray()
+        cap = self.options.max_body_bytes
+        while len(body) < cap:
+            chunk = await response.content.read(cap - len(body))
+            if not chunk:
+                break
+            body += chunk
+        return ProbeResult(step.status, bytes(body), response.headers.get("Content-Type"))
+
+    async def _tcp(self, action: TcpSocketAction) -> ProbeResult:
+        host = target_host(action, self.options.pod_ip)
+        source = self._source(host)
+        try:
+            _, writer = await asyncio.open_connection(
+                host.strip("[]"), action.port, local_addr=(source, 0) if source else None)
+        except OSError as exc:
+            log.info("tcp probe of %s failed: %s", host_port(host, action.port), exc)
+            return ProbeResult(500)
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        return ProbeResult(200)
+
+    async def _grpc(self, probe: AppProbe, action: GrpcAction) -> ProbeResult:
+        target = host_port(self.options.pod_ip, action.port)
+        options = [("grpc.primary_user_agent", PROBE_USER_AGENT), ("grpc.enable_retries", 0)]
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
+            check = channel.unary_unary(
+                HEALTH_CHECK_METHOD, request_serializer=encode_health_request,
+                response_deserializer=decode_health_response)
+            try:
+                status = await check(action.service, timeout=probe.timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("probe %s: %s does not implement grpc.health.v1.Health", probe.path, target)
+                else:
+                    log.info("probe %s: gRPC health check failed: %s %s", probe.path, exc.code().name,
+                             exc.details())
+                return ProbeResult(500)
+        if status == SERVING:
+            return ProbeResult(200)
+        log.info("probe %s: service %r is not SERVING (status %d)", probe.path, action.service, status)
+        return ProbeResult(500)
+
+
+# ---- routes -----------------------------------------------------------------------------------------------
+
+
+def add_probe_routes(app: web.Application, options: ProbeOptions) -> None:
+    """Serve `/app-health/...` and `/app-lifecycle/...` on the status server; unknown paths answer 400."""
+    prober = AppProber(options)
+
+    async def handle(request: web.Request) -> web.Response:
+        path = request.path
+        probe = options.probers.get(path)
+        if probe is None:
+            log.warning("no app probe configured for %s", path)
+            return web.Response(status=400, text=f"app prober config does not exists for {path}")
+        result = await prober.probe(probe, request.headers.items(), request.headers.get("Host"))
+        response = web.Response(status=result.status, body=result.body or None)
+        if result.content_type and result.body:
+            response.headers["Content-Type"] = result.content_type
+        return response
+
+    app.router.add_route("*", "/app-health/{tail:.*}", handle)
+    app.router.add_route("*", "/app-lifecycle/{tail:.*}", handle)
