@@ -121,16 +121,22 @@ class Agent:
         self.components.append(self.xds)
 
     def _build_status_server(self) -> None:
+        from istio_agent.status.probes import ProbeOptions
+        from istio_agent.status.probes_prober import add_probe_routes
+        from istio_agent.status.secrets_debug import add_secrets_debug_route
         from istio_agent.status.server import StatusServer, StatusServerOptions
 
-        assert self.readiness is not None
+        assert self.readiness is not None and self.identity is not None
         pc = self.config.proxy_config
+        probes = ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
+        cache = self.identity.cache
         server = StatusServer(
             StatusServerOptions(port=pc.status_port, admin_port=pc.proxy_admin_port, no_envoy=self.disable_envoy),
             self.readiness,
             on_quit=lambda: self.request_stop(0),
             on_drain=self.drain_now,
             extra_ready_check=self._proxyless_ready if self.disable_envoy else None,
+            extra_routes=[lambda app: add_probe_routes(app, probes), lambda app: add_secrets_debug_route(app, cache)],
         )
         self.components.append(server)
 

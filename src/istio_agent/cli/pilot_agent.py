@@ -24,7 +24,10 @@ from istio_agent.cli.logging_setup import configure_logging
 LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]}
 
 # Subcommands that live in their own modules, loaded only when invoked.
-LAZY_COMMANDS = {"istio-iptables": "istio_agent.cli.iptables:command"}
+LAZY_COMMANDS = {
+    "istio-iptables": "istio_agent.cli.iptables:command",
+    "secrets": "istio_agent.cli.secrets:command",
+}
 
 
 class PilotAgentGroup(click.Group):
