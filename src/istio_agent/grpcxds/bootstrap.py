@@ -1,0 +1,163 @@
+"""The gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless gRPC applications (sans-IO).
+
+A proxyless app's gRPC library reads this file to find its xDS server (the
+agent's XDS proxy on a unix socket), the node it presents (id, metadata with
+`GENERATOR: grpc` so istiod uses its gRPC generator, locality), where its
+mTLS certificates are (`file_watcher` over the agent's OUTPUT_CERTS) and how
+server-side listeners are named. `build_bootstrap()` returns the document as
+an ordered dict shaped like upstream's Go structs, including the artefacts
+of Go's encoder (`"UserAgentVersionType": null`, `"locality": {}`), and
+`render_bootstrap()` gives its bytes as Go writes them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from istio_agent.config import env
+from istio_agent.grpcxds import gojson
+from istio_agent.grpcxds.metadata import sorted_json, typed_metadata
+
+if TYPE_CHECKING:
+    from istio_agent.config.loader import AgentConfig
+    from istio_agent.config.proxyconfig import ProxyConfig
+
+SERVER_LISTENER_NAME_PREFIX = "xds.istio.io/grpc/lds/inbound/"
+SERVER_LISTENER_NAME_TEMPLATE = SERVER_LISTENER_NAME_PREFIX + "%s"
+FILE_WATCHER_PLUGIN = "file_watcher"
+CERT_PROVIDER_NAME = "default"
+CERT_CHAIN_FILE = "cert-chain.pem"
+KEY_FILE = "key.pem"
+ROOT_CERT_FILE = "root-cert.pem"
+REFRESH_INTERVAL = "900s"  # upstream: 15 minutes, as protojson writes a Duration
+GRPC_GENERATOR = "grpc"
+ISTIOD_SERVICE_HOST = "istiod.istio-system.svc"
+# Upstream fills these from ENVOY_STATUS_PORT / ENVOY_PROMETHEUS_PORT even without Envoy.
+ENVOY_STATUS_PORT = 15021
+ENVOY_PROMETHEUS_PORT = 15090
+
+
+@dataclass(frozen=True)
+class GrpcBootstrapOptions:
+    """Inputs of one bootstrap; `from_config()` derives them the way pilot-agent does.
+
+    `xds_uds_path` is the absolute path of the XDS proxy's socket; when empty,
+    the app would talk to `discovery_address` directly (upstream's fallback).
+    `cert_dir` is OUTPUT_CERTS, written as given; empty leaves out the
+    certificate provider. `metadata` is the agent's full node metadata: only
+    upstream's typed keys are kept and GENERATOR is forced to `grpc`.
+    """
+
+    node_id: str
+    metadata: Mapping[str, Any]
+    xds_uds_path: str
+    locality: Mapping[str, str] | None = field(default_factory=dict)
+    discovery_address: str = ""
+    cert_dir: str = ""
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, xds_uds_path: Path | str, *,
+                    outlier_log_path: str = "") -> GrpcBootstrapOptions:
+        from istio_agent.envoy.bootstrap_options import locality
+
+        environment = config.environment
+        metadata = grpc_node_metadata(
+            environment, config.proxy_config, list(config.identity.ips), config.labels, config.annotations,
+            outlier_log_path=outlier_log_path,
+        )
+        return cls(
+            node_id=config.identity.id,
+            metadata=metadata,
+            xds_uds_path=os.path.abspath(config.path(str(xds_uds_path))),
+            locality=locality(metadata),
+            discovery_address=config.proxy_config.discovery_address,
+            cert_dir=environment.get(env.OUTPUT_CERTS),
+        )
+
+
+def pilot_san(discovery_address: str) -> str:
+    """Upstream's GetPilotSan: the host before the first ':', with `localhost` meaning istiod."""
+    host = discovery_address.split(":")[0]
+    return ISTIOD_SERVICE_HOST if host == "localhost" else host
+
+
+def grpc_node_metadata(
+    environment: env.Environment,
+    proxy_config: ProxyConfig,
+    ips: Sequence[str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    *,
+    outlier_log_path: str = "",
+    envoy_status_port: int = ENVOY_STATUS_PORT,
+    envoy_prometheus_port: int = ENVOY_PROMETHEUS_PORT,
+    istio_version: str | None = None,
+) -> dict[str, Any]:
+    """Node metadata as upstream's generateNodeMetadata: PILOT_SAN only under MUTUAL_TLS control-plane auth."""
+    from istio_agent.config.node import node_metadata
+    from istio_agent.version import ISTIO_COMPAT_VERSION
+
+    sans = ([pilot_san(proxy_config.discovery_address)]
+            if proxy_config.get("controlPlaneAuthPolicy") == "MUTUAL_TLS" else [])
+    return node_metadata(
+        environment, labels, annotations, proxy_config.to_json(), list(ips),
+        pilot_san=sans,
+        outlier_log_path=outlier_log_path,
+        envoy_status_port=envoy_status_port,
+        envoy_prometheus_port=envoy_prometheus_port,
+        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+        istio_version=istio_version if istio_version is not None
+        else environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
+    )
+
+
+def certificate_files(cert_dir: str) -> list[str]:
+    """Chain, key and root paths under `cert_dir`, joined as Go's path.Join (relative stays relative)."""
+    return [os.path.normpath(os.path.join(cert_dir, name)) for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)]
+
+
+def build_bootstrap(options: GrpcBootstrapOptions) -> dict[str, Any]:
+    """The bootstrap document, keys in upstream's struct order and empty fields omitted as Go's `omitempty` does."""
+    server: dict[str, Any] = {}
+    server_uri = f"unix:///{options.xds_uds_path}" if options.xds_uds_path else options.discovery_address
+    if server_uri:
+        server["server_uri"] = server_uri
+    server["channel_creds"] = [{"type": "insecure"}]
+    server["server_features"] = ["xds_v3"]
+
+    metadata = typed_metadata(options.metadata)
+    metadata["GENERATOR"] = GRPC_GENERATOR
+    node: dict[str, Any] = {}
+    if options.node_id:
+        node["id"] = options.node_id
+    node["metadata"] = sorted_json(metadata)
+    if options.locality is not None:
+        node["locality"] = {key: options.locality[key] for key in ("region", "zone", "sub_zone")
+                            if options.locality.get(key)}
+    node["UserAgentVersionType"] = None  # Go's encoder writes the empty oneof of envoy's Node as null
+
+    bootstrap: dict[str, Any] = {"xds_servers": [server], "node": node}
+    if options.cert_dir:
+        chain, key, root = certificate_files(options.cert_dir)
+        bootstrap["certificate_providers"] = {
+            CERT_PROVIDER_NAME: {
+                "plugin_name": FILE_WATCHER_PLUGIN,
+                "config": {
+                    "certificate_file": chain,
+                    "private_key_file": key,
+                    "ca_certificate_file": root,
+                    "refresh_interval": REFRESH_INTERVAL,
+                },
+            },
+        }
+    bootstrap["server_listener_resource_name_template"] = SERVER_LISTENER_NAME_TEMPLATE
+    return bootstrap
+
+
+def render_bootstrap(bootstrap: Mapping[str, Any]) -> bytes:
+    """The file's bytes: Go's MarshalIndent with two spaces, no trailing newline."""
+    return gojson.dumps(bootstrap).encode("utf-8")
