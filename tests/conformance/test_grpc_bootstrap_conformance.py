@@ -56,7 +56,8 @@ def _write(case: dict[str, Any], scratch: Path) -> tuple[Path, Path]:
         istio_version=inputs["istio_version"],
     )
     assert metadata["WORKLOAD_IDENTITY_SOCKET_FILE"] == inputs["workload_identity_socket_file"]
-    nid = node_id(proxy["type"], proxy["ip_addresses"][0], *proxy["id"].split(".", 1), proxy["dns_domain"])
+    pod_name, namespace = proxy["id"].split(".", 1)
+    nid = node_id(proxy["type"], proxy["ip_addresses"][0], pod_name, namespace, proxy["dns_domain"])
     assert nid == inputs["node_id"]
     xds_socket = scratch / "XDS"
     options = GrpcBootstrapOptions(
