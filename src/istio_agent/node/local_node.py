@@ -165,6 +165,11 @@ class LocalNode:
         self._created = True
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o755)  # Envoy (uid 1337) must reach its pod directory below
+        blocked = untraversable_ancestor(self.workdir)
+        if blocked is not None:
+            self.close()
+            raise NodeError(f"Envoy runs as uid 1337 and must reach {self.workdir}, but {blocked} is not searchable "
+                            "by other users; choose a work directory elsewhere")
         try:
             for argv in node_setup_commands(self.plan):
                 run_ip(argv)
@@ -330,6 +335,17 @@ class LocalNode:
         if done.returncode != 0:
             raise NodeError(f"pilot-agent request GET {path}: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
+
+
+def untraversable_ancestor(path: Path) -> Path | None:
+    """The first directory above `path` that other users cannot enter (mode without o+x), if any."""
+    for parent in reversed(path.parents):
+        try:
+            if not parent.stat().st_mode & 0o001:
+                return parent
+        except OSError:
+            return parent
+    return None
 
 
 def envoy_binary() -> str:

@@ -1,0 +1,119 @@
+"""`make run` (`python -m istio_agent.localmesh`) as a user runs it (root).
+
+`--once` must prove client → echo over mTLS and exit 0; Ctrl-C must remove
+everything; and after the runner is SIGKILLed (no cleanup at all) its pods'
+processes must die with it and the next node must sweep its namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, need_root, need_tool
+
+from istio_agent.node.local_node import sweep_stale_namespaces
+from istio_agent.node.processes import netns_pids, pid_alive
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    need_root()
+    for tool in ("ip", "setpriv", "iptables"):
+        need_tool(tool)
+    base = Path(tempfile.mkdtemp(prefix="ia-localmesh-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _ours(pid: int) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"ia-{pid}-")]
+
+
+def _start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "istio_agent.localmesh", "--dir", str(run_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 90.0) -> str:
+    """Collect output until a line contains `marker` (fails with everything read if it never comes)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    proc.kill()
+    raise AssertionError(f"no {marker!r} in the output:\n{''.join(seen)}")
+
+
+def test_once_shows_the_request_crossing_both_sidecars_and_leaves_nothing(run_dir: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "istio_agent.localmesh", "--dir", str(run_dir), "--once"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "served by echo-1" in out
+    assert "x-forwarded-client-cert: By=spiffe://cluster.local/ns/default/sa/echo" in out
+    assert "URI=spiffe://cluster.local/ns/default/sa/sleep" in out
+    assert "client Envoy: TLS handshakes on outbound|80||echo.default.svc.cluster.local: 0" not in out
+    assert "mTLS between the sidecars" in out
+    assert not (run_dir / "node" / "pods").exists()  # pod directories (and their sockets) removed
+    assert (run_dir / "istiod" / "root-cert.pem").exists()  # the mesh root is kept for the next run
+    assert (run_dir / "node" / "logs" / "echo-1-agent.log").exists()
+
+
+def test_ctrl_c_stops_every_process_and_removes_every_namespace(run_dir: Path) -> None:
+    proc = _start(run_dir)
+    try:
+        _read_until(proc, "Ctrl-C stops everything")
+        names = _ours(proc.pid)
+        assert len(names) == 3, names  # node, client-1, echo-1
+        pids = [pid for name in names for pid in netns_pids(name)]
+        assert pids
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0, rest
+        assert "removed the node's namespaces" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _ours(proc.pid) == []
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+
+def test_after_sigkill_the_pods_die_with_the_runner_and_the_next_node_sweeps_its_namespaces(run_dir: Path) -> None:
+    proc = _start(run_dir)
+    try:
+        _read_until(proc, "Ctrl-C stops everything")
+        names = _ours(proc.pid)
+        pids = [pid for name in names for pid in netns_pids(name)]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while [pid for pid in pids if pid_alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if pid_alive(pid)]  # setpriv --pdeathsig took them down
+        assert set(_ours(proc.pid)) == set(names)  # only the namespaces are left...
+        assert set(names) <= set(sweep_stale_namespaces())  # ...until a later node sweeps them
+        assert _ours(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for name in _ours(proc.pid):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
