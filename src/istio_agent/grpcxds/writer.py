@@ -23,9 +23,21 @@ FILE_MODE = 0o644
 DIR_MODE = 0o700
 
 
+def make_dirs(directory: Path, mode: int = DIR_MODE) -> None:
+    """Create `directory` and missing parents, each with `mode` (Go's MkdirAll; pathlib sets only the last)."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=mode, exist_ok=True)
+
+
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace `path` with `data` in one rename; raise OSError (and leave no temp file) on failure."""
-    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
