@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from istio_agent.dns.server import DnsProxy
     from istio_agent.envoy.admin import EnvoyAdmin
     from istio_agent.envoy.process import EnvoyProcess
+    from istio_agent.grpcxds.readiness import BootstrapProbe
     from istio_agent.protos import nds_pb2
     from istio_agent.security.identity import WorkloadIdentity
     from istio_agent.status.readiness import ReadinessState
@@ -72,6 +73,7 @@ class Agent:
         self.readiness: ReadinessState | None = None
         self.envoy: EnvoyProcess | None = None
         self.admin: EnvoyAdmin | None = None
+        self.grpc_bootstrap_probe: BootstrapProbe | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class Agent:
         if self.dns_enabled:
             self._build_dns()
         self._build_xds_proxy()
+        self._build_grpc_bootstrap()
         if self.config.proxy_config.status_port > 0:
             self._build_status_server()
 
@@ -120,6 +123,19 @@ class Agent:
             self.config, on_name_table=self._on_name_table, on_trust_bundle=self._on_trust_bundle))
         self.components.append(self.xds)
 
+    def _build_grpc_bootstrap(self) -> None:
+        """GRPC_XDS_BOOTSTRAP for proxyless apps; upstream writes it whenever the path is set (default: always)."""
+        from istio_agent.grpcxds import BootstrapProbe, BootstrapWriter, GrpcBootstrapOptions
+
+        target = self.config.environment.get(env.GRPC_XDS_BOOTSTRAP)
+        if not target or self.xds is None:
+            return
+        path = self.config.path(target)
+        options = GrpcBootstrapOptions.from_config(self.config, self.xds.options.socket_path,
+                                                   outlier_log_path=self.flags.outlier_log_path)
+        self.components.append(BootstrapWriter(path, options))  # before the status server: ready implies written
+        self.grpc_bootstrap_probe = BootstrapProbe(path, self.config.workdir)
+
     def _build_status_server(self) -> None:
         from istio_agent.status.probes import ProbeOptions
         from istio_agent.status.probes_prober import add_probe_routes
@@ -135,19 +151,14 @@ class Agent:
             self.readiness,
             on_quit=lambda: self.request_stop(0),
             on_drain=self.drain_now,
-            extra_ready_check=self._proxyless_ready if self.disable_envoy else None,
+            extra_ready_check=self._proxyless_ready,
             extra_routes=[lambda app: add_probe_routes(app, probes), lambda app: add_secrets_debug_route(app, cache)],
         )
         self.components.append(server)
 
     def _proxyless_ready(self) -> str | None:
-        """Without Envoy, ready means the workload certificate is on disk (when OUTPUT_CERTS is set)."""
-        out = self.config.environment.get(env.OUTPUT_CERTS)
-        if out:
-            for name in ("cert-chain.pem", "key.pem", "root-cert.pem"):
-                if not self.config.path(out).joinpath(name).exists():
-                    return f"certificate file {name} not written yet"
-        return None
+        """Upstream's gRPC probe (with or without Envoy): the bootstrap loads and its certificate files exist."""
+        return self.grpc_bootstrap_probe.check() if self.grpc_bootstrap_probe is not None else None
 
     # ---- Envoy -------------------------------------------------------------------------------
 
