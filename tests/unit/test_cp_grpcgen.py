@@ -327,3 +327,15 @@ def test_shared_resources_are_built_once_per_snapshot() -> None:
     other = _ctx("sidecar~10.244.0.5~greeter-1.default~default.svc.cluster.local")
     other = ProxyContext.build(ctx.snapshot, other.proxy)
     assert GEN.generate(typeurls.CLUSTER, other, [GREETER_CLUSTER])[GREETER_CLUSTER] is first
+
+
+def test_a_short_name_means_the_service_of_the_asking_proxys_namespace() -> None:
+    other = "- {name: greeter, namespace: data, selector: {app: greeter}, ports: [{name: grpc, port: 50051}]}\n"
+    snapshot = build_snapshot(1, parse_registry(REGISTRY.replace("services:\n", "services:\n" + other)))
+    routes = {}
+    for node_id in (CLIENT, "sidecar~10.244.0.7~db-1.data~data.svc.cluster.local"):
+        ctx = ProxyContext.build(snapshot, parse_node_id(node_id, {"GENERATOR": "grpc"}))
+        listener = _listeners(["greeter:50051"], ctx)["greeter:50051"]
+        routes[ctx.proxy.namespace] = _typed(listener.api_listener.api_listener,
+                                             hcm_pb2.HttpConnectionManager).rds.route_config_name
+    assert routes == {"default": GREETER_CLUSTER, "data": "outbound|50051||greeter.data.svc.cluster.local"}

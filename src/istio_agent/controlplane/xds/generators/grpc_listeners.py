@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from typing import Any
 
 from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
@@ -67,15 +68,15 @@ def api_listener(name: str, view: ServiceView, port: int, address: str) -> liste
 def _client_listeners(ctx: ProxyContext, view: ServiceView, request: HostRequest) -> Resources:
     addresses = service_addresses(view, ctx.proxy, ctx.snapshot)
     address = addresses[0] if addresses else WILDCARD_ADDRESS
-    # Listeners depend on the proxy only through the VIP it sees: shared per snapshot on (name, address).
-    cache: Resources = ctx.snapshot.memo.setdefault(("grpc", "lds"), {})
+    # A listener depends on the proxy only through which service a short name means and the VIP it sees.
+    cache: dict[tuple[str, str, str], Any] = ctx.snapshot.memo.setdefault(("grpc", "lds"), {})
     out: Resources = {}
     for spelling in sorted(request.spellings):
         ports = request.spellings[spelling]
         for port in view.ports:
             if ports is None or port.port in ports:
                 name = join_host_port(spelling, port.port)
-                key = f"{name}@{address}"
+                key = (name, view.hostname, address)
                 if key not in cache:
                     cache[key] = pack(api_listener(name, view, port.port, address))
                 out[name] = cache[key]
