@@ -196,17 +196,22 @@ async def test_upstream_refusing_gives_servfail(tmp_path: Path, upstream: Dnsmas
 
 
 async def test_upstream_silent_gives_servfail_after_timeout(tmp_path: Path) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blackhole:
-        blackhole.bind(("127.0.0.1", 0))  # receives, never answers
+    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blackhole, \
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp_blackhole:
+        blackhole.bind(("127.0.0.1", port))  # receives, never answers
+        tcp_blackhole.bind(("127.0.0.1", port))
+        tcp_blackhole.listen(8)  # accepts (in the backlog), never reads
         conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
-        async with running_proxy(conf, blackhole.getsockname()[1], timeout=0.3) as p:
+        async with running_proxy(conf, port, timeout=0.3) as p:
             p.update_name_table(name_table())
-            start = time.monotonic()
-            msg = await _dig(p, "www.ext.test")
-            assert msg.rcode() == dns.rcode.SERVFAIL
-            assert time.monotonic() - start < 3  # within dig's own 3 s wait: the proxy gave up first
+            for transport in ([], ["+tcp"]):
+                start = time.monotonic()
+                msg = await _dig(p, "www.ext.test", *transport)
+                assert msg.rcode() == dns.rcode.SERVFAIL
+                assert time.monotonic() - start < 3  # within dig's own 3 s wait: the proxy gave up first
             registry_text = generate_latest(p.metrics.registry).decode()
-            assert "istio_agent_dns_upstream_failures_total 1.0" in registry_text
+            assert "istio_agent_dns_upstream_failures_total 2.0" in registry_text
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["in-order", "parallel"])
@@ -306,6 +311,26 @@ async def test_agent_loop_busy_does_not_stop_answers(proxy: DnsProxy) -> None:
         time.sleep(0.01)  # deliberately block the agent's event loop while the client runs
     await thread
     assert answered == [["10.96.0.20"]] * 20
+
+
+async def test_async_update_compiles_off_loop(proxy: DnsProxy) -> None:
+    await proxy.update_name_table_async(name_table())
+    assert _ips(await _dig(proxy, "echo")) == ["10.96.0.20"]
+
+
+async def test_port_in_use_fails_start_cleanly(tmp_path: Path, upstream: Dnsmasq) -> None:
+    import threading
+    conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        threads = threading.active_count()
+        proxy = DnsProxy(DnsProxyOptions(addr=f"127.0.0.1:{port}", resolv_conf=str(conf)))
+        with pytest.raises(OSError):
+            await proxy.start()
+        await proxy.stop()
+        assert threading.active_count() == threads
 
 
 def test_bad_address_is_rejected() -> None:

@@ -230,5 +230,18 @@ def test_update_swaps_whole_table() -> None:
     assert [d for *_, d in answer_set(ask(r, query("new.example.")))] == ["8.8.8.8"]
 
 
+def test_search_expanded_answers_are_packed_on_first_use() -> None:
+    r = responder()
+    assert r.table is not None
+    data = query("www.google.com.ns1.svc.cluster.local.")
+    key = data[12:]
+    assert key not in r.table.answers
+    first = ask(r, data)
+    assert key in r.table.answers  # the next query for it is a plain dictionary hit
+    second = ask(r, data)
+    assert answer_set(first) == answer_set(second)
+    assert [t for _, t, _, _ in answer_set(second)] == ["CNAME", "A"]
+
+
 def test_sample_table_shape() -> None:
     assert "productpage.ns1.svc.cluster.local" in sample_table().table

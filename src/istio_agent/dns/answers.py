@@ -65,18 +65,23 @@ def _headers(ancount: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
     return result
 
 
-def pack_records(qname: str, question_len: int, recs: list[Record]) -> bytes:
-    """Answer section for a question of `question_len` bytes (name + type + class) at offset 12."""
+def pack_records(qname: str, question_len: int, recs: list[Record], wires: dict[str, bytes] | None = None) -> bytes:
+    """Answer section for a question of `question_len` bytes (name + type + class) at offset 12.
+
+    `wires` may hold names already encoded (the Lookup's), to avoid encoding them again.
+    """
     base = 12 + question_len
     out = bytearray()
     offsets: dict[str, int] = {qname: 12}
+    known_wires = wires or {}
 
     def name_ref(name: str, at: int) -> bytes:
         known = offsets.get(name)
         if known is not None:
             return (0xC000 | known).to_bytes(2, "big")
         offsets[name] = at
-        return wire.encode_name(name)
+        encoded = known_wires.get(name)
+        return encoded if encoded is not None else wire.encode_name(name)
 
     for rec in recs:
         out += name_ref(rec.owner, base + len(out))
@@ -103,17 +108,21 @@ def _orderings(recs: list[Record], rng: random.Random) -> list[list[Record]]:
     return out
 
 
-def prepare(qname: str, question_len: int, recs: list[Record], rng: random.Random) -> Prepared:
-    bodies = tuple(pack_records(qname, question_len, order) for order in _orderings(recs, rng))
+def prepare(qname: str, question_len: int, recs: list[Record], rng: random.Random,
+            wires: dict[str, bytes] | None = None) -> Prepared:
+    bodies = tuple(pack_records(qname, question_len, order, wires) for order in _orderings(recs, rng))
     plain, edns = _headers(len(recs))
     return Prepared(plain=plain, edns=edns, bodies=bodies, variants=len(bodies))
 
 
 class CompiledTable:
-    """One NameTable compiled for answering; immutable except for its wildcard answer cache.
+    """One NameTable compiled for answering.
 
-    The cache is only ever added to (never changed), so readers on other threads
-    see either no entry or a complete one.
+    Answers for the table's own names are packed up front. Search-expanded
+    (CNAME) names, half of all names, are packed on their first query, like
+    wildcard matches: that halves compile time, and a name costs one slow-path
+    query per table. `answers` is only ever added to (never changed), so readers
+    on other threads see either no entry or a complete one.
     """
 
     def __init__(self, source: nds_pb2.NameTable, lookup: Lookup, seed: int | None = None) -> None:
@@ -123,30 +132,42 @@ class CompiledTable:
         self.answers: dict[bytes, Prepared] = {}
         self._dynamic = 0
         self._wildcards = frozenset(wire.encode_name(name) for name in lookup.wildcards())
-        shared: dict[tuple[object, ...], Prepared] = {}
-        for name in (*lookup.hosts, *lookup.cnames):
-            qwire = wire.encode_name(name)
-            for qtype in (wire.TYPE_A, wire.TYPE_AAAA):
-                recs = records(lookup, name, name, qtype)
-                assert recs is not None
-                key = qwire + qtype.to_bytes(2, "big") + _IN
-                # Most answers own no name but the question: share them across names.
-                if all(r.owner == name and isinstance(r.data, bytes) for r in recs):
-                    sig: tuple[object, ...] = (qtype, tuple(r.data for r in recs))
-                    prepared = shared.get(sig)
-                    if prepared is None:
-                        prepared = shared[sig] = prepare(name, len(key), recs, self._rng)
-                else:
-                    prepared = prepare(name, len(key), recs, self._rng)
-                self.answers[key] = prepared
+        self._shared: dict[tuple[object, ...], Prepared] = {}
+        wires = lookup.wires
+        self._lazy = {wires.get(name) or wire.encode_name(name): name for name in lookup.cnames}
+        type_class = {qtype: qtype.to_bytes(2, "big") + _IN for qtype in (wire.TYPE_A, wire.TYPE_AAAA)}
+        for name in lookup.hosts:
+            qwire = wires.get(name) or wire.encode_name(name)
+            for qtype, suffix in type_class.items():
+                self.answers[qwire + suffix] = self._prepare(name, len(qwire) + 4, qtype)
+
+    def _prepare(self, name: str, question_len: int, qtype: int) -> Prepared:
+        recs = records(self.lookup, name, name, qtype)
+        assert recs is not None
+        # Answers that own no name but the question are shared across names; a CNAME
+        # answer's pointers depend only on the question's length.
+        if not recs or recs[0].rtype != wire.TYPE_CNAME:
+            sig: tuple[object, ...] = (qtype, tuple(r.data for r in recs))
+        else:
+            sig = (qtype, question_len, recs[0].data)
+        prepared = self._shared.get(sig)
+        if prepared is None:
+            prepared = self._shared[sig] = prepare(name, question_len, recs, self._rng, self.lookup.wires)
+        return prepared
 
     def find(self, qname: bytes, qtype: int) -> Prepared | None:
         """Answer for a lower-case wire qname (class IN assumed), including wildcard matches."""
         key = qname + qtype.to_bytes(2, "big") + _IN
         prepared = self.answers.get(key)
-        if prepared is not None or not self._wildcards:
+        if prepared is not None:
             return prepared
-        if qtype not in (wire.TYPE_A, wire.TYPE_AAAA) or not self._wildcard_candidate(qname):
+        if qtype not in (wire.TYPE_A, wire.TYPE_AAAA):
+            return None
+        lazy = self._lazy.get(qname)
+        if lazy is not None:
+            prepared = self.answers[key] = self._prepare(lazy, len(key), qtype)
+            return prepared
+        if not self._wildcards or not self._wildcard_candidate(qname):
             return None
         text = wire.decode_name(qname)
         name = match(self.lookup, text)

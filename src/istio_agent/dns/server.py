@@ -112,9 +112,23 @@ class DnsProxy:
     # ---- name table -------------------------------------------------------------------------
 
     def update_name_table(self, table: nds_pb2.NameTable) -> None:
-        """Compile `table` and swap it in; answers switch over atomically."""
+        """Compile `table` and swap it in; answers switch over atomically.
+
+        Compiling costs about 40 ms per 1,000 services on the calling thread; from the
+        agent's event loop prefer `update_name_table_async()`.
+        """
+        self.responder.table = self._compile(table)
+
+    async def update_name_table_async(self, table: nds_pb2.NameTable) -> None:
+        """As update_name_table(), compiling on a worker thread so the caller's loop keeps running.
+
+        Tables are swapped in the order the calls complete; callers serialize updates.
+        """
+        self.responder.table = await asyncio.to_thread(self._compile, table)
+
+    def _compile(self, table: nds_pb2.NameTable) -> CompiledTable:
         lookup = build_lookup(table, self.options.namespace, self._domain, self._search)
-        self.responder.table = CompiledTable(table, lookup)
+        return CompiledTable(table, lookup)
 
     def name_table(self) -> nds_pb2.NameTable | None:
         """The NameTable being served (for /debug/ndsz), None before the first one."""

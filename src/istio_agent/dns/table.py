@@ -54,6 +54,7 @@ class Lookup:
 
     hosts: dict[str, Host] = field(default_factory=dict)
     cnames: dict[str, str] = field(default_factory=dict)  # search-expanded name -> host name
+    wires: dict[str, bytes] = field(default_factory=dict)  # every name above -> its wire form
 
     def wildcards(self) -> list[str]:
         """The `*.x` names, which cannot be enumerated into exact answers."""
@@ -106,6 +107,7 @@ def build_lookup(table: nds_pb2.NameTable, namespace: str, domain: str, search: 
     `domain` is the cluster domain without the namespace (see proxy_domain()).
     """
     best: dict[str, tuple[tuple[bool, bool, str], Host]] = {}
+    wires: dict[str, bytes] = {}
     for hostname, info in table.table.items():
         v4, v6 = split_ips(info.ips)
         if not v4 and not v6:
@@ -113,7 +115,7 @@ def build_lookup(table: nds_pb2.NameTable, namespace: str, domain: str, search: 
         own = hostname.lower().rstrip(".") + "."
         kube = info.registry == KUBERNETES
         for name in alt_hosts(hostname, info, namespace, domain):
-            if not _encodable(name):
+            if name not in wires and not _encode_into(wires, name):
                 continue
             rank = (name != own, not kube, hostname)
             current = best.get(name)
@@ -122,16 +124,20 @@ def build_lookup(table: nds_pb2.NameTable, namespace: str, domain: str, search: 
     lookup = Lookup(hosts={name: host for name, (_, host) in best.items()})
     first = next((s.strip(".").lower() for s in search if s.strip(".")), "")
     if first:
+        suffix = wire.encode_name(first)
         for name in lookup.hosts:
             expanded = f"{name}{first}."
-            if expanded not in lookup.hosts and _encodable(expanded):
+            candidate = wires[name][:-1] + suffix
+            if expanded not in lookup.hosts and len(candidate) <= 255:
                 lookup.cnames[expanded] = name
+                wires[expanded] = candidate
+    lookup.wires = {name: wires[name] for name in (*lookup.hosts, *lookup.cnames)}
     return lookup
 
 
-def _encodable(name: str) -> bool:
+def _encode_into(wires: dict[str, bytes], name: str) -> bool:
     try:
-        wire.encode_name(name)
+        wires[name] = wire.encode_name(name)
     except ValueError:
         return False
     return True

@@ -47,20 +47,16 @@ def encode_name(name: str) -> bytes:
 
     Raises ValueError for names DNS cannot carry (empty or >63-byte labels, >255 bytes).
     """
-    text = name.lower().rstrip(".")
+    text = name.lower()
+    if text.endswith("."):
+        text = text[:-1]
     if not text:
         return b"\x00"
-    out = bytearray()
-    for label in text.split("."):
-        raw = label.encode("utf-8")
-        if not raw or len(raw) > 63:
-            raise ValueError(f"invalid DNS label {label!r} in {name!r}")
-        out.append(len(raw))
-        out += raw
-    out.append(0)
-    if len(out) > 255:
-        raise ValueError(f"DNS name too long: {name!r}")
-    return bytes(out)
+    labels = text.encode("utf-8").split(b".")
+    out = b"".join([bytes((len(label),)) + label for label in labels]) + b"\x00"
+    if len(out) > 255 or b"" in labels or max(map(len, labels)) > 63:
+        raise ValueError(f"invalid DNS name {name!r} (empty or >63-byte label, or >255 bytes)")
+    return out
 
 
 def decode_name(wire: bytes) -> str:
