@@ -1,9 +1,10 @@
 """The DNS proxy component: UDP and TCP on DNS_PROXY_ADDR, answering off the agent's event loop.
 
-Threads, and why (benchmarks/bench_dns.py measures it): with answering on the
-agent's loop, a 50 ms burst of other work (an xDS push, a metrics scrape)
-stalls every DNS answer behind it; measured with dnsperf, QPS fell from ~180k
-to ~4k and average latency rose to the burst length. So:
+Threads, and why (benchmarks/bench_dns.py measures it in every run): with
+answering on the agent's loop, each 50 ms burst of other work (an xDS push, a
+metrics scrape) stalls every DNS answer behind it; with the agent loop busy
+that way, dnsperf measured ~2.6k QPS answering on that loop against ~64k QPS
+on the proxy's own threads (~160-200k idle). So:
 
 * one thread per UDP socket runs a blocking recvfrom/sendto loop around the
   sans-IO Responder. A blocking loop beat a uvloop datagram endpoint by ~10% and
@@ -12,7 +13,8 @@ to ~4k and average latency rose to the burst length. So:
 * one "dns-io" thread runs its own event loop (uvloop when importable) for the
   TCP listeners and for forwarding to upstream servers.
 
-The agent's loop only calls `start()`, `stop()` and `update_name_table()`.
+The agent's loop only calls `start()`, `stop()` and `update_name_table()` (or
+its `_async` variant, which compiles on a worker thread).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import socket
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -37,12 +39,12 @@ from istio_agent.dns.forward import Forwarder, read_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, Forward, Responder
 from istio_agent.dns.table import build_lookup, proxy_domain
+from istio_agent.dns.tcp import TcpConnection
 from istio_agent.protos import nds_pb2
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDR = "localhost:15053"
-TCP_MAX_INFLIGHT = 64  # forwarded queries per TCP connection before we stop reading from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +101,14 @@ class DnsProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._forwarder: Forwarder | None = None
         self._tcp_servers: list[asyncio.AbstractServer] = []
-        self._tcp_conns: set[_TcpConnection] = set()
+        self.tcp_conns: set[TcpConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_forwards = 0
         self._inbox: collections.deque[tuple[bytes, tuple[Any, ...], socket.socket, int]] = collections.deque()
         self._inbox_scheduled = False
         self._stopping = False
         self._udp_forward_counts = self.metrics.counts("udp")
-        self._tcp_counts = self.metrics.counts("tcp")
+        self.tcp_counts = self.metrics.counts("tcp")
         self.addresses: list[tuple[str, int]] = []  # bound (host, port), same port for UDP and TCP
 
     # ---- name table -------------------------------------------------------------------------
@@ -250,13 +252,13 @@ class DnsProxy:
         await self._forwarder.start()
         loop = asyncio.get_running_loop()
         for sock in self._tcp_socks:
-            server = await loop.create_server(lambda: _TcpConnection(self), sock=sock)
+            server = await loop.create_server(lambda: TcpConnection(self), sock=sock)
             self._tcp_servers.append(server)
 
     async def _io_stop(self) -> None:
         for server in self._tcp_servers:
             server.close()
-        for conn in list(self._tcp_conns):
+        for conn in list(self.tcp_conns):
             conn.close()
         for task in list(self._tasks):
             task.cancel()
@@ -274,7 +276,7 @@ class DnsProxy:
     async def forward(self, data: bytes, limit: int, tcp: bool) -> bytes:
         """Upstream's answer to a validated query (id restored, cut to `limit`), or SERVFAIL
         when every upstream failed or too many queries are already in flight."""
-        counts = self._tcp_counts if tcp else self._udp_forward_counts
+        counts = self.tcp_counts if tcp else self._udp_forward_counts
         if self._pending_forwards >= self.options.max_pending_forwards:
             return self._finish_forward(data, None, limit, None, counts)
         assert self._forwarder is not None and self._loop is not None
@@ -369,102 +371,3 @@ class DnsProxy:
                     forward((data, addr, sock, result.limit))
                 except RuntimeError:  # loop closed while stopping
                     return
-
-
-class _TcpConnection(asyncio.Protocol):
-    """One DNS-over-TCP client: 2-byte length framing, pipelined queries, idle timeout."""
-
-    def __init__(self, proxy: DnsProxy) -> None:
-        self.proxy = proxy
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.inflight = 0
-        self.reading_paused = False
-        self.last_activity = 0.0
-        self.idle_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
-        if len(self.proxy._tcp_conns) >= self.proxy.options.max_tcp_connections:
-            transport.close()
-            return
-        self.proxy._tcp_conns.add(self)
-        loop = asyncio.get_running_loop()
-        self.last_activity = loop.time()
-        self.idle_timer = loop.call_later(self.proxy.options.tcp_idle_timeout, self._check_idle)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy._tcp_conns.discard(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def _check_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        idle = loop.time() - self.last_activity
-        timeout = self.proxy.options.tcp_idle_timeout
-        if idle >= timeout and self.inflight == 0:
-            self.close()
-        else:
-            self.idle_timer = loop.call_later(max(0.05, timeout - idle), self._check_idle)
-
-    def pause_writing(self) -> None:  # the client is not reading: stop taking queries
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.reading_paused:
-            self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        self._drain()
-
-    def _drain(self) -> None:
-        assert self.transport is not None
-        self.last_activity = asyncio.get_running_loop().time()
-        buf = self.buffer
-        respond = self.proxy.responder.respond
-        counts = self.proxy._tcp_counts
-        while len(buf) >= 2 and not self.reading_paused:
-            size = (buf[0] << 8) | buf[1]
-            if len(buf) < 2 + size:
-                break
-            msg = bytes(buf[2:2 + size])
-            del buf[:2 + size]
-            try:
-                result = respond(msg, True, counts)
-            except Exception:
-                log.exception("DNS proxy: failed to answer a TCP query")
-                counts[MALFORMED] += 1
-                continue
-            if type(result) is bytes:
-                self._write(result)
-            elif isinstance(result, Forward):
-                self._forward(msg, result.limit)
-
-    def _write(self, resp: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(len(resp).to_bytes(2, "big") + resp)
-
-    def _forward(self, msg: bytes, limit: int) -> None:
-        self.inflight += 1
-        if self.inflight >= TCP_MAX_INFLIGHT and self.transport is not None:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-        async def run() -> None:
-            try:
-                self._write(await self.proxy.forward(msg, limit, tcp=True))
-            finally:
-                self.inflight -= 1
-                if self.reading_paused and self.inflight < TCP_MAX_INFLIGHT // 2 and self.transport is not None:
-                    self.reading_paused = False
-                    if not self.transport.is_closing():
-                        self.transport.resume_reading()
-                        self._drain()
-
-        self.proxy.spawn(run)
