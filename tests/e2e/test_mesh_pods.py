@@ -1,7 +1,7 @@
 """Pods on a local node talking through their sidecars (root, real Envoys, real capture).
 
 One node for the module: istiod-local on the gateway, `client-1` (service
-account sleep, sidecar, no app), `echo-1` (service account echo, the echo app
+account sleep, sidecar with DNS capture, no app), `echo-1` (service account echo, the echo app
 behind service `echo` at 10.96.0.20:80) and `plain-1`, a pod outside the mesh
 (no capture, no agent). The `default` namespace is STRICT.
 """
@@ -66,7 +66,7 @@ def mesh() -> Iterator[Mesh]:
     try:
         node.create()
         plans = node.plan_pods([
-            PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}),
+            PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}, dns_capture=True),
             PodSpec("echo-1", service_account="echo", labels={"app": "echo"}, app=ECHO_APP),
             PodSpec("plain-1", service_account="plain", sidecar=False),
         ])
@@ -127,3 +127,19 @@ def test_pod_outside_the_mesh_has_no_capture_and_no_agent(mesh: Mesh) -> None:
     assert "ISTIO_" not in rules
     # Its request to the service VIP is not captured: nothing on the node answers 10.96.0.20.
     assert "error" in mesh.get("plain-1", ECHO_URL, timeout=1)
+
+
+def test_client_with_dns_capture_reaches_echo_by_service_name(mesh: Mesh) -> None:
+    """The agent's DNS proxy answers from istiod-local's NameTable; the app's port-53 query is captured."""
+    rules = mesh.node.exec(mesh.pods["client-1"], ["iptables-save"]).stdout
+    assert "-A ISTIO_OUTPUT_DNS" in rules and "15053" in rules, rules
+    for url in ("http://echo.default.svc.cluster.local/", "http://echo/"):
+        answer = eventually(_answered(mesh, "client-1", url), f"{url} to answer")
+        assert f"URI={CLIENT_SPIFFE}" in answer["body"]["headers"]["x-forwarded-client-cert"]
+
+
+def _answered(mesh: Mesh, pod: str, url: str) -> Callable[[], Any]:
+    def check() -> Any:
+        answer = mesh.get(pod, url)
+        return answer.get("status") == 200 and answer
+    return check

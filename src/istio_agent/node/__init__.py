@@ -1,0 +1,7 @@
+"""The local node: pods as network namespaces on one machine, for tests and `make run`.
+
+`plan` computes names, addresses and commands (pure); `local_node.LocalNode`
+builds and removes the node with `ip`, `istio-iptables`, `istiod-local` and
+`pilot-agent`; `processes` holds the process and namespace plumbing;
+`echo_app` is the HTTP echo app (and client) the demo pods run.
+"""

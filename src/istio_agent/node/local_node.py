@@ -7,20 +7,28 @@ Usage (root; see `localmesh.py` for a complete example)::
         path.write_text(yaml.safe_dump({"services": [...], "workloads": registry_workloads([client, echo])}))
         node.start_istiod()
         pods = [node.add_pod(p) for p in (client, echo)]
-        node.wait_ready(pods)
-        print(node.exec(pods[0], ["python", "-c", "..."]).stdout)
+        node.wait_ready(pods, {"echo-1": 8080})       # :15021 through Envoy, and the app's port
+        print(node.exec(pods[0], ["python", "-c", "..."]).stdout)   # inside the pod's namespace
+        print(node.envoy_admin(pods[0], "config_dump"))               # `pilot-agent request GET ...`
+
+istiod-local runs in the node namespace on the gateway address (10.244.0.1:15012
+TLS, :15010 plaintext); `stop_istiod()`/`start_istiod()` restart it with the same
+state. Logs: `<workdir>/logs/{istiod,<pod>-init,<pod>-app,<pod>-agent}.log`.
 
 Each pod is what Kubernetes and Istio's injector would make: `istio-iptables`
 runs first (as istio-init would), then the app, then `pilot-agent proxy
-sidecar`, the latter as uid 1337 in a working directory owned by 1337 and
-laid out as the pod's (`var/run/secrets/...` from `istiod-local pod-files`,
-`etc/istio/pod/labels`). Envoy runs as uid/gid 1337 so its own connections
+sidecar` in a working directory laid out as the pod's (`var/run/secrets/...`
+from `istiod-local pod-files`, `etc/istio/pod/labels`). Envoy runs as uid/gid 1337 so its own connections
 bypass capture. The agent itself runs as root with group 1337 and umask 002
 (the Python interpreter may sit where uid 1337 cannot read, e.g. under
 /root): its connections to istiod pass capture's `--gid-owner 1337` rule, the
 sockets and files it creates belong to group 1337 so Envoy can use them, and
 it starts Envoy as 1337 (`ISTIO_AGENT_ENVOY_UID`, not an upstream variable).
 Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
+
+Call it from one thread (normally the main one): the pods' processes get
+SIGTERM when the thread that started them ends (`setpriv --pdeathsig`), which
+is what takes them down if the owner is killed.
 
 `close()` (also on `__exit__` and at interpreter exit) stops every process,
 kills whatever is left in the node's namespaces, deletes the namespaces
@@ -153,8 +161,13 @@ class LocalNode:
         self.create()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            self.close()
+        except NodeError as exc:
+            if exc_type is None:
+                raise
+            print(f"local node cleanup after an error: {exc}", file=sys.stderr)  # keep the original error
 
     def create(self) -> None:
         """Remove what dead runs left, then build the node namespace and its bridge."""
