@@ -272,10 +272,12 @@ def test_proxy_outside_registry_gets_outbound_only() -> None:
     assert ECHO_80 in clusters and not any(name.startswith("inbound|") for name in clusters)
 
 
-def test_generator_selection_falls_back_to_sidecar() -> None:
+def test_generator_selection_by_metadata_falls_back_to_sidecar() -> None:
     generators = default_generators()
-    assert generators.names() == ["sidecar"]
-    assert generators.for_proxy(parse_node_id(ECHO_POD, {"GENERATOR": "grpc"})).name == "sidecar"
+    assert sorted(generators.names()) == ["grpc", "sidecar"]
+    assert generators.for_proxy(parse_node_id(ECHO_POD, {"GENERATOR": "grpc"})).name == "grpc"
+    assert generators.for_proxy(parse_node_id(ECHO_POD, {"GENERATOR": "no-such"})).name == "sidecar"
+    assert generators.for_proxy(parse_node_id(ECHO_POD, {})).name == "sidecar"
 
 
 def test_reserved_ports_get_no_outbound_listener() -> None:
