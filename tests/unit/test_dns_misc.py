@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_dns_support import info, sample_table
 
 from istio_agent.dns import name_table_json
-from istio_agent.dns.forward import parse_resolv_conf
+from istio_agent.dns.forward import Forwarder, parse_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
-from istio_agent.dns.server import split_host_port
+from istio_agent.dns.server import DnsProxyOptions, port53_rules, split_host_port
 from istio_agent.protos import nds_pb2
 
 
@@ -94,3 +94,27 @@ def test_split_host_port() -> None:
     assert split_host_port("0.0.0.0:15053") == ("0.0.0.0", 15053)
     with pytest.raises(ValueError):
         split_host_port("localhost")
+
+
+def test_port53_rules() -> None:
+    base = DnsProxyOptions(addr="0.0.0.0:53", resolv_conf="/etc/resolv.conf")
+    root = port53_rules(base, uid=0, alt_resolv_conf_exists=True)
+    assert root.respond_before_sync and root.resolv_conf == "/var/lib/istio/resolv.conf"
+    assert port53_rules(base, uid=0, alt_resolv_conf_exists=False).resolv_conf == "/etc/resolv.conf"
+    assert port53_rules(base, uid=1337, alt_resolv_conf_exists=True).addr == "localhost:15053"
+    other = DnsProxyOptions(addr="localhost:15053")
+    assert port53_rules(other, uid=0, alt_resolv_conf_exists=True) is other
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_forwarder_without_servers_fails_at_once(parallel: bool) -> None:
+    forwarder = Forwarder([], parallel=parallel, timeout=5.0)
+    await forwarder.start()
+    try:
+        got: list[bytes | None] = []
+        forwarder.query_udp(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01x\x00\x00\x01\x00\x01",
+                            got.append)
+        assert got == [None]
+        assert await forwarder.query(b"\x12\x34" + b"\x01\x00" + b"\x00" * 8, tcp=True) is None
+    finally:
+        await forwarder.close()

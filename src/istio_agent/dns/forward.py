@@ -144,7 +144,9 @@ class _UdpExchange:
         self.finished = False
 
     def start(self) -> None:
-        if self.forwarder.parallel:
+        if not self.forwarder.servers:
+            self._finish(None)
+        elif self.forwarder.parallel:
             for _ in self.forwarder.servers:
                 self._send_next()
         else:

@@ -28,7 +28,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -64,6 +64,24 @@ class DnsProxyOptions:
     max_pending_forwards: int = 10_000
     udp_receive_buffer: int = 1 << 20  # absorbs bursts while the GIL is elsewhere (capped by rmem_max)
     use_uvloop: bool = True
+
+
+ALT_RESOLV_CONF = "/var/lib/istio/resolv.conf"
+
+
+def port53_rules(options: DnsProxyOptions, uid: int, alt_resolv_conf_exists: bool) -> DnsProxyOptions:
+    """Upstream's special case for an address on port 53 (VMs and Docker, without DNS capture).
+
+    As root: answer (by forwarding) even before the first NameTable, and read
+    /var/lib/istio/resolv.conf when it exists (the host's real resolvers, since
+    /etc/resolv.conf then points at us). Not root: fall back to localhost:15053.
+    """
+    if not options.addr.endswith(":53"):
+        return options
+    if uid != 0:
+        return replace(options, addr=DEFAULT_ADDR)
+    resolv_conf = ALT_RESOLV_CONF if alt_resolv_conf_exists else options.resolv_conf
+    return replace(options, respond_before_sync=True, resolv_conf=resolv_conf)
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -189,9 +207,16 @@ class DnsProxy:
             sock.close()
 
     def _bind_hosts(self, host: str) -> list[tuple[str, bool]]:
-        """(address, required) pairs to bind; ::1 is best effort under "localhost"."""
-        if host in ("localhost", ""):
+        """(address, required) pairs to bind; the IPv6 half is best effort.
+
+        "localhost" means both loopbacks (Go would pick one; upstream binds both
+        when resolv.conf has servers of both families); an empty host means every
+        address, as Go's ":port".
+        """
+        if host == "localhost":
             return [("127.0.0.1", True), ("::1", False)]
+        if host == "":
+            return [("0.0.0.0", True), ("::", False)]
         try:
             ipaddress.ip_address(host)
             return [(host, True)]
