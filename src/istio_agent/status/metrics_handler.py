@@ -1,0 +1,268 @@
+"""`/stats/prometheus` and `/metrics` on the status server: the merged scrape, as an aiohttp handler.
+
+Thin I/O around `metrics_merge`. One scrape:
+
+1. opens every source at once (Envoy's `localhost:15090/stats/prometheus` with the
+   scraper's query string, as upstream, then each app target on localhost), asking
+   only for formats the merge can use, and waits for their response *headers* for
+   at most 80 % of the scrape budget (`X-Prometheus-Scrape-Timeout-Seconds` minus
+   a margin); a source without headers by then is dropped;
+2. picks the answer's format from the scraper's Accept and the sources'
+   Content-Types, sends the headers (gzip when asked) and the agent's registry;
+3. streams each open source's body through its `SourceFilter`, in order, each
+   with a fair share of the time left (what remains divided by the sources still
+   to go), so a source that stalls mid-body costs only its share; bodies not yet
+   read wait in the socket buffers, which keeps memory flat whatever the page size;
+4. writes `# EOF` once, last, for OpenMetrics.
+
+A failing source (refused, non-200, protobuf, too large, malformed, too slow) is
+logged and counted in `istio_agent_scrape_failures_total{type=envoy|application|agent}`
+(upstream's metric); its error text never reaches the body, and the others are
+still served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from istio_agent.config import env
+from istio_agent.status.metrics_merge import (
+    DEFAULT_SCRAPE_TIMEOUT,
+    EOF_LINE,
+    MAX_SOURCE_BYTES,
+    TIMEOUT_HEADER,
+    Format,
+    OutputFormat,
+    ScrapeTarget,
+    SourceError,
+    SourceFilter,
+    SourceTooLarge,
+    accepted_openmetrics,
+    accepts_gzip,
+    agent_exposition,
+    output_format,
+    parse_scrape_annotations,
+    scrape_budget,
+    source_accept_header,
+    source_format,
+)
+
+if TYPE_CHECKING:
+    from istio_agent.config.loader import AgentConfig
+
+log = logging.getLogger(__name__)
+
+ENVOY_PROMETHEUS_PORT = 15090  # upstream's EnvoyPrometheusPort: the bootstrap's 15090 listener
+HEADERS_SHARE = 0.8  # of the budget, for every source's response headers
+ENVOY, APPLICATION, AGENT = "envoy", "application", "agent"  # upstream's failure `type` labels
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """What the merged endpoint scrapes. `envoy_port=None` leaves Envoy's stats out."""
+
+    envoy_port: int | None = ENVOY_PROMETHEUS_PORT
+    app_targets: tuple[ScrapeTarget, ...] = ()
+    host: str = "localhost"  # upstream scrapes Envoy and the app on localhost
+    body_cap: int = MAX_SOURCE_BYTES
+    default_timeout: float = DEFAULT_SCRAPE_TIMEOUT
+
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> MetricsOptions:
+        """From the agent's config; a bad `ISTIO_PROMETHEUS_ANNOTATIONS` raises ConfigError.
+
+        As upstream: Envoy's stats are merged unless `PILOT_AGENT_MERGE_ENVOY_STATS=false` or
+        there is no Envoy; app targets only for sidecars (15020 is exposed on gateways).
+        """
+        environment = config.environment
+        merge_envoy = environment.get(env.PILOT_AGENT_MERGE_ENVOY_STATS) and not environment.get(env.DISABLE_ENVOY)
+        targets: tuple[ScrapeTarget, ...] = ()
+        if config.identity.proxy_type == "sidecar":
+            targets = parse_scrape_annotations(
+                environment.get(env.ISTIO_PROMETHEUS_ANNOTATIONS), config.proxy_config.status_port)
+        return cls(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets)
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # ENVOY or APPLICATION
+    url: str
+
+
+class ScrapeCounters:
+    """Upstream's `istio_agent_scrapes_total` and `istio_agent_scrape_failures_total{type}`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scrapes = Counter("istio_agent_scrapes", "The total number of scrapes.", registry=registry)
+        self.failures = Counter("istio_agent_scrape_failures", "The total number of failed scrapes.",
+                                ["type"], registry=registry)
+        for kind in (ENVOY, APPLICATION, AGENT):
+            self.failures.labels(kind)  # present at 0 from the start, so rate() has a baseline
+
+
+class MergedMetricsHandler:
+    """Serves the merged page; one aiohttp client session (keep-alive to Envoy) for every scrape."""
+
+    def __init__(self, options: MetricsOptions, registry: CollectorRegistry) -> None:
+        self.options = options
+        self.registry = registry
+        self.counters = ScrapeCounters(registry)
+        self._session: aiohttp.ClientSession | None = None
+        self._failing: set[str] = set()  # sources whose last scrape failed: log once per outage
+
+    def sources(self, query_string: str = "") -> list[Source]:
+        host, out = self.options.host, []
+        if self.options.envoy_port is not None:
+            url = f"http://{host}:{self.options.envoy_port}/stats/prometheus"
+            out.append(Source(ENVOY, f"{url}?{query_string}" if query_string else url))
+        out += [Source(APPLICATION, f"http://{host}:{t.port}{t.path}") for t in self.options.app_targets]
+        return out
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _session_for_loop(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No proxies from the environment, no cookies: these are loopback fetches.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+            )
+        return self._session
+
+    # --- bookkeeping ---------------------------------------------------------------------------------------
+    def _failed(self, kind: str, name: str, reason: object) -> None:
+        self.counters.failures.labels(kind).inc()
+        if name not in self._failing:
+            self._failing.add(name)
+            log.warning("merged metrics: %s %s failed: %s", kind, name, reason or type(reason).__name__)
+        else:
+            log.debug("merged metrics: %s %s failed: %s", kind, name, reason)
+
+    def _succeeded(self, name: str) -> None:
+        if name in self._failing:
+            self._failing.discard(name)
+            log.info("merged metrics: %s is back", name)
+
+    # --- the scrape ----------------------------------------------------------------------------------------
+    async def _open(self, source: Source, headers: dict[str, str]) -> tuple[aiohttp.ClientResponse, Format]:
+        response = await self._session_for_loop().get(source.url, headers=headers, allow_redirects=False)
+        try:
+            if response.status != 200:
+                raise SourceError(f"HTTP status {response.status}")
+            fmt = source_format(response.headers.get("Content-Type", ""))
+            if fmt is None:
+                raise SourceError(f"cannot merge Content-Type {response.headers.get('Content-Type')!r}")
+            if response.content_length is not None and response.content_length > self.options.body_cap:
+                raise SourceTooLarge(f"Content-Length {response.content_length} exceeds {self.options.body_cap}")
+        except BaseException:
+            response.close()
+            raise
+        return response, fmt
+
+    async def _open_all(self, sources: Sequence[Source], headers: dict[str, str], deadline: float,
+                        ) -> list[tuple[Source, aiohttp.ClientResponse, Format]]:
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._open(source, headers)) for source in sources]
+        try:
+            if tasks:
+                await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        opened = []
+        for source, task in zip(sources, tasks, strict=True):
+            if task.cancelled():
+                self._failed(source.kind, source.url, "no response before the scrape deadline")
+            elif (exc := task.exception()) is not None:
+                self._failed(source.kind, source.url, exc)
+            else:
+                opened.append((source, *task.result()))
+        return opened
+
+    async def _copy(self, response: aiohttp.ClientResponse, fmt: Format, out: web.StreamResponse,
+                    output: OutputFormat, deadline: float) -> None:
+        filt = SourceFilter(fmt, output, cap=self.options.body_cap)
+        async with asyncio.timeout_at(deadline):
+            async for chunk in response.content.iter_any():
+                block = filt.feed(chunk)
+                if block:
+                    await out.write(block)
+                if filt.ended:
+                    break
+            block = filt.finish()
+            if block:
+                await out.write(block)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.counters.scrapes.inc()
+        budget = scrape_budget(request.headers.get(TIMEOUT_HEADER), self.options.default_timeout)
+        deadline = started + budget
+        om_version = accepted_openmetrics(request.headers.get("Accept", ""))
+        headers = {
+            "Accept": source_accept_header(om_version),
+            "Accept-Encoding": "identity",  # loopback: compressing would only cost CPU on both sides
+            TIMEOUT_HEADER: f"{budget:.3f}",
+            "User-Agent": request.headers.get("User-Agent", "istio-agent"),
+        }
+        sources = self.sources(request.query_string)
+        opened = await self._open_all(sources, headers, started + budget * HEADERS_SHARE)
+        try:
+            output = output_format(om_version, (fmt for _, _, fmt in opened))
+            response = web.StreamResponse(headers={"Content-Type": output.content_type})
+            if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+                response.enable_compression(web.ContentCoding.gzip)
+            await response.prepare(request)
+            try:
+                own = agent_exposition(self.registry, output)
+            except Exception as exc:  # a broken collector must not cost Envoy's and the app's metrics
+                self._failed(AGENT, "registry", exc)
+            else:
+                await response.write(own)
+            for index, (source, upstream, fmt) in enumerate(opened):
+                share = max(0.0, deadline - loop.time()) / (len(opened) - index)
+                try:
+                    await self._copy(upstream, fmt, response, output, loop.time() + share)
+                except (SourceError, aiohttp.ClientError, TimeoutError) as exc:
+                    reason = "body not complete before the scrape deadline" if isinstance(exc, TimeoutError) else exc
+                    self._failed(source.kind, source.url, reason)
+                    upstream.close()
+                else:
+                    self._succeeded(source.url)
+                    upstream.release()
+            if output.format is Format.OPENMETRICS:
+                await response.write(EOF_LINE)
+            await response.write_eof()
+            return response
+        finally:
+            for _, upstream, _ in opened:
+                with contextlib.suppress(Exception):
+                    upstream.close()
+
+
+def add_metrics_routes(app: web.Application, options: MetricsOptions, registry: CollectorRegistry,
+                       ) -> MergedMetricsHandler:
+    """Serve GET `/stats/prometheus` and `/metrics` (upstream serves both) on `app`.
+
+    Registers the scrape counters on `registry`; the client session closes with the app.
+    """
+    handler = MergedMetricsHandler(options, registry)
+    app.router.add_get("/stats/prometheus", handler.handle)
+    app.router.add_get("/metrics", handler.handle)
+    app.on_cleanup.append(handler.close)
+    return handler
