@@ -108,8 +108,10 @@ def test_after_sigkill_the_pods_die_with_the_runner_and_the_next_node_sweeps_its
         while [pid for pid in pids if pid_alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in pids if pid_alive(pid)]  # setpriv --pdeathsig took them down
-        assert set(_ours(proc.pid)) == set(names)  # only the namespaces are left...
-        assert set(names) <= set(sweep_stale_namespaces())  # ...until a later node sweeps them
+        # Only the namespaces are left, until a later node sweeps them (a concurrent run on this
+        # machine may do it first: the end state is the same).
+        assert set(_ours(proc.pid)) <= set(names)
+        sweep_stale_namespaces()
         assert _ours(proc.pid) == []
     finally:
         if proc.poll() is None:
