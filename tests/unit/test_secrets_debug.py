@@ -266,3 +266,40 @@ def test_table_layout_like_istioctl() -> None:
         line("ROOTCA", "CA", "ACTIVE", "false", "1f", "2033-05-02T03:41:33Z", "2023-05-05T03:41:33Z"),
         "configmap://some/thing" + " " * 20 + "WARMING     false",
     ]) + "\n"
+
+
+# ---- the agent's endpoint ---------------------------------------------------------------------------------------
+
+
+class SnapshotOnly:
+    """Just the part of SecretCache the endpoint reads."""
+
+    def __init__(self, items: list[SecretItem]) -> None:
+        self.items = items
+
+    def snapshot(self) -> list[SecretItem]:
+        return self.items
+
+
+@pytest.mark.parametrize(("peer", "status"), [("127.0.0.1", 200), ("::1", 200), ("10.0.0.7", 403)])
+async def test_debug_endpoint_is_localhost_only(pki: Pki, peer: str, status: int) -> None:
+    from unittest import mock
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from istio_agent.status.secrets_debug import DEBUG_SECRETS_PATH, add_secrets_debug_route
+
+    app = web.Application()
+    cache = SnapshotOnly([SecretItem("ROOTCA", root_cert=pki.root.cert_pem, source="ca")])
+    add_secrets_debug_route(app, cache, clock=lambda: NOW)  # type: ignore[arg-type]
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (peer, 40000) if name == "peername" else default
+    request = make_mocked_request("GET", DEBUG_SECRETS_PATH, app=app, transport=transport)
+    match = await app.router.resolve(request)
+    response = await match.handler(request)
+    assert response.status == status
+    if status == 200:
+        assert isinstance(response, web.Response) and response.text is not None
+        [item] = json.loads(response.text)
+        assert (item["resource_name"], item["type"], item["state"]) == ("ROOTCA", "CA", "ACTIVE")
