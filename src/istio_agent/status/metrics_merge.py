@@ -339,8 +339,8 @@ def _meta(line: bytes) -> tuple[bytes, bytes, bytes]:
     return b"", b"", b""
 
 
-def _types(block: bytes, spans: list[tuple[int, int]]) -> dict[bytes, bytes]:
-    types: dict[bytes, bytes] = {}
+def _types(block: bytes, spans: list[tuple[int, int]], into: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+    types: dict[bytes, bytes] = {} if into is None else into
     for start, end in spans:
         kind, name, rest = _meta(block[start:end])
         if kind == b"TYPE":
@@ -362,27 +362,40 @@ def _rewrite_comments(block: bytes, spans: list[tuple[int, int]], rewrite: dict[
     return b"".join(out)
 
 
-def text_to_openmetrics(block: bytes) -> bytes:
+def _created_of(name: bytes, types: dict[bytes, bytes]) -> bool:
+    """Whether gauge `name` is the `_created` series prometheus_client's text format splits off a family."""
+    if not name.endswith(b"_created"):
+        return False
+    base = name[:-8]
+    return types.get(base + b"_total") == b"counter" or types.get(base) in (b"histogram", b"summary")
+
+
+def text_to_openmetrics(block: bytes, types_seen: dict[bytes, bytes] | None = None) -> bytes:
     """Complete, valid text-format lines → OpenMetrics lines (samples are left as they are).
 
     A counter `x_total` becomes family `x` (its samples already carry the `_total`). A counter
     without that suffix, and an `untyped` family, lose their TYPE line: OpenMetrics reads that
     as "unknown" and keeps the sample names dashboards expect, where writing `unknown` would
     break text parsers such as promtool's and `counter` would break strict OpenMetrics parsers.
-    Blank lines and free comments are dropped (OpenMetrics has neither); `"` in HELP is escaped.
+    A gauge `x_created` right after counter `x_total` (or histogram/summary `x`) loses its
+    HELP and TYPE, so that its samples join family `x` as OpenMetrics wants. Blank lines and
+    free comments are dropped (OpenMetrics has neither); `"` in HELP is escaped.
+    `types_seen` carries TYPEs across blocks of one source.
     """
     if block[:1] in (b"\n", b" ", b"\t") or _BLANK_LINE.search(block):
         block = b"".join(line for line in block.splitlines(keepends=True) if line.strip())
     spans = _comment_lines(block)
     if not spans:
         return block
-    types = _types(block, spans)
+    types = _types(block, spans, types_seen)
     rewrite: dict[int, bytes] = {}
     for start, end in spans:
         line = block[start:end]
         kind, name, rest = _meta(line)
         family_type = types.get(name, b"")
-        if kind == b"TYPE":
+        if kind in (b"TYPE", b"HELP") and family_type == b"gauge" and _created_of(name, types):
+            new = b""
+        elif kind == b"TYPE":
             if family_type == b"counter" and name.endswith(b"_total"):
                 new = b"# TYPE " + name[:-6] + b" counter\n"
             elif family_type in (b"counter", b"untyped"):
@@ -481,6 +494,7 @@ class SourceFilter:
         self.received = 0
         self.ended = False  # OpenMetrics `# EOF` seen: the rest of the body is ignored
         self._held = b""
+        self._types: dict[bytes, bytes] = {}  # TYPEs seen so far (text → OpenMetrics needs the history)
 
     def feed(self, data: bytes) -> bytes:
         if self.ended or not data:
@@ -526,5 +540,5 @@ class SourceFilter:
         if self.source is self.output:
             return block
         if self.output is Format.OPENMETRICS:
-            return text_to_openmetrics(block)
+            return text_to_openmetrics(block, self._types)
         return openmetrics_to_text(block)
