@@ -57,6 +57,8 @@ def time_agent(pod: Path, address: str, algorithm: str, out: Path) -> float:
         **os.environ, "POD_NAME": "sleep-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "sleep",
         "INSTANCE_IP": "127.0.0.1", "CA_ADDR": address, "DISABLE_ENVOY": "true", "OUTPUT_CERTS": str(out),
         "SECRET_TTL": "1h", "ECC_SIGNATURE_ALGORITHM": "ECDSA" if algorithm == "ECDSA" else "",
+        # A private status port, so a test or another agent on this host cannot make the run fail.
+        "PROXY_CONFIG": json.dumps({"statusPort": free_port()}),
     }
     chain = out / "cert-chain.pem"
     start = time.perf_counter()
