@@ -38,7 +38,7 @@ def envoy_page(clusters: int = 20) -> bytes:
     """Text the way Envoy writes it: TYPE lines only, counters with and without `_total`, `{}` labels."""
     names = [f"outbound|80||svc-{i}.default.svc.cluster.local" for i in range(clusters)]
     out = []
-    for stat in ("upstream_cx_total", "upstream_rq_retry", "assignment_stale", "upstream_rq_total"):
+    for stat in ("assignment_stale", "upstream_cx_total", "upstream_rq", "upstream_rq_retry", "upstream_rq_total"):
         out.append(f"# TYPE envoy_cluster_{stat} counter")
         out += [f'envoy_cluster_{stat}{{envoy_cluster_name="{n}"}} {i}' for i, n in enumerate(names)]
     out.append("# TYPE envoy_cluster_membership_healthy gauge")

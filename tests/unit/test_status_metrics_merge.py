@@ -52,6 +52,10 @@ envoy_cluster_upstream_cx_total{envoy_cluster_name="outbound|80||a.default.svc.c
 envoy_cluster_upstream_cx_total{envoy_cluster_name="xds-grpc"} 1
 # TYPE envoy_cluster_assignment_stale counter
 envoy_cluster_assignment_stale{envoy_cluster_name="xds-grpc"} 0
+# TYPE envoy_cluster_upstream_rq counter
+envoy_cluster_upstream_rq{envoy_response_code="200",envoy_cluster_name="xds-grpc"} 4
+# TYPE envoy_cluster_upstream_rq_total counter
+envoy_cluster_upstream_rq_total{envoy_cluster_name="xds-grpc"} 4
 # TYPE envoy_server_live gauge
 envoy_server_live{} 1
 # TYPE envoy_server_initialization_time_ms histogram
@@ -251,6 +255,9 @@ def test_text_becomes_strict_openmetrics() -> None:
     families = {f.name: f for f in parse_om((out + EOF_LINE).decode())}
     assert families["envoy_cluster_upstream_cx"].type == "counter"
     assert families["envoy_cluster_assignment_stale"].type == "unknown"  # a counter without _total
+    # Envoy has both `upstream_rq` and `upstream_rq_total`: the second cannot become family `upstream_rq`.
+    assert families["envoy_cluster_upstream_rq"].type == "unknown"
+    assert families["envoy_cluster_upstream_rq_total"].type == "unknown"
     assert families["envoy_server_initialization_time_ms"].type == "histogram"
     assert families["app_requests"].type == "counter"
     assert families["app_inflight"].documentation == 'In flight "now".'

@@ -339,8 +339,8 @@ def _meta(line: bytes) -> tuple[bytes, bytes, bytes]:
     return b"", b"", b""
 
 
-def _types(block: bytes, spans: list[tuple[int, int]], into: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
-    types: dict[bytes, bytes] = {} if into is None else into
+def _types(block: bytes, spans: list[tuple[int, int]]) -> dict[bytes, bytes]:
+    types: dict[bytes, bytes] = {}
     for start, end in spans:
         kind, name, rest = _meta(block[start:end])
         if kind == b"TYPE":
@@ -370,42 +370,63 @@ def _created_of(name: bytes, types: dict[bytes, bytes]) -> bool:
     return types.get(base + b"_total") == b"counter" or types.get(base) in (b"histogram", b"summary")
 
 
+def _om_family(name: bytes, text_type: bytes, seen: dict[bytes, bytes]) -> bytes | None:
+    """The OpenMetrics TYPE line for text family `name` (b"" to drop it), or None to keep it as is.
+
+    `seen` holds the TYPEs declared before this one (in order), and this one is added.
+    """
+    try:
+        if text_type == b"gauge" and _created_of(name, seen):
+            return b""  # its samples join family x, where OpenMetrics wants them
+        if text_type == b"counter" and name.endswith(b"_total") and name[:-6] not in seen:
+            return b"# TYPE " + name[:-6] + b" counter\n"
+        if text_type in (b"counter", b"untyped"):
+            return b""  # no TYPE: OpenMetrics' "unknown"; text parsers (promtool's) agree
+        return None
+    finally:
+        seen[name] = text_type
+
+
 def text_to_openmetrics(block: bytes, types_seen: dict[bytes, bytes] | None = None) -> bytes:
     """Complete, valid text-format lines → OpenMetrics lines (samples are left as they are).
 
-    A counter `x_total` becomes family `x` (its samples already carry the `_total`). A counter
-    without that suffix, and an `untyped` family, lose their TYPE line: OpenMetrics reads that
-    as "unknown" and keeps the sample names dashboards expect, where writing `unknown` would
-    break text parsers such as promtool's and `counter` would break strict OpenMetrics parsers.
-    A gauge `x_created` right after counter `x_total` (or histogram/summary `x`) loses its
-    HELP and TYPE, so that its samples join family `x` as OpenMetrics wants. Blank lines and
-    free comments are dropped (OpenMetrics has neither); `"` in HELP is escaped.
-    `types_seen` carries TYPEs across blocks of one source.
+    A counter `x_total` becomes family `x` (its samples already carry the `_total`), unless a
+    family `x` came before it (Envoy has both `upstream_rq` and `upstream_rq_total`). Such a
+    counter, a counter without the suffix and an `untyped` family lose their TYPE line:
+    OpenMetrics reads that as "unknown" and the sample names stay what dashboards expect,
+    where writing `unknown` would break text parsers such as promtool's and `counter` would
+    break strict OpenMetrics parsers. A gauge `x_created` after counter `x_total` (or
+    histogram/summary `x`) loses HELP and TYPE too, so that its samples join family `x`.
+    Blank lines and free comments are dropped (OpenMetrics has neither); `"` in HELP is
+    escaped. `types_seen` carries the TYPEs of earlier blocks of the same source.
     """
     if block[:1] in (b"\n", b" ", b"\t") or _BLANK_LINE.search(block):
         block = b"".join(line for line in block.splitlines(keepends=True) if line.strip())
     spans = _comment_lines(block)
     if not spans:
         return block
-    types = _types(block, spans, types_seen)
+    seen = types_seen if types_seen is not None else {}
+    decided: dict[bytes, bytes | None] = {}  # TYPE name → its OpenMetrics TYPE line (see _om_family)
+    for start, end in spans:
+        kind, name, rest = _meta(block[start:end])
+        if kind == b"TYPE":
+            decided[name] = _om_family(name, rest.strip(), seen)
     rewrite: dict[int, bytes] = {}
     for start, end in spans:
         line = block[start:end]
         kind, name, rest = _meta(line)
-        family_type = types.get(name, b"")
-        if kind in (b"TYPE", b"HELP") and family_type == b"gauge" and _created_of(name, types):
-            new = b""
-        elif kind == b"TYPE":
-            if family_type == b"counter" and name.endswith(b"_total"):
-                new = b"# TYPE " + name[:-6] + b" counter\n"
-            elif family_type in (b"counter", b"untyped"):
-                new = b""  # a family without TYPE is OpenMetrics' "unknown", and text parsers agree
-            else:
+        if kind == b"TYPE":
+            new = decided.get(name)
+            if new is None:
                 continue
         elif kind == b"HELP":
-            family = name[:-6] if family_type == b"counter" and name.endswith(b"_total") else name
-            help_text = rest.replace(b'"', b'\\"') if b'"' in rest else rest
-            new = b"# HELP " + family + b" " + help_text + b"\n"
+            new_type = decided.get(name)
+            if new_type == b"" and seen.get(name) == b"gauge":
+                new = b""  # a dropped _created gauge: its HELP goes too
+            else:
+                family = new_type.split(b" ")[2] if new_type else name
+                help_text = rest.replace(b'"', b'\\"') if b'"' in rest else rest
+                new = b"# HELP " + family + b" " + help_text + b"\n"
             if new == line:
                 continue
         else:
