@@ -24,6 +24,9 @@ MOUNTED_CERTS_DIR = "./etc/certs"
 
 NameTableHandler = Callable[["nds_pb2.NameTable"], None]
 TrustBundleHandler = Callable[[list[str]], None]
+# (kind, detail) for metrics: "connect"/"disconnect" (detail "sotw"|"delta"), "push" (type URL
+# forwarded or consumed), "envoy_nack" / "agent_nack" (type URL), "upstream_failure" (reason).
+EventHook = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class XdsProxyOptions:
     on_name_table: NameTableHandler | None = None
     on_trust_bundle: TrustBundleHandler | None = None
     node_hook: NodeHook | None = None
+    on_event: EventHook | None = None  # metrics hook; called on the event loop, must not block
     # How long stop() lets streams finish before cancelling them.
     stop_grace: float = 1.0
 
@@ -60,6 +64,7 @@ class XdsProxyOptions:
         on_name_table: NameTableHandler | None = None,
         on_trust_bundle: TrustBundleHandler | None = None,
         node_hook: NodeHook | None = None,
+        on_event: EventHook | None = None,
     ) -> XdsProxyOptions:
         """Options from the agent's loaded config (environment already overlaid with proxyMetadata)."""
         environment = config.environment
@@ -91,4 +96,5 @@ class XdsProxyOptions:
             on_name_table=on_name_table,
             on_trust_bundle=on_trust_bundle,
             node_hook=node_hook,
+            on_event=on_event,
         )

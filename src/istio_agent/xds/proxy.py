@@ -144,11 +144,22 @@ class XdsProxy:
             log.warning("XDS proxy: new Envoy stream %d replaces stream %d", stream.id, previous.id)
             previous.superseded.set()
         self.stats.streams += 1
+        mode = "delta" if delta else "sotw"
+        self._event("connect", mode)
         try:
             await stream.run()
         finally:
+            self._event("disconnect", mode)
             if self._current is stream:
                 self._current = None
+
+    def _event(self, kind: str, detail: str) -> None:
+        """Tell the metrics hook, if any; a failing hook is logged, never fatal to the stream."""
+        if self.options.on_event is not None:
+            try:
+                self.options.on_event(kind, detail)
+            except Exception:
+                log.exception("XDS proxy: event hook failed")
 
     def _consume(self, item: Consume) -> str | None:
         """Hand a consumed resource to its callback; the error text for a NACK, or None to ACK."""
@@ -185,6 +196,7 @@ class _ProxiedStream:
             channel = await upstream.dial(settings)
         except upstream.UpstreamError as exc:
             self.proxy.stats.upstream_failures += 1
+            self.proxy._event("upstream_failure", "dial")
             log.warning("XDS proxy: failed to connect to upstream %s: %s", settings.address, exc)
             self.context.set_code(grpc.StatusCode.UNAVAILABLE)
             self.context.set_details(str(exc))
@@ -202,6 +214,7 @@ class _ProxiedStream:
             await channel.close()
         if end.side == "upstream" and end.code != grpc.StatusCode.OK:
             self.proxy.stats.upstream_failures += 1
+            self.proxy._event("upstream_failure", end.code.name)
             log.info("XDS proxy: stream %d ended by %s: %s %s", self.id, end.side, end.code.name, end.details)
         if end.code != grpc.StatusCode.OK:
             self.context.set_code(end.code)
@@ -249,6 +262,10 @@ class _ProxiedStream:
                 first = False
                 for out in self.session.on_request(data):
                     self.outbox.put_nowait(out)
+                if self.proxy.options.on_event is not None:  # metrics: is this request Envoy's NACK?
+                    head = messages.request_head(data, self.delta)
+                    if head.error is not None:
+                        self.proxy._event("envoy_nack", head.type_url)
             except messages.DecodeError as exc:
                 return _End(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "downstream")
             self.proxy.stats.requests += 1
@@ -285,11 +302,14 @@ class _ProxiedStream:
                 except Exception as exc:
                     return _End(grpc.StatusCode.CANCELLED, f"downstream write failed: {exc}", "downstream")
                 self.proxy.stats.responses += 1
+                self.proxy._event("push", action.type_url)
             elif isinstance(action, Consume):
                 error = self.proxy._consume(action)
                 self.proxy.stats.consumed += 1
+                self.proxy._event("push", action.type_url)
                 if error is not None:
                     self.proxy.stats.nacked += 1
+                    self.proxy._event("agent_nack", action.type_url)
                 self.outbox.put_nowait(self.session.ack(action, error))
             elif isinstance(action, Drop):
                 self.proxy.stats.dropped += 1
