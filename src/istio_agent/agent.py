@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from istio_agent.grpcxds.readiness import BootstrapProbe
     from istio_agent.protos import nds_pb2
     from istio_agent.security.identity import WorkloadIdentity
+    from istio_agent.status.agent_metrics import AgentMetrics
     from istio_agent.status.readiness import ReadinessState
     from istio_agent.xds.proxy import XdsProxy
 
@@ -74,16 +75,24 @@ class Agent:
         self.envoy: EnvoyProcess | None = None
         self.admin: EnvoyAdmin | None = None
         self.grpc_bootstrap_probe: BootstrapProbe | None = None
+        self.metrics: AgentMetrics | None = None  # istio_agent_* on this agent's own registry
 
     # ---- construction ------------------------------------------------------------------------
 
     def build(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from istio_agent.security.ca_client import CaClient
         from istio_agent.security.identity import WorkloadIdentity
         from istio_agent.security.options import SecurityOptions
+        from istio_agent.status.agent_metrics import AgentMetrics
         from istio_agent.status.readiness import ReadinessState
 
+        self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         security = SecurityOptions.from_config(self.config, run_sds_server=not self.disable_envoy)
-        self.identity = WorkloadIdentity(security)
+        # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
+        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)))
+        self.metrics.watch_secrets(self.identity.cache)
         self.components.append(self.identity)
         self.readiness = ReadinessState(dns_enabled=bool(self.dns_enabled) and not self.disable_envoy)
         if self.dns_enabled:
@@ -102,7 +111,7 @@ class Agent:
             namespace=self.config.identity.namespace,
             domain=self.config.identity.domain,
             forward_parallel=environment.get(env.DNS_FORWARD_PARALLEL),
-        ))
+        ), registry=self.metrics.registry if self.metrics is not None else None)
         self.components.append(self.dns)
 
     def _on_name_table(self, table: nds_pb2.NameTable) -> None:
@@ -120,7 +129,10 @@ class Agent:
         from istio_agent.xds.proxy import XdsProxy
 
         self.xds = XdsProxy(XdsProxyOptions.from_config(
-            self.config, on_name_table=self._on_name_table, on_trust_bundle=self._on_trust_bundle))
+            self.config, on_name_table=self._on_name_table, on_trust_bundle=self._on_trust_bundle,
+            on_event=self.metrics.xds_event if self.metrics is not None else None))
+        if self.metrics is not None:
+            self.metrics.watch_xds(self.xds)
         self.components.append(self.xds)
 
     def _build_grpc_bootstrap(self) -> None:
@@ -137,14 +149,17 @@ class Agent:
         self.grpc_bootstrap_probe = BootstrapProbe(path, self.config.workdir)
 
     def _build_status_server(self) -> None:
+        from istio_agent.status.metrics_handler import MetricsOptions, add_metrics_routes
         from istio_agent.status.probes import ProbeOptions
         from istio_agent.status.probes_prober import add_probe_routes
         from istio_agent.status.secrets_debug import add_secrets_debug_route
         from istio_agent.status.server import StatusServer, StatusServerOptions
 
-        assert self.readiness is not None and self.identity is not None
+        assert self.readiness is not None and self.identity is not None and self.metrics is not None
         pc = self.config.proxy_config
         probes = ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
+        scraping = MetricsOptions.from_config(self.config)  # so does a bad ISTIO_PROMETHEUS_ANNOTATIONS
+        registry = self.metrics.registry
         cache = self.identity.cache
         server = StatusServer(
             StatusServerOptions(port=pc.status_port, admin_port=pc.proxy_admin_port, no_envoy=self.disable_envoy),
@@ -152,7 +167,8 @@ class Agent:
             on_quit=lambda: self.request_stop(0),
             on_drain=self.drain_now,
             extra_ready_check=self._proxyless_ready,
-            extra_routes=[lambda app: add_probe_routes(app, probes), lambda app: add_secrets_debug_route(app, cache)],
+            extra_routes=[lambda app: add_probe_routes(app, probes), lambda app: add_secrets_debug_route(app, cache),
+                          lambda app: add_metrics_routes(app, scraping, registry)],
         )
         self.components.append(server)
 

@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from istio_agent.status.agent_metrics import AgentMetrics
-from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions, add_metrics_routes
+from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -179,7 +179,8 @@ async def merged_endpoint(options: MetricsOptions) -> AsyncIterator[tuple[int, M
     registry = CollectorRegistry(auto_describe=True)
     AgentMetrics(registry)
     app = web.Application()
-    handler = add_metrics_routes(app, options, registry)
+    handler = MergedMetricsHandler(options, registry)
+    handler.add_routes(app)
     runner, port = await serve(app)
     try:
         yield port, handler

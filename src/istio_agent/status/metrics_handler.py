@@ -127,6 +127,11 @@ class MergedMetricsHandler:
         out += [Source(APPLICATION, f"http://{host}:{t.port}{t.path}") for t in self.options.app_targets]
         return out
 
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/stats/prometheus", self.handle)
+        app.router.add_get("/metrics", self.handle)
+        app.on_cleanup.append(self.close)
+
     async def close(self, _app: web.Application | None = None) -> None:
         if self._session is not None:
             await self._session.close()
@@ -255,14 +260,9 @@ class MergedMetricsHandler:
                     upstream.close()
 
 
-def add_metrics_routes(app: web.Application, options: MetricsOptions, registry: CollectorRegistry,
-                       ) -> MergedMetricsHandler:
+def add_metrics_routes(app: web.Application, options: MetricsOptions, registry: CollectorRegistry) -> None:
     """Serve GET `/stats/prometheus` and `/metrics` (upstream serves both) on `app`.
 
     Registers the scrape counters on `registry`; the client session closes with the app.
     """
-    handler = MergedMetricsHandler(options, registry)
-    app.router.add_get("/stats/prometheus", handler.handle)
-    app.router.add_get("/metrics", handler.handle)
-    app.on_cleanup.append(handler.close)
-    return handler
+    MergedMetricsHandler(options, registry).add_routes(app)

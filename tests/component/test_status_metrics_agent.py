@@ -1,0 +1,89 @@
+"""The merged metrics through a real `pilot-agent proxy` process (proxyless: no Envoy, free ports).
+
+Checks the wiring: one registry for the agent's metrics, the DNS proxy's and the process
+collector; the app named by ISTIO_PROMETHEUS_ANNOTATIONS merged after them; a reserved port
+there stops the agent at start with the field named.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import VENV_BIN, need
+from test_status_metrics_peers import (
+    PROMETHEUS_ACCEPT,
+    assert_promtool_parses,
+    free_port,
+    names,
+    parse,
+    prometheus_client_app,
+)
+
+PILOT_AGENT = VENV_BIN / "pilot-agent"
+
+
+def environment(status_port: int, annotations: str) -> dict[str, str]:
+    return {**os.environ, "DISABLE_ENVOY": "true", "INSTANCE_IP": "127.0.0.1",
+            "PROXY_CONFIG": json.dumps({"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"}),
+            "ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": f"127.0.0.1:{free_port()}",
+            "ISTIO_PROMETHEUS_ANNOTATIONS": annotations}
+
+
+def scrape(port: int) -> tuple[str, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/stats/prometheus", headers={"Accept": PROMETHEUS_ACCEPT})
+        response = conn.getresponse()
+        assert response.status == 200
+        return response.getheader("Content-Type") or "", response.read()
+    finally:
+        conn.close()
+
+
+def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path) -> None:
+    need(PILOT_AGENT.exists(), f"needs {PILOT_AGENT}")
+    status_port = free_port()
+    with prometheus_client_app() as app_port:
+        annotations = json.dumps({"scrape": "true", "port": str(app_port), "path": "/metrics"})
+        proc = subprocess.Popen([str(PILOT_AGENT), "proxy", "sidecar"], cwd=tmp_path,
+                                env=environment(status_port, annotations),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                assert proc.poll() is None, f"the agent exited: {proc.stderr.read() if proc.stderr else ''}"
+                try:
+                    ctype, body = scrape(status_port)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the status server never answered"
+                    time.sleep(0.05)
+            assert_promtool_parses(body)
+            got = names(parse(body, ctype))  # OpenMetrics: the app speaks it, strict parser
+            assert {"istio_agent_scrapes_total", "istio_agent_dns_requests_total",
+                    "istio_agent_process_resident_memory_bytes", "istio_agent_num_outgoing_requests_total",
+                    "app_requests_total"} <= got
+            assert not any(name.startswith("envoy_") for name in got)  # no Envoy: nothing to merge
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def test_reserved_port_in_the_annotations_stops_the_agent(tmp_path: Path) -> None:
+    need(PILOT_AGENT.exists(), f"needs {PILOT_AGENT}")
+    done = subprocess.run([str(PILOT_AGENT), "proxy", "sidecar"], cwd=tmp_path,
+                          env=environment(free_port(), '{"scrape": "true", "port": "15000"}'),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "ISTIO_PROMETHEUS_ANNOTATIONS: port: port 15000 is reserved for Istio (Envoy admin)" in done.stderr
