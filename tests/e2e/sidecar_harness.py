@@ -45,13 +45,15 @@ CAPTURE_ARGS = ("-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-
 T = TypeVar("T")
 
 
-def registry_yaml(workload_ip: str = "127.0.0.1", mode: str = "PERMISSIVE") -> str:
+def registry_yaml(workload_ip: str = "127.0.0.1", mode: str = "PERMISSIVE", extra_services: str = "") -> str:
+    """The `echo` service with workload `echo-1` (the agent under test), plus any `extra_services` list items."""
     return (
         "services:\n"
         "- name: echo\n"
         "  namespace: default\n"
         "  selector: {app: echo}\n"
         "  ports: [{name: http, port: 80, targetPort: 8080, protocol: HTTP}]\n"
+        f"{extra_services}"
         "workloads:\n"
         f"- {{name: echo-1, namespace: default, serviceAccount: echo, labels: {{app: echo}}, ip: {workload_ip}}}\n"
         f"peerAuthentication: {{default: {mode}}}\n"

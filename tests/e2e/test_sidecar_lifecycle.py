@@ -5,7 +5,8 @@ This is the issue's hand demo as tests: the agent becomes ready through Envoy's
 secrets, and the lifecycle endpoints and signals behave as upstream's:
 SIGTERM drains and exits 0, `/quitquitquit` (POST only) stops, `/drain` (POST
 only) drains the inbound listener, Envoy dying takes the agent down with a
-non-zero code, and readiness is 503 before config and while draining.
+non-zero code, readiness is 503 before config and while draining, and an
+istiod-local restart is ridden out (a later registry change still arrives).
 
 The agent uses the fixed sidecar ports on the host, so these tests run one
 agent at a time; istiod-local listens on free loopback ports.
@@ -30,6 +31,7 @@ from sidecar_harness import (
     active_listener_names,
     active_secret,
     config_dump,
+    dump_section,
     free_port,
     http_request,
     inline_bytes,
@@ -204,5 +206,40 @@ def test_readiness_503_before_config_and_while_draining(tmp_path: Path, start_ag
         assert b"DRAINING" in seen[-1][1]
         assert agent.alive()
         assert agent.wait_exit(3 + EXIT_MARGIN) == 0, agent.output()
+    finally:
+        istiod.stop()
+
+
+def active_cluster_names() -> set[str]:
+    clusters = dump_section(config_dump(), "ClustersConfigDump").get("dynamic_active_clusters", [])
+    return {item["cluster"]["name"] for item in clusters}
+
+
+def test_istiod_restart_then_registry_change_reaches_envoy(tmp_path: Path, start_agent: AgentFactory) -> None:
+    need_sidecar_binaries()
+    registry = tmp_path / "mesh.yaml"
+    registry.write_text(registry_yaml())
+    state = tmp_path / "state"
+    port = free_port()
+    write_pod_files(state, tmp_path)  # creates the state istiod-local serves from
+    istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
+    try:
+        agent = start_agent(state, f"localhost:{port}")
+        agent.wait_ready()
+        envoy = agent.envoy_pid()
+        istiod.stop()
+        # Envoy keeps its config and the agent stays ready (latched) while istiod is away.
+        assert http_request("127.0.0.1", 15021, "/healthz/ready")[0] == 200
+        istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
+        poll(lambda: "ADS: new" in istiod.log.text(), "Envoy's stream to come back through the agent", 30,
+             agent.output)
+
+        extra = "outbound|9000||extra.default.svc.cluster.local"
+        assert extra not in active_cluster_names()
+        registry.write_text(registry_yaml(extra_services=(
+            "- {name: extra, namespace: default, selector: {app: extra},"
+            " ports: [{name: tcp, port: 9000, targetPort: 9000, protocol: TCP}]}\n")))
+        poll(lambda: extra in active_cluster_names(), "the registry change to reach Envoy", 30, agent.output)
+        assert agent.alive() and agent.envoy_pid() == envoy, "the agent or Envoy restarted"
     finally:
         istiod.stop()
