@@ -122,6 +122,23 @@ async def test_mixed_app_targets_become_one_openmetrics_page(peer: Peer) -> None
     assert {"second_app_up", "app_requests_total", "envoy_server_live"} <= names(parse(body, ctype))
 
 
+async def test_a_source_that_changes_format_is_converted(peer: Peer) -> None:
+    """After the first scrape the answer's format is fixed before the sources answer (from their last
+    Content-Types); an app that then answers in the other format is converted, either way."""
+    options = MetricsOptions(envoy_port=peer.port, app_targets=(ScrapeTarget(peer.port, "/flip"),))
+    async with merged_endpoint(options) as (port, handler):
+        types = []
+        for _ in range(4):
+            status, ctype, body, _ = await scrape(port, PROMETHEUS_ACCEPT)
+            assert status == 200
+            assert_promtool_parses(body)
+            samples = parse(body, ctype)  # strict OpenMetrics or text, as announced
+            assert samples[("flip_events_total", ())] == 4 and "envoy_server_live" in names(samples)
+            types.append(ctype.split(";")[0])
+        assert failures(handler, "application") == 0
+    assert types == [OM_TYPE, OM_TYPE, "text/plain", OM_TYPE]
+
+
 async def test_app_down_keeps_the_others_and_is_counted(peer: Peer) -> None:
     options = MetricsOptions(envoy_port=peer.port, app_targets=(ScrapeTarget(free_port()),))
     async with merged_endpoint(options) as (port, handler):

@@ -77,7 +77,8 @@ class Peer:
         self.release = asyncio.Event()
         self.app = web.Application()
         self.app.router.add_get("/stats/prometheus", self.envoy)
-        for name in ("text", "500", "html", "json", "hang", "stall", "protobuf", "huge", "declared"):
+        self.flips = 0
+        for name in ("text", "flip", "500", "html", "json", "hang", "stall", "protobuf", "huge", "declared"):
             self.app.router.add_get(f"/{name}", getattr(self, f"app_{name}"))
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -121,6 +122,18 @@ class Peer:
     async def app_text(self, _request: web.Request) -> web.Response:
         return web.Response(body=b"# TYPE second_app_up gauge\nsecond_app_up 1\n",
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def app_flip(self, _request: web.Request) -> web.Response:
+        """OpenMetrics, then text, then OpenMetrics ...: an app whose format changes between scrapes."""
+        self.flips += 1
+        if self.flips % 2:
+            return web.Response(body=b"# HELP flip_events Events.\n# TYPE flip_events counter\n"
+                                     b"flip_events_total 4.0\nflip_events_created 1.7e+09\n# EOF\n",
+                                headers={"Content-Type": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+        return web.Response(body=b"# HELP flip_events_total Events.\n# TYPE flip_events_total counter\n"
+                                 b"flip_events_total 4.0\n# HELP flip_events_created Events.\n"
+                                 b"# TYPE flip_events_created gauge\nflip_events_created 1.7e+09\n",
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def app_500(self, _request: web.Request) -> web.Response:
         return web.Response(status=500, text="boom: SECRET-STACK-TRACE in handler")

@@ -127,8 +127,11 @@ class AgentMetrics:
         self.istiod_failures = Counter(
             "istio_agent_istiod_connection_failures", "The total number of connection failures to Istiod",
             registry=registry)
+        # Series present at 0 from the start, so that rate() and alerts have a baseline.
         for mode in ("sotw", "delta"):
             self.xds_connections.labels(mode)
+        for counter in (self.outgoing_requests, self.failed_outgoing_requests, self.outgoing_latency):
+            counter.labels(CSR)
         self.ca_requests.labels("OK")
         registry.register(_StateCollector(self))
         if process_metrics:

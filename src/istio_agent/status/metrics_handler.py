@@ -4,15 +4,18 @@ Thin I/O around `metrics_merge`. One scrape:
 
 1. opens every source at once (Envoy's `localhost:15090/stats/prometheus` with the
    scraper's query string, as upstream, then each app target on localhost), asking
-   only for formats the merge can use, and waits for their response *headers* for
-   at most 80 % of the scrape budget (`X-Prometheus-Scrape-Timeout-Seconds` minus
-   a margin); a source without headers by then is dropped;
-2. picks the answer's format from the scraper's Accept and the sources'
-   Content-Types, sends the headers (gzip when asked) and the agent's registry;
-3. streams each open source's body through its `SourceFilter`, in order, each
-   with a fair share of the time left (what remains divided by the sources still
-   to go), so a source that stalls mid-body costs only its share; bodies not yet
-   read wait in the socket buffers, which keeps memory flat whatever the page size;
+   only for formats the merge can use;
+2. fixes the answer's format: text if the scraper does not take OpenMetrics, else
+   from the Content-Types the sources answered with last time; only when those are
+   not known yet does it wait for every source's headers (at most 80 % of the scrape
+   budget = `X-Prometheus-Scrape-Timeout-Seconds` minus a margin); then sends the
+   headers (gzip when asked) and the agent's registry;
+3. takes the sources in order, each with a fair share of the time left (what remains
+   divided by the sources still to go, headers by the 80 % mark): waits for its
+   headers, then streams its body through its `SourceFilter`. A source that hangs or
+   stalls costs only its share; bodies not read yet wait in the socket buffers, so
+   memory stays flat whatever the page sizes, while Envoy's page streams out as a
+   slower app is still rendering its own;
 4. writes `# EOF` once, last, for OpenMetrics.
 
 A failing source (refused, non-200, protobuf, too large, malformed, too slow) is
@@ -24,7 +27,6 @@ still served.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from istio_agent.status.metrics_merge import (
     DEFAULT_SCRAPE_TIMEOUT,
     EOF_LINE,
     MAX_SOURCE_BYTES,
+    TEXT_OUTPUT,
     TIMEOUT_HEADER,
     Format,
     OutputFormat,
@@ -118,6 +121,8 @@ class MergedMetricsHandler:
         self.counters = ScrapeCounters(registry)
         self._session: aiohttp.ClientSession | None = None
         self._failing: set[str] = set()  # sources whose last scrape failed: log once per outage
+        # Each source's last format per Accept we sent it, to fix the answer's format early.
+        self._formats: dict[tuple[str, str], Format] = {}
 
     def sources(self, query_string: str = "") -> list[Source]:
         host, out = self.options.host, []
@@ -177,26 +182,19 @@ class MergedMetricsHandler:
             raise
         return response, fmt
 
-    async def _open_all(self, sources: Sequence[Source], headers: dict[str, str], deadline: float,
-                        ) -> list[tuple[Source, aiohttp.ClientResponse, Format]]:
-        loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._open(source, headers)) for source in sources]
-        try:
-            if tasks:
-                await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        opened = []
-        for source, task in zip(sources, tasks, strict=True):
-            if task.cancelled():
-                self._failed(source.kind, source.url, "no response before the scrape deadline")
-            elif (exc := task.exception()) is not None:
-                self._failed(source.kind, source.url, exc)
-            else:
-                opened.append((source, *task.result()))
-        return opened
+    def _known_output(self, om_version: str, sources: Sequence[Source]) -> OutputFormat | None:
+        """The answer's format if it can be fixed before any source answers, else None.
+
+        Text when the scraper does not take OpenMetrics; otherwise the format the sources
+        answered in last time (a source that changes is converted, and the next scrape follows).
+        Fixing it early lets Envoy's page stream while a slower app is still rendering its own.
+        """
+        if not om_version:
+            return TEXT_OUTPUT
+        remembered = [self._formats.get((source.url, om_version)) for source in sources]
+        if any(fmt is None for fmt in remembered):
+            return None
+        return output_format(om_version, (fmt for fmt in remembered if fmt is not None))
 
     async def _copy(self, response: aiohttp.ClientResponse, fmt: Format, out: web.StreamResponse,
                     output: OutputFormat, deadline: float) -> None:
@@ -217,7 +215,7 @@ class MergedMetricsHandler:
         started = loop.time()
         self.counters.scrapes.inc()
         budget = scrape_budget(request.headers.get(TIMEOUT_HEADER), self.options.default_timeout)
-        deadline = started + budget
+        deadline, headers_deadline = started + budget, started + budget * HEADERS_SHARE
         om_version = accepted_openmetrics(request.headers.get("Accept", ""))
         headers = {
             "Accept": source_accept_header(om_version),
@@ -226,9 +224,14 @@ class MergedMetricsHandler:
             "User-Agent": request.headers.get("User-Agent", "istio-agent"),
         }
         sources = self.sources(request.query_string)
-        opened = await self._open_all(sources, headers, started + budget * HEADERS_SHARE)
+        opens = [loop.create_task(self._open(source, headers)) for source in sources]
         try:
-            output = output_format(om_version, (fmt for _, _, fmt in opened))
+            output = self._known_output(om_version, sources)
+            if output is None:  # first OpenMetrics scrape: the sources' Content-Types decide
+                await asyncio.wait(opens, timeout=max(0.0, headers_deadline - loop.time()))
+                output = output_format(om_version, (
+                    task.result()[1] for task in opens if task.done() and not task.cancelled()
+                    and task.exception() is None))
             response = web.StreamResponse(headers={"Content-Type": output.content_type})
             if accepts_gzip(request.headers.get("Accept-Encoding", "")):
                 response.enable_compression(web.ContentCoding.gzip)
@@ -239,25 +242,45 @@ class MergedMetricsHandler:
                 self._failed(AGENT, "registry", exc)
             else:
                 await response.write(own)
-            for index, (source, upstream, fmt) in enumerate(opened):
-                share = max(0.0, deadline - loop.time()) / (len(opened) - index)
-                try:
-                    await self._copy(upstream, fmt, response, output, loop.time() + share)
-                except (SourceError, aiohttp.ClientError, TimeoutError) as exc:
-                    reason = "body not complete before the scrape deadline" if isinstance(exc, TimeoutError) else exc
-                    self._failed(source.kind, source.url, reason)
-                    upstream.close()
-                else:
-                    self._succeeded(source.url)
-                    upstream.release()
+            for index, (source, task) in enumerate(zip(sources, opens, strict=True)):
+                # Each source gets a fair share of the time left, so one that stalls cannot starve the rest.
+                share_end = loop.time() + max(0.0, deadline - loop.time()) / (len(sources) - index)
+                await self._merge_source(source, task, response, output, min(share_end, headers_deadline), share_end,
+                                         om_version)
             if output.format is Format.OPENMETRICS:
                 await response.write(EOF_LINE)
             await response.write_eof()
             return response
         finally:
-            for _, upstream, _ in opened:
-                with contextlib.suppress(Exception):
-                    upstream.close()
+            for task in opens:
+                task.cancel()
+            for result in await asyncio.gather(*opens, return_exceptions=True):
+                if isinstance(result, tuple):
+                    result[0].close()
+
+    async def _merge_source(self, source: Source, task: asyncio.Task[tuple[aiohttp.ClientResponse, Format]],
+                            out: web.StreamResponse, output: OutputFormat, headers_by: float, body_by: float,
+                            om_version: str) -> None:
+        """Wait for `source`'s headers (until `headers_by`), then stream its body (until `body_by`)."""
+        try:
+            async with asyncio.timeout_at(headers_by):
+                upstream, fmt = await task
+        except TimeoutError:
+            self._failed(source.kind, source.url, "no response before the scrape deadline")
+            return
+        except (SourceError, aiohttp.ClientError, OSError) as exc:
+            self._failed(source.kind, source.url, exc)
+            return
+        self._formats[(source.url, om_version)] = fmt
+        try:
+            await self._copy(upstream, fmt, out, output, body_by)
+        except (SourceError, aiohttp.ClientError, TimeoutError) as exc:
+            reason = "body not complete before the scrape deadline" if isinstance(exc, TimeoutError) else exc
+            self._failed(source.kind, source.url, reason)
+            upstream.close()
+        else:
+            self._succeeded(source.url)
+            upstream.release()
 
 
 def add_metrics_routes(app: web.Application, options: MetricsOptions, registry: CollectorRegistry) -> None:
