@@ -17,6 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 log = logging.getLogger("istio_agent.envoy.proc")
 
 PR_SET_PDEATHSIG = 1
+# Envoy can print very long lines (a rejected push names every failing resource). Lines up to
+# this size are relayed whole; a longer one is dropped with a warning. Either way the pipe keeps
+# draining: left full, it would block Envoy's logging and with it Envoy itself.
+OUTPUT_LINE_LIMIT = 1 << 20
 
 
 def _detach_and_die_with_parent(user: tuple[int, int] | None = None) -> None:
@@ -67,13 +71,18 @@ class EnvoyProcess:
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             env=self.env, cwd=self.cwd, preexec_fn=lambda: _detach_and_die_with_parent(user),
+            limit=OUTPUT_LINE_LIMIT,
         )
         self._tasks = [asyncio.create_task(self._relay_output()), asyncio.create_task(self._watch())]
 
     async def _relay_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         while True:
-            line = await self.proc.stdout.readline()
+            try:
+                line = await self.proc.stdout.readline()
+            except ValueError:  # longer than OUTPUT_LINE_LIMIT: readline has discarded what it held
+                log.warning("Envoy printed a line over %d bytes; not relayed", OUTPUT_LINE_LIMIT)
+                continue
             if not line:
                 return
             log.info("%s", line.decode("utf-8", "replace").rstrip())
