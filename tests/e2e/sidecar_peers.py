@@ -1,7 +1,8 @@
 """Stand-alone peers for the sidecar tests, run as scripts (often inside a network namespace).
 
-`app PORT`: an HTTP/1.1 keep-alive server; `GET /?ms=N` answers 200 after N ms.
-It prints `READY` once bound.
+`app PORT`: an HTTP/1.1 keep-alive server; `GET /?ms=N` answers 200 after N ms,
+`GET /?hold=1` only once the line `release` arrives on stdin. It prints
+`READY` once bound.
 
 `loadgen HOST:PORT`: clients that keep requesting through the sidecar, driven
 by lines on stdin so the test decides when things happen:
@@ -9,11 +10,11 @@ by lines on stdin so the test decides when things happen:
 - at start, `--workers` clients loop on fast requests over keep-alive
   connections; `READY` is printed once each has had one answer;
 - `slow` opens `--slow` new connections, each sending one request the app
-  holds for `--slow-ms`; `SLOW-SENT` is printed once they are all on the wire;
+  holds (`/?hold=1`); `SLOW-SENT` is printed once they are all on the wire;
 - `term` (sent right after the agent got SIGTERM): each fast client makes
-  `--after-term` more requests and stops;
-- when every client is done, one JSON line with the counts is printed and the
-  process exits.
+  `--after-term` more requests and stops; then `FAST-DONE` is printed;
+- when the held requests are answered too, one JSON line with the counts is
+  printed and the process exits.
 
 Only the standard library is used, so the script runs under any interpreter.
 """
@@ -29,6 +30,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+RELEASE = threading.Event()
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -38,6 +41,8 @@ class _Handler(BaseHTTPRequestHandler):
         delay_ms = int(query.get("ms", ["0"])[0])
         if delay_ms:
             time.sleep(delay_ms / 1000)
+        if query.get("hold"):
+            RELEASE.wait(60)
         # Envoy's HTTP connection manager adds these; a request that bypassed the sidecar has neither.
         proxied = "x-request-id" in self.headers or "x-forwarded-proto" in self.headers
         body = json.dumps({"proxied": proxied, "xfcc": self.headers.get("x-forwarded-client-cert", "")}).encode()
@@ -54,8 +59,12 @@ class _Handler(BaseHTTPRequestHandler):
 def run_app(port: int) -> None:
     server = ThreadingHTTPServer(("0.0.0.0", port), _Handler)
     server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     print("READY", flush=True)
-    server.serve_forever()
+    for line in sys.stdin:
+        if line.strip() == "release":
+            RELEASE.set()
+    server.shutdown()
 
 
 class LoadStats:
@@ -106,7 +115,7 @@ def _one_request(conn: http.client.HTTPConnection, path: str) -> tuple[str, bool
         return f"{type(exc).__name__}: {exc}", False
 
 
-def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: int) -> None:
+def run_loadgen(target: str, workers: int, slow: int, after_term: int) -> None:
     host, _, port = target.rpartition(":")
     stats = LoadStats()
     term = threading.Event()
@@ -132,7 +141,7 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
     def slow_client(sent: threading.Barrier) -> None:
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
         try:
-            conn.request("GET", f"/?ms={slow_ms}")
+            conn.request("GET", "/?hold=1")
         except OSError as exc:
             stats.record(False, f"slow send: {exc}", slow=True)
             sent.wait()
@@ -147,6 +156,7 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
             conn.close()
 
     threads = [threading.Thread(target=fast_client) for _ in range(workers)]
+    slow_threads: list[threading.Thread] = []
     for thread in threads:
         thread.start()
     answered.wait()
@@ -158,13 +168,15 @@ def run_loadgen(target: str, workers: int, slow: int, slow_ms: int, after_term: 
             slow_threads = [threading.Thread(target=slow_client, args=(sent,)) for _ in range(slow)]
             for thread in slow_threads:
                 thread.start()
-            threads += slow_threads
             sent.wait()
             print("SLOW-SENT", flush=True)
         elif command == "term":
             term.set()
             break
     for thread in threads:
+        thread.join()
+    print("FAST-DONE", flush=True)
+    for thread in slow_threads:
         thread.join()
     print(json.dumps({"ok": stats.ok, "ok_after_term": stats.ok_after_term, "slow_ok": stats.slow_ok,
                       "not_proxied": stats.not_proxied,
@@ -180,13 +192,12 @@ def main() -> None:
     load.add_argument("target")
     load.add_argument("--workers", type=int, default=4)
     load.add_argument("--slow", type=int, default=2)
-    load.add_argument("--slow-ms", type=int, default=3000)
     load.add_argument("--after-term", type=int, default=10)
     args = parser.parse_args()
     if args.command == "app":
         run_app(args.port)
     else:
-        run_loadgen(args.target, args.workers, args.slow, args.slow_ms, args.after_term)
+        run_loadgen(args.target, args.workers, args.slow, args.after_term)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ the load generator runs in the client and calls `<pod IP>:8080`, which the
 rules send through Envoy's `virtualInbound`.
 
 terminationDrainDuration is 1s and two in-flight requests are held by the app
-for 3s: only the connection-counting drain keeps Envoy alive long enough for
-them to succeed. The lifecycle endpoints are also checked from the client
-namespace: not from localhost, so refused.
+until well after that (and until the other clients are done): only the
+connection-counting drain keeps Envoy alive long enough for them to succeed.
+The lifecycle endpoints are also checked from the client namespace: not from
+localhost, so refused.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +40,16 @@ from sidecar_harness import (
 WORKERS = 4
 SLOW = 2
 AFTER_TERM = 10
+# How long after SIGTERM the held requests stay unanswered: past terminationDrainDuration (1s)
+# and MINIMUM_DRAIN_DURATION (1s), so an agent that ignored the connections would have stopped Envoy.
+HOLD_AFTER_SIGTERM = 2.5
 
 
 @dataclass
 class Pod:
     netns: Netns
     agent: SidecarAgent
+    app: subprocess.Popen[str]
 
 
 @pytest.fixture
@@ -62,7 +68,7 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
         istiod = IstiodLocal(state, registry, netns=netns.pod)
         pod_dir.mkdir()
         write_pod_files(state, pod_dir)
-        app = netns.exec_python(netns.pod, "app", "8080")
+        app = netns.exec_python(netns.pod, "app", "8080", stdin=subprocess.PIPE)
         processes.append(app)
         assert app.stdout is not None and app.stdout.readline().strip() == "READY"
         agent = SidecarAgent(
@@ -72,7 +78,7 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
         agent.start()
         poll(lambda: netns.http(netns.pod, "http://127.0.0.1:15021/healthz/ready")[0] == 200,
              "the agent in the pod to be ready", 30, agent.output)
-        yield Pod(netns, agent)
+        yield Pod(netns, agent, app)
     finally:
         if agent is not None:
             agent.kill()
@@ -97,7 +103,7 @@ def test_sigterm_under_load_fails_no_request_and_exits_zero(pod: Pod) -> None:
     netns, agent = pod.netns, pod.agent
     load = netns.exec_python(
         netns.client, "loadgen", f"{Netns.POD_IP}:8080", "--workers", str(WORKERS), "--slow", str(SLOW),
-        "--slow-ms", "3000", "--after-term", str(AFTER_TERM), stdin=subprocess.PIPE)
+        "--after-term", str(AFTER_TERM), stdin=subprocess.PIPE)
     assert load.stdin is not None and load.stdout is not None
     out = LogCollector(load.stdout)
     try:
@@ -107,9 +113,16 @@ def test_sigterm_under_load_fails_no_request_and_exits_zero(pod: Pod) -> None:
         poll(lambda: "SLOW-SENT\n" in out.lines, "the slow requests to be sent", 10, out.text)
 
         agent.signal(signal.SIGTERM)
+        terminated = time.monotonic()
         load.stdin.write("term\n")
         load.stdin.close()
-        load.wait(60)
+        poll(lambda: "FAST-DONE\n" in out.lines, "the other clients to finish", 30, out.text)
+        time.sleep(max(0.0, terminated + HOLD_AFTER_SIGTERM - time.monotonic()))
+        assert agent.alive(), f"the agent did not wait for the held requests:\n{agent.output()}"
+        assert pod.app.stdin is not None
+        pod.app.stdin.write("release\n")
+        pod.app.stdin.flush()
+        load.wait(30)
         summary = json.loads(out.lines[-1])
         assert summary["failed"] == 0, summary
         assert summary["not_proxied"] == 0, "requests bypassed the sidecar"
