@@ -271,7 +271,8 @@ def start_agent(arm: Arm, pod: Path) -> subprocess.Popen[str]:
     extra = json.loads(os.environ.get("BENCH_AGENT_ENV", "{}"))  # e.g. allocator settings to try
     environment = {**os.environ, **extra, "POD_NAME": "echo-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "echo",
                    "INSTANCE_IP": "127.0.0.1", "CA_ADDR": "localhost:15012",
-                   "PROXY_CONFIG": json.dumps({"discoveryAddress": "localhost:15012"})}
+                   "PROXY_CONFIG": json.dumps({"discoveryAddress": "localhost:15012",
+                                               "terminationDrainDuration": "1s"})}
     log = (arm.dir / "agent.log").open("w")
     return arm.spawn([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=environment, stdout=log)
 
