@@ -11,6 +11,8 @@ what it started and deletes what it made.
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +38,9 @@ ENVOY = VENV_BIN / "envoy"
 PEERS = Path(__file__).resolve().parent / "sidecar_peers.py"
 # Ports a sidecar binds in its network namespace: admin, outbound, inbound, status, readiness, prometheus.
 SIDECAR_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
+# Held while an agent uses the fixed ports on the host network, so that test runs in other
+# processes (other sessions, other files) that take it too never start a second agent there.
+HOST_PORTS_LOCK = Path("/tmp/istio-agent-host-sidecar-ports.lock")
 SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 SPIFFE_ECHO = "spiffe://cluster.local/ns/default/sa/echo"
 # Injector-style capture: everything in and out, Istio's own ports excluded inbound.
@@ -103,6 +108,26 @@ def wait_sidecar_ports_free(timeout: float = 15.0) -> None:
     """The host-network tests need the fixed sidecar ports; wait for a previous agent to let go of them."""
     poll(lambda: not any(port_in_use(p) for p in SIDECAR_PORTS), "the sidecar ports to be free", timeout,
          lambda: "busy: " + ", ".join(str(p) for p in SIDECAR_PORTS if port_in_use(p)))
+
+
+@contextlib.contextmanager
+def host_sidecar_ports(timeout: float = 180.0) -> Iterator[None]:
+    """Exclusive use of the host's sidecar ports: the cross-process lock, then the ports free."""
+    with HOST_PORTS_LOCK.open("a") as handle:
+        poll(lambda: _try_lock(handle), f"the host sidecar ports lock {HOST_PORTS_LOCK}", timeout)
+        try:
+            wait_sidecar_ports_free()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_lock(handle: Any) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def http_request(host: str, port: int, path: str, method: str = "GET", timeout: float = 3.0) -> tuple[int, bytes]:
@@ -251,6 +276,8 @@ class SidecarAgent:
             return http_request(host, 15021, "/healthz/ready", timeout=1.0)[0] == 200
 
         poll(ready, "localhost:15021/healthz/ready to answer 200", timeout, self.output)
+        # The answer must have come from this agent's Envoy, not from one another test started.
+        assert self.alive() and self.envoy_pid() is not None, f"ready, but not this agent:\n{self.output()}"
 
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None

@@ -33,6 +33,7 @@ from sidecar_harness import (
     config_dump,
     dump_section,
     free_port,
+    host_sidecar_ports,
     http_request,
     inline_bytes,
     need_sidecar_binaries,
@@ -80,17 +81,20 @@ def start_agent(tmp_path: Path) -> Iterator[AgentFactory]:
         pod_dir = tmp_path / f"pod{len(agents)}"
         pod_dir.mkdir()
         write_pod_files(state, pod_dir)
+        if agents:
+            agents[-1].kill()
         wait_sidecar_ports_free()
         agent = SidecarAgent(pod_dir, discovery, **kwargs)
         agents.append(agent)
         agent.start()
         return agent
 
-    try:
-        yield start
-    finally:
-        for agent in agents:
-            agent.kill()
+    with host_sidecar_ports():
+        try:
+            yield start
+        finally:
+            for agent in agents:
+                agent.kill()
 
 
 def discovery_of(mesh: Mesh) -> str:
