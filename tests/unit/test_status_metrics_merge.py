@@ -19,27 +19,29 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from istio_agent.config.errors import ConfigError
+from istio_agent.status.metrics_filter import (
+    MalformedSource,
+    SourceFilter,
+    SourceTooLarge,
+    openmetrics_to_text,
+    text_to_openmetrics,
+)
 from istio_agent.status.metrics_merge import (
     EOF_LINE,
     RESERVED_PORTS,
     TEXT_CONTENT_TYPE,
     TEXT_OUTPUT,
     Format,
-    MalformedSource,
     OutputFormat,
     ScrapeTarget,
-    SourceFilter,
-    SourceTooLarge,
     accepted_openmetrics,
     accepts_gzip,
     agent_exposition,
-    openmetrics_to_text,
     output_format,
     parse_scrape_annotations,
     scrape_budget,
     source_accept_header,
     source_format,
-    text_to_openmetrics,
 )
 
 OM = OutputFormat(Format.OPENMETRICS, "1.0.0")

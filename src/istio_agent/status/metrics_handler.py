@@ -37,6 +37,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from istio_agent.config import env
+from istio_agent.status.metrics_filter import (
+    SourceError,
+    SourceFilter,
+    SourceTooLarge,
+)
 from istio_agent.status.metrics_merge import (
     DEFAULT_SCRAPE_TIMEOUT,
     EOF_LINE,
@@ -46,9 +51,6 @@ from istio_agent.status.metrics_merge import (
     Format,
     OutputFormat,
     ScrapeTarget,
-    SourceError,
-    SourceFilter,
-    SourceTooLarge,
     accepted_openmetrics,
     accepts_gzip,
     agent_exposition,
