@@ -21,6 +21,8 @@ from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import AgentConfig, load_agent_config
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from istio_agent.dns.server import DnsProxy
     from istio_agent.envoy.admin import EnvoyAdmin
     from istio_agent.envoy.process import EnvoyProcess
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)
+
+# How long start-up waits for the first workload certificate before loading the rest.
+FIRST_CERTIFICATE_HEAD_START = 2.0
 
 
 class Component(Protocol):
@@ -76,18 +81,35 @@ class Agent:
         self.admin: EnvoyAdmin | None = None
         self.grpc_bootstrap_probe: BootstrapProbe | None = None
         self.metrics: AgentMetrics | None = None  # istio_agent_* on this agent's own registry
+        self._background: set[asyncio.Task[None]] = set()
+        self._name_table_lock = asyncio.Lock()
 
     # ---- construction ------------------------------------------------------------------------
 
     def build(self) -> None:
+        """Build every component (tests use this; `run()` builds in two phases)."""
+        self.build_identity()
+        self.build_rest()
+
+    def build_identity(self) -> None:
+        """Validate the whole configuration, then build the workload identity (light imports only).
+
+        The identity starts before the rest is even imported, so the CSR is in flight while
+        the agent loads its heavier parts; configuration errors still surface before anything runs.
+        """
         from prometheus_client import CollectorRegistry
 
         from istio_agent.security.ca_client import CaClient
         from istio_agent.security.identity import WorkloadIdentity
         from istio_agent.security.options import SecurityOptions
         from istio_agent.status.agent_metrics import AgentMetrics
+        from istio_agent.status.metrics_merge import parse_scrape_annotations
+        from istio_agent.status.probes import ProbeOptions
         from istio_agent.status.readiness import ReadinessState
 
+        environment, pc = self.config.environment, self.config.proxy_config
+        ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
+        parse_scrape_annotations(environment.get(env.ISTIO_PROMETHEUS_ANNOTATIONS), pc.status_port)
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         security = SecurityOptions.from_config(self.config, run_sds_server=not self.disable_envoy)
         # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
@@ -95,6 +117,9 @@ class Agent:
         self.metrics.watch_secrets(self.identity.cache)
         self.components.append(self.identity)
         self.readiness = ReadinessState(dns_enabled=bool(self.dns_enabled) and not self.disable_envoy)
+
+    def build_rest(self) -> None:
+        """DNS, XDS proxy, gRPC bootstrap and status server, in start order."""
         if self.dns_enabled:
             self._build_dns()
         self._build_xds_proxy()
@@ -103,20 +128,38 @@ class Agent:
             self._build_status_server()
 
     def _build_dns(self) -> None:
-        from istio_agent.dns.server import DnsProxy, DnsProxyOptions
+        import os
+
+        from istio_agent.dns.server import ALT_RESOLV_CONF, DnsProxy, DnsProxyOptions, port53_rules
 
         environment = self.config.environment
-        self.dns = DnsProxy(DnsProxyOptions(
+        options = port53_rules(DnsProxyOptions(
             addr=environment.get(env.DNS_PROXY_ADDR),
             namespace=self.config.identity.namespace,
             domain=self.config.identity.domain,
             forward_parallel=environment.get(env.DNS_FORWARD_PARALLEL),
-        ), registry=self.metrics.registry if self.metrics is not None else None)
+        ), os.geteuid(), Path(ALT_RESOLV_CONF).exists())
+        self.dns = DnsProxy(options, registry=self.metrics.registry if self.metrics is not None else None)
         self.components.append(self.dns)
 
     def _on_name_table(self, table: nds_pb2.NameTable) -> None:
-        if self.dns is not None:
-            self.dns.update_name_table(table)
+        """Compile the table off the event loop; readiness waits for the first one to be served."""
+        if self.dns is None:
+            if self.readiness is not None:
+                self.readiness.name_table_received = True
+            return
+        task = asyncio.get_running_loop().create_task(self._swap_name_table(table))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _swap_name_table(self, table: nds_pb2.NameTable) -> None:
+        assert self.dns is not None
+        async with self._name_table_lock:  # tables are applied in the order they arrived
+            try:
+                await self.dns.update_name_table_async(table)
+            except Exception:
+                log.exception("compiling the NameTable failed; the previous table stays in service")
+                return
         if self.readiness is not None:
             self.readiness.name_table_received = True
 
@@ -168,9 +211,24 @@ class Agent:
             on_drain=self.drain_now,
             extra_ready_check=self._proxyless_ready,
             extra_routes=[lambda app: add_probe_routes(app, probes), lambda app: add_secrets_debug_route(app, cache),
-                          lambda app: add_metrics_routes(app, scraping, registry)],
+                          lambda app: add_metrics_routes(app, scraping, registry), self._add_ndsz_route],
         )
         self.components.append(server)
+
+    def _add_ndsz_route(self, app: web.Application) -> None:
+        """`/debug/ndsz`: the NameTable the DNS proxy serves, as JSON, localhost only."""
+        from aiohttp import web
+
+        from istio_agent.dns.ndsz import name_table_json
+        from istio_agent.status.server import is_localhost
+
+        async def ndsz(request: web.Request) -> web.Response:
+            if not is_localhost(request.remote):
+                return web.Response(status=403, text="only requests from localhost are allowed")
+            status, body = name_table_json(self.dns.name_table() if self.dns is not None else None)
+            return web.Response(status=status, text=body, content_type="application/json")
+
+        app.router.add_get("/debug/ndsz", ndsz)
 
     def _proxyless_ready(self) -> str | None:
         """Upstream's gRPC probe (with or without Envoy): the bootstrap loads and its certificate files exist."""
@@ -278,11 +336,30 @@ class Agent:
         self.exit_code = self.exit_code or exit_code
         self._stopping.set()
 
+    async def _first_certificate(self, timeout: float) -> None:
+        """Give the first CSR a short head start before the heavier components load.
+
+        Envoy cannot serve before it has a certificate anyway, and loading the rest blocks
+        the event loop for a moment; a slow or absent CA only delays start-up by `timeout`.
+        """
+        if self.identity is None or not self.identity.cache.uses_ca:
+            return
+        try:
+            await asyncio.wait_for(self.identity.wait_for_certificate(), timeout)
+        except (TimeoutError, Exception) as exc:
+            log.info("first certificate not there yet (%s); starting the other components", type(exc).__name__)
+
     async def run(self) -> int:
-        self.build()
+        self.build_identity()
         started: list[Component] = []
         try:
-            for component in self.components:
+            for component in list(self.components):
+                await component.start()
+                started.append(component)
+            await self._first_certificate(FIRST_CERTIFICATE_HEAD_START)
+            first_rest = len(self.components)
+            self.build_rest()
+            for component in self.components[first_rest:]:
                 await component.start()
                 started.append(component)
             if not self.disable_envoy:
@@ -293,6 +370,8 @@ class Agent:
             log.info("agent stopping")
             await self._drain_and_stop_envoy()
         finally:
+            for task in list(self._background):
+                task.cancel()
             if self.envoy is not None:
                 await self.envoy.stop()
             for component in reversed(started):
