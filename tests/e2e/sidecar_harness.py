@@ -116,7 +116,8 @@ def host_sidecar_ports(timeout: float = 180.0) -> Iterator[None]:
     with HOST_PORTS_LOCK.open("a") as handle:
         poll(lambda: _try_lock(handle), f"the host sidecar ports lock {HOST_PORTS_LOCK}", timeout)
         try:
-            wait_sidecar_ports_free()
+            # Agents started without the lock (other test files) may still hold the ports for a while.
+            wait_sidecar_ports_free(timeout=60)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
