@@ -143,3 +143,15 @@ def _answered(mesh: Mesh, pod: str, url: str) -> Callable[[], Any]:
         answer = mesh.get(pod, url)
         return answer.get("status") == 200 and answer
     return check
+
+
+def test_app_getaddrinfo_returns_the_cluster_ip_from_the_agent(mesh: Mesh) -> None:
+    """The app's own resolver call (libc getaddrinfo, port 53 captured) gets the clusterIP from the agent."""
+    script = ("import socket; print(sorted({a[4][0] for a in socket.getaddrinfo("
+              "'echo.default.svc.cluster.local', 80, proto=socket.IPPROTO_TCP)}))")
+
+    def resolved() -> Any:
+        done = mesh.node.exec(mesh.pods["client-1"], [sys.executable, "-c", script])
+        return done.returncode == 0 and done.stdout.strip()
+
+    assert eventually(resolved, "getaddrinfo to answer") == "['10.96.0.20']"
