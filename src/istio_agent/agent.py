@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # How long start-up waits for the first workload certificate before loading the rest.
 FIRST_CERTIFICATE_HEAD_START = 2.0
+# Upstream's pilot-agent exits with -1 (255) when Envoy fails.
+ENVOY_FAILED_EXIT_CODE = 255
 
 
 class Component(Protocol):
@@ -274,10 +276,9 @@ class Agent:
                             cwd=str(config.workdir), preexec_user=(envoy_uid, envoy_uid) if envoy_uid > 0 else None)
 
     def _on_envoy_exit(self, code: int) -> None:
+        """Fate-sharing: Envoy is gone, so is the agent; a failed Envoy makes the agent exit 255 as upstream's."""
         self.envoy = None
-        self.request_stop(code if code != 0 else 0)
-        if code != 0:
-            self.exit_code = self.exit_code or 1
+        self.request_stop(ENVOY_FAILED_EXIT_CODE if code != 0 else 0)
 
     async def drain_now(self) -> None:
         """POST drain_listeners?graceful (inbound only for sidecars), as `/drain` and SIGTERM do."""

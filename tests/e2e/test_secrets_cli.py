@@ -30,6 +30,7 @@ from sidecar_harness import (
     active_secret,
     config_dump,
     free_port,
+    host_sidecar_ports,
     http_request,
     inline_bytes,
     need_sidecar_binaries,
@@ -37,7 +38,6 @@ from sidecar_harness import (
     port_in_use,
     registry_yaml,
     stop_process,
-    wait_sidecar_ports_free,
     write_pod_files,
 )
 
@@ -82,22 +82,22 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     registry.write_text(registry_yaml())
     istiod = IstiodLocal(base / "state", registry)
     agent: SidecarAgent | None = None
-    try:
-        pod_dir = base / "pod"
-        pod_dir.mkdir()
-        write_pod_files(base / "state", pod_dir)
-        # The agent needs the host's 15000/15001/15006/15020/15021/15090: fail clearly when another test holds them.
-        wait_sidecar_ports_free()
-        agent = SidecarAgent(pod_dir, f"localhost:{istiod.secure_port}")
-        agent.start()
-        agent.wait_ready()
-        default_serial, root_serial, bundle = poll(envoy_serials, "Envoy to hold default and ROOTCA", 20,
-                                                   agent.output)
-        yield Pod(agent, default_serial, root_serial, bundle)
-    finally:
-        if agent is not None:
-            agent.kill()
-        istiod.stop()
+    # The agent needs the host's 15000/15001/15006/15020/15021/15090: take the shared lock, then wait for them.
+    with host_sidecar_ports():
+        try:
+            pod_dir = base / "pod"
+            pod_dir.mkdir()
+            write_pod_files(base / "state", pod_dir)
+            agent = SidecarAgent(pod_dir, f"localhost:{istiod.secure_port}")
+            agent.start()
+            agent.wait_ready()
+            default_serial, root_serial, bundle = poll(envoy_serials, "Envoy to hold default and ROOTCA", 20,
+                                                       agent.output)
+            yield Pod(agent, default_serial, root_serial, bundle)
+        finally:
+            if agent is not None:
+                agent.kill()
+            istiod.stop()
 
 
 def rows(table: str) -> dict[str, list[str]]:

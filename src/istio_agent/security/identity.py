@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from istio_agent.security.ca_client import CaClient, CertificateSigner
 from istio_agent.security.cache import SecretCache
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.sds import SdsServer, socket_is_healthy
 from istio_agent.security.secrets import WORKLOAD_RESOURCE, SecretItem
+
+if TYPE_CHECKING:
+    from istio_agent.security.sds import SdsServer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,9 @@ class WorkloadIdentity:
         return str(self.options.sds_socket_path)
 
     async def start(self) -> None:
+        # The SDS server (and Envoy's protos) load only when there is an Envoy to serve.
+        from istio_agent.security.sds import SdsServer, socket_is_healthy
+
         opts = self.options
         if opts.run_sds_server and await socket_is_healthy(opts.sds_socket_path):
             self.external_sds = True

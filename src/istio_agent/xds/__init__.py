@@ -1,11 +1,28 @@
 """The XDS proxy between Envoy and istiod (ADS on `<configPath>/XDS`, raw-bytes relay).
 
 Public API: `XdsProxy(options)` with `start()` / `stop()` / `set_health()`, and
-`XdsProxyOptions` (`from_config(agent_config, ...)` for the agent).
+`XdsProxyOptions` (`from_config(agent_config, ...)` for the agent). They load on
+first use, so that importing a small module of this package (say `types`, for
+metrics labels) does not pull in the gRPC server.
 """
 
-from istio_agent.xds.options import XdsProxyOptions
-from istio_agent.xds.proxy import ProxyStats, XdsProxy
-from istio_agent.xds.upstream import UpstreamSettings
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "XdsProxyOptions": "istio_agent.xds.options",
+    "ProxyStats": "istio_agent.xds.proxy",
+    "XdsProxy": "istio_agent.xds.proxy",
+    "UpstreamSettings": "istio_agent.xds.upstream",
+}
 
 __all__ = ["ProxyStats", "UpstreamSettings", "XdsProxy", "XdsProxyOptions"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
