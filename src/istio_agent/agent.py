@@ -122,6 +122,9 @@ class Agent:
 
     def build_rest(self) -> None:
         """DNS, XDS proxy, gRPC bootstrap and status server, in start order."""
+        from istio_agent.memory import MemoryTrimmer
+
+        self.components.append(MemoryTrimmer())
         if self.dns_enabled:
             self._build_dns()
         self._build_xds_proxy()
@@ -408,6 +411,9 @@ def run(flags: AgentFlags, workdir: Path | None = None) -> int:
     except ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
+    from istio_agent.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()
     loop = _new_event_loop()
     asyncio.set_event_loop(loop)
     agent = Agent(config, flags)

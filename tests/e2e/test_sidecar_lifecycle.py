@@ -14,9 +14,11 @@ agent at a time; istiod-local listens on free loopback ports.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from sidecar_harness import (
+    PILOT_AGENT,
     SPIFFE_ECHO,
     IstiodLocal,
     SidecarAgent,
@@ -125,6 +128,15 @@ def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(mesh: Mesh, 
     trusted = inline_bytes(root["validation_context"]["trusted_ca"]).decode()
     pod_root = (agent.pod_dir / "var/run/secrets/istio/root-cert.pem").read_text().strip()
     assert pod_root in trusted
+
+    # The injector's hooks talk to Envoy's admin through `pilot-agent request`.
+    info = subprocess.run([str(PILOT_AGENT), "request", "GET", "server_info"], capture_output=True, text=True,
+                          timeout=30)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["state"] == "LIVE"
+    refused = subprocess.run([str(PILOT_AGENT), "request", "GET", "server_info", "--debug-port", "15001"],
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode != 0 and "15001" in refused.stderr
 
     envoy = agent.envoy_pid()
     assert envoy is not None

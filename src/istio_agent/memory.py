@@ -1,0 +1,71 @@
+"""Keeping the agent's resident memory close to what it actually uses.
+
+Two glibc knobs, both measured on the 5,000-cluster push benchmark: capping
+malloc arenas (gRPC's threads each get their own arena otherwise, and freed
+push buffers stay mapped in them) and returning freed heap pages to the
+kernel with `malloc_trim` after bursts. Both are no-ops off glibc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+M_ARENA_MAX = -8
+MALLOC_ARENAS = 2
+TRIM_INTERVAL = 15.0
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim  # noqa: B018 - glibc only
+        libc.mallopt  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas (as MALLOC_ARENA_MAX would); call before threads start."""
+    libc = _libc()
+    return bool(libc is not None and libc.mallopt(M_ARENA_MAX, arenas) == 1)
+
+
+def trim() -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class MemoryTrimmer:
+    """A component that hands freed heap back to the kernel every `interval` seconds."""
+
+    def __init__(self, interval: float = TRIM_INTERVAL) -> None:
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._libc = _libc()
+
+    async def start(self) -> None:
+        if self._libc is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="malloc-trim")
+
+    async def _run(self) -> None:
+        assert self._libc is not None
+        while True:
+            await asyncio.sleep(self.interval)
+            self._libc.malloc_trim(0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
