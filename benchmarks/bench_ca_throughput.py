@@ -16,23 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import free_port
+
 BIN = Path(sys.executable).parent
 SLEEP_ID = "spiffe://cluster.local/ns/default/sa/sleep"
 WARMUP_S = 0.5
 CSR_POOL = {"ECDSA": 64, "RSA": 8}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpus() -> tuple[set[int], set[int]]:
@@ -113,7 +109,7 @@ def measure_ca_throughput(concurrency: int, algorithm: str, seconds: float) -> f
         state_dir = Path(tmp) / "state"
         state = load_or_create_state(state_dir, "cluster.local", time.time())
         token = pod_token(state, "default", "sleep", "sleep-1", 3600, time.time())
-        plain, secure = _free_port(), _free_port()
+        plain, secure = free_port(), free_port()
         server = _start_server(state_dir, plain, secure, server_cpus)
         try:
             os.sched_setaffinity(0, client_cpus)

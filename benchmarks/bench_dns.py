@@ -37,23 +37,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import free_udp_tcp_port, stop_process
+
 FWD_DOMAIN = "fwd.test"
 LATENCY_RATE = 5_000  # offered queries/s for the p99 runs: well below both servers' capacity
 LOST_LATENCY = 5.0  # dnsperf's default timeout: what an unanswered query counts as
-
-
-def _free_port() -> int:
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port = int(udp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port")
 
 
 def _known_names(n: int) -> list[tuple[str, str]]:
@@ -91,12 +80,7 @@ def _process(argv: list[str], port: int, *, stdin: int | None = None) -> Iterato
         _wait_udp(port)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _dnsmasq(port: int, core: int | None, extra: list[str]) -> list[str]:
@@ -244,7 +228,7 @@ def main() -> None:
         resolv_conf = tmp / "resolv.conf"
         resolv_conf.write_text("nameserver 127.0.0.1\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\n")
 
-        upstream_port, dnsmasq_port, proxy_port = _free_port(), _free_port(), _free_port()
+        upstream_port, dnsmasq_port, proxy_port = free_udp_tcp_port(), free_udp_tcp_port(), free_udp_tcp_port()
         upstream = _dnsmasq(upstream_port, client_core, ["--no-resolv", f"--address=/{FWD_DOMAIN}/192.0.2.7"])
         dnsmasq = _dnsmasq(dnsmasq_port, server_core, [f"--addn-hosts={tmp / 'hosts'}", "--no-resolv",
                                                         f"--server=127.0.0.1#{upstream_port}", "--cache-size=0"])
@@ -274,7 +258,7 @@ def main() -> None:
         # The threading decision, measured: the agent's loop burning CPU in 50 ms slices, with
         # answers on the proxy's own threads vs on that same loop.
         for key, same_loop in (("proxy_known_qps_agent_busy", False), ("same_loop_known_qps_agent_busy", True)):
-            busy_port = _free_port()
+            busy_port = free_udp_tcp_port()
             argv = _proxy_argv(server_core, busy_port, resolv_conf, upstream_port, args.names, busy=True,
                                same_loop=same_loop)
             with _process(upstream, upstream_port), _process(argv, busy_port):

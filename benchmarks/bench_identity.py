@@ -23,25 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import free_port, poll
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 sys.path.insert(0, str(HERE))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(predicate) and predicate():
-            return
-        time.sleep(0.002)
-    raise TimeoutError("condition not met in time")
 
 
 def port_open(port: int) -> bool:
@@ -65,7 +53,8 @@ def time_agent(pod: Path, address: str, algorithm: str, out: Path) -> float:
     proc = subprocess.Popen([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: chain.exists() and (out / "root-cert.pem").exists(), 60)
+        poll(lambda: chain.exists() and (out / "root-cert.pem").exists(), "the certificate files", 60,
+             interval=0.002)
         elapsed = time.perf_counter() - start
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -91,7 +80,7 @@ def main() -> None:
             [str(BIN / "istiod-local"), "serve", "--state-dir", str(state), "--grpc-addr", f"127.0.0.1:{plain}",
              "--secure-grpc-addr", f"127.0.0.1:{secure}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_until(lambda: port_open(secure), 30)
+            poll(lambda: port_open(secure), "istiod-local to listen", 30, interval=0.002)
             subprocess.run([str(BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
                             "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
                            check=True)

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import poll as support_poll
+from support import stop_process
 
 SERVICES = int(os.environ.get("BENCH_SERVICES", "1000"))
 PORTS = [("http", 80, "HTTP"), ("http2", 8081, "HTTP2"), ("grpc", 9090, "GRPC"), ("mysql", 3306, "TCP"),
@@ -112,19 +115,9 @@ class Lines:
 
 
 def poll(check: Callable[[], T | None], what: str, timeout: float, interval: float = 0.02) -> T:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}; last: {last!r}")
-        time.sleep(interval)
+    """`support.poll` where an admin endpoint that does not answer yet counts as "not yet"."""
+    return support_poll(check, what, timeout, interval=interval,
+                        retry_on=(OSError, http.client.HTTPException, ValueError))
 
 
 def enter_netns(name: str) -> None:
@@ -215,13 +208,7 @@ class Arm:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
         self.admin_thread.shutdown()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, timeout=30)
 

@@ -10,17 +10,16 @@ import asyncio
 import base64
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
+from support import free_port, stop_process
 
 from istio_agent.pki import certs
 from istio_agent.security.options import SecurityOptions
@@ -29,12 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ISTIOD_LOCAL = ROOT / ".venv" / "bin" / "istiod-local"
 SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 NODE_ID = "sidecar~127.0.0.1~sleep-1.default~default.svc.cluster.local"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Istiod:
@@ -70,13 +63,7 @@ class Istiod:
         raise AssertionError(f"istiod-local did not listen: {self.log.read_text()}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self.proc = None
 
     def _run(self, *args: str) -> str:
@@ -113,20 +100,6 @@ def pod_options(pod: Path, istiod: Istiod, **overrides: object) -> SecurityOptio
     )
     values.update(overrides)
     return SecurityOptions(**values)  # type: ignore[arg-type]
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 20.0, what: str = "") -> None:
-    """Poll `check` until true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 def leaf_of(chain_pem: bytes) -> certs.x509.Certificate:

@@ -17,6 +17,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
+from support import stop_process
 
 from istio_agent.controlplane.xds import typeurls
 
@@ -64,13 +65,7 @@ class Istiod:
         return "".join(self.lines)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=20)
 
 
 @pytest.fixture

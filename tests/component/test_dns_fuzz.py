@@ -27,7 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from test_dns_peers import free_port, name_table, write_resolv_conf
+from support import free_udp_tcp_port
+from test_dns_peers import name_table, write_resolv_conf
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions
 from istio_agent.protos import nds_pb2
@@ -104,7 +105,7 @@ class LiveProxy:
     def __init__(self, tmp: Path) -> None:
         table = name_table()
         table.table[SENTINEL.rstrip(".")].CopyFrom(nds_pb2.NameInfo(ips=["192.0.2.1"], registry="External"))
-        dead = free_port()  # upstream refuses: forwarded queries fail fast with SERVFAIL
+        dead = free_udp_tcp_port()  # upstream refuses: forwarded queries fail fast with SERVFAIL
         conf = write_resolv_conf(tmp / "resolv.conf", ["127.0.0.1"])
         self.proxy = DnsProxy(DnsProxyOptions(addr="127.0.0.1:0", namespace="ns1", domain="ns1.svc.cluster.local",
                                               resolv_conf=str(conf), upstream_port=dead, upstream_timeout=1.0,

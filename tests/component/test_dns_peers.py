@@ -7,7 +7,6 @@ Everything listens on loopback only and is torn down by the fixtures.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +18,7 @@ import dns.query
 import dns.rdatatype
 from conftest import need_tool
 from prometheus_client import CollectorRegistry
+from support import free_udp_tcp_port, stop_process
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions
 from istio_agent.protos import nds_pb2
@@ -27,21 +27,6 @@ NAMESPACE = "ns1"
 DOMAIN = "ns1.svc.cluster.local"
 SEARCH = "ns1.svc.cluster.local svc.cluster.local cluster.local"
 BIG_COUNT = 100
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port = int(udp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port")
 
 
 def dns_query(port: int, name: str, rdtype: str = "A", *, tcp: bool = False, timeout: float = 2.0,
@@ -77,7 +62,7 @@ class Dnsmasq:
 def run_dnsmasq(extra: list[str], port: int | None = None) -> Iterator[Dnsmasq]:
     """dnsmasq on 127.0.0.1:port, no system config, no upstream; stopped on exit."""
     binary = need_tool("dnsmasq")
-    port = port or free_port()
+    port = port or free_udp_tcp_port()
     proc = subprocess.Popen(
         [binary, "--no-daemon", "--conf-file=/dev/null", f"--port={port}", "--listen-address=127.0.0.1",
          "--bind-interfaces", "--no-resolv", "--no-hosts", "--pid-file=", "--log-facility=/dev/null", *extra],
@@ -86,12 +71,7 @@ def run_dnsmasq(extra: list[str], port: int | None = None) -> Iterator[Dnsmasq]:
         wait_answering(port, "probe.invalid.")
         yield Dnsmasq(port, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace=5)
 
 
 def upstream_args() -> list[str]:

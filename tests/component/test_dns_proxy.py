@@ -16,12 +16,12 @@ import dns.rrset
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_udp_tcp_port
 from test_dns_peers import (
     BIG_COUNT,
     Dnsmasq,
     dig_message,
     dns_query,
-    free_port,
     name_table,
     run_dnsmasq,
     running_proxy,
@@ -185,7 +185,7 @@ def _udp_exchange(port: int, wire: bytes) -> bytes:
 
 
 async def test_upstream_refusing_gives_servfail(tmp_path: Path, upstream: Dnsmasq) -> None:
-    dead = free_port()  # nobody listens: ICMP port unreachable
+    dead = free_udp_tcp_port()  # nobody listens: ICMP port unreachable
     conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
     async with running_proxy(conf, dead, timeout=2.0) as p:
         p.update_name_table(name_table())
@@ -196,7 +196,7 @@ async def test_upstream_refusing_gives_servfail(tmp_path: Path, upstream: Dnsmas
 
 
 async def test_upstream_silent_gives_servfail_after_timeout(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_udp_tcp_port()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blackhole, \
             socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp_blackhole:
         blackhole.bind(("127.0.0.1", port))  # receives, never answers
@@ -217,7 +217,7 @@ async def test_upstream_silent_gives_servfail_after_timeout(tmp_path: Path) -> N
 @pytest.mark.parametrize("parallel", [False, True], ids=["in-order", "parallel"])
 async def test_second_server_used_when_first_fails(tmp_path: Path, parallel: bool) -> None:
     # Two upstream addresses on one port: 127.0.0.2 is dead, 127.0.0.1 is dnsmasq.
-    port = free_port()
+    port = free_udp_tcp_port()
     with run_dnsmasq(upstream_args(), port=port):
         conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.2", "127.0.0.1"])
         async with running_proxy(conf, port, timeout=0.5, parallel=parallel) as p:
@@ -286,7 +286,7 @@ async def test_stop_releases_ports_and_threads(tmp_path: Path, upstream: Dnsmasq
     import threading
     before = {t.name for t in threading.enumerate()}
     conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
-    port = free_port()
+    port = free_udp_tcp_port()
     for _ in range(2):  # a fixed port can be bound again right after stop()
         async with running_proxy(conf, upstream.port, addr=f"127.0.0.1:{port}") as p:
             assert p.addresses == [("127.0.0.1", port)]

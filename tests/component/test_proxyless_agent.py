@@ -19,14 +19,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import IO, Any, TypeVar
 import grpc
 import pytest
 from conftest import VENV_BIN
+from support import free_port, poll, stop_process
 
 T = TypeVar("T")
 SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
@@ -64,24 +63,6 @@ channel.close()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def poll(check: Callable[[], T | None], what: str, timeout: float = 30.0,
-         context: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}\n{context()}")
-        time.sleep(0.05)
-
-
 class Output:
     """Lines of a child's output, collected by a thread so the pipe never fills."""
 
@@ -96,16 +77,6 @@ class Output:
 
     def text(self) -> str:
         return "".join(self.lines)
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def base_env() -> dict[str, str]:
@@ -163,13 +134,13 @@ def istiod(pod: Path, backend: int) -> Iterator[Istiod]:
                 raise AssertionError(f"istiod-local exited:\n{out.text()}")
             return next((m for m in map(SERVING_LINE.search, list(out.lines)) if m), None)
 
-        match = poll(serving, "istiod-local to serve", context=out.text)
+        match = poll(serving, "istiod-local to serve", on_timeout=out.text)
         subprocess.run([str(VENV_BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
                         "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
                        check=True, capture_output=True, timeout=60, env=base_env())
         yield Istiod(state, proc, out, "localhost:" + match.group(2).rpartition(":")[2])
     finally:
-        stop(proc)
+        stop_process(proc, grace=15)
         shutil.rmtree(state, ignore_errors=True)
         registry.unlink(missing_ok=True)
 
@@ -217,7 +188,7 @@ def agents() -> Iterator[list[Agent]]:
     started: list[Agent] = []
     yield started
     for agent in started:
-        stop(agent.proc)
+        stop_process(agent.proc, grace=15)
 
 
 def read_bootstrap(path: Path) -> dict[str, Any] | None:
@@ -232,7 +203,7 @@ def test_proxyless_agent_bootstrap_readiness_and_grpc_xds_client(
     agent = start_agent(pod, istiod.secure)
     agents.append(agent)
     path = pod / "etc/istio/proxy/grpc-bootstrap.json"  # GRPC_XDS_BOOTSTRAP's default, relative to the pod root
-    bootstrap = poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", context=agent.out.text)
+    bootstrap = poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.out.text)
 
     xds_socket = pod / "etc/istio/proxy/XDS"
     assert bootstrap["xds_servers"] == [{"server_uri": f"unix:///{xds_socket}", "channel_creds": [{"type": "insecure"}],
@@ -261,7 +232,7 @@ def test_proxyless_agent_bootstrap_readiness_and_grpc_xds_client(
     assert client.returncode == 0, context
     assert client.stdout.strip() == "RPC OK pong:ping", context
     connections = poll(lambda: istiod.ads_connections(NODE_ID), "istiod-local to log the client's ADS stream",
-                       context=lambda: context)
+                       on_timeout=lambda: context)
     assert all("(generator grpc)" in line for line in connections), "GENERATOR: grpc reached istiod unchanged"
     assert agent.proc.poll() is None, agent.out.text()
 
@@ -275,7 +246,7 @@ def test_not_ready_while_the_certificates_are_missing(pod: Path, istiod: Istiod,
     agent = start_agent(pod, unreachable)
     agents.append(agent)
     path = pod / "etc/istio/proxy/grpc-bootstrap.json"
-    poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", context=agent.out.text)
+    poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.out.text)
 
     def answered() -> tuple[int, str] | None:
         if agent.proc.poll() is not None:
@@ -285,7 +256,7 @@ def test_not_ready_while_the_certificates_are_missing(pod: Path, istiod: Istiod,
         except OSError:
             return None
 
-    status, reason = poll(answered, "the status server to answer", context=agent.out.text)
+    status, reason = poll(answered, "the status server to answer", on_timeout=agent.out.text)
     assert status == 503
     assert reason == f"{agent.output_certs / 'cert-chain.pem'} does not exist"
     waited = agent.wait(timeout_seconds=1)

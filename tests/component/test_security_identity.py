@@ -13,13 +13,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from security_harness import (
     Istiod,
     SdsClient,
-    eventually,
     leaf_of,
     pod_options,
     secrets_of,
     token_expiry,
     token_path,
 )
+from support import eventually
 
 from istio_agent.pki import certs, keys
 from istio_agent.security.identity import WorkloadIdentity

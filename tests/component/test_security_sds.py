@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
-from security_harness import NODE_ID, SECRET_TYPE, Istiod, SdsClient, eventually, leaf_of, pod_options, secrets_of
+from security_harness import NODE_ID, SECRET_TYPE, Istiod, SdsClient, leaf_of, pod_options, secrets_of
+from support import eventually
 
 from istio_agent.pki import certs, keys
 from istio_agent.security.identity import WorkloadIdentity

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prometheus_client import generate_latest
+from support import free_port
 from test_status_metrics_peers import (
     OM_TYPE,
     PROMETHEUS_ACCEPT,
@@ -23,7 +24,6 @@ from test_status_metrics_peers import (
     Peer,
     assert_promtool_parses,
     envoy_page,
-    free_port,
     merged_endpoint,
     names,
     parse,

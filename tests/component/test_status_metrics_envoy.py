@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 from conftest import need_tool
 from prometheus_client import generate_latest
+from support import free_port, stop_process
 from test_status_metrics_peers import (
     OM_TYPE,
     PROMETHEUS_ACCEPT,
     TEXT_ACCEPT,
     assert_promtool_parses,
-    free_port,
     merged_endpoint,
     names,
     parse,
@@ -93,12 +93,7 @@ def prometheus_server(tmp_path: Path, target_port: int) -> Iterator[int]:
     try:
         yield web_port
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=15)
         log.close()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from conftest import VENV_BIN, need, need_tool
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
+from support import free_port, stop_process
 
 from istio_agent.status.agent_metrics import AgentMetrics
 from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
@@ -51,12 +51,6 @@ def envoy_page(clusters: int = 20) -> bytes:
         out.append(f'envoy_cluster_upstream_cx_connect_ms_sum{{envoy_cluster_name="{n}"}} 3.5')
         out.append(f'envoy_cluster_upstream_cx_connect_ms_count{{envoy_cluster_name="{n}"}} 2')
     return ("\n".join(out) + "\n").encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def serve(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, int]:
@@ -280,10 +274,5 @@ def real_envoy(clusters: int = 20) -> Iterator[int]:
                 time.sleep(0.05)
             yield stats_port
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
             log.close()

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from conftest import VENV_BIN, need
+from support import free_port, stop_process
 from test_status_metrics_peers import (
     PROMETHEUS_ACCEPT,
     assert_promtool_parses,
-    free_port,
     names,
     parse,
     prometheus_client_app,
@@ -70,12 +70,7 @@ def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path) -> None:
                     "app_requests_total"} <= got
             assert not any(name.startswith("envoy_") for name in got)  # no Envoy: nothing to merge
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, grace=15)
             if proc.stderr is not None:
                 proc.stderr.close()
 

@@ -24,6 +24,7 @@ import grpc
 import pytest
 from conftest import VENV_BIN, need
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from support import free_port, stop_process
 
 PILOT_AGENT = VENV_BIN / "pilot-agent"
 
@@ -57,12 +58,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(port: int, path: str) -> int:
@@ -122,12 +117,7 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
                 time.sleep(0.05)
         yield Agent(status_port, state, tcp, servicer)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
         http_server.shutdown()

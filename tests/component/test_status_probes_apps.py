@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from conftest import VENV_BIN
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from support import free_port
 
 from istio_agent.pki.certs import cert_to_pem, issue_server_cert, new_root_ca
 from istio_agent.pki.keys import generate_key, key_to_pem
@@ -44,9 +45,7 @@ def bound_socket() -> socket.socket:
 
 def closed_port() -> int:
     """A port nothing listens on (bound then released)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 @dataclass

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import message as pb_message
+from support import eventually
 
 from istio_agent.protos import nds_pb2
 from istio_agent.xds import XdsProxy, XdsProxyOptions, types
@@ -30,18 +30,6 @@ from istio_agent.xds.upstream import UpstreamSettings
 
 SOTW, DELTA = False, True
 Request = Any  # a DiscoveryRequest or a DeltaDiscoveryRequest
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # --- a minimal real ADS server ------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from conftest import VENV_BIN, need
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import message as pb_message
-from test_xds_proxy_ads import NODE, FakeAds, clusters, eventually, name_table
+from support import eventually, stop_process
+from test_xds_proxy_ads import NODE, FakeAds, clusters, name_table
 
 from istio_agent.protos import nds_pb2
 from istio_agent.xds import XdsProxy, XdsProxyOptions, types
@@ -126,13 +127,7 @@ class Envoy:
         return cluster_names, listener_names
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.log.close()
 
 
@@ -179,7 +174,7 @@ async def test_envoy_gets_config_through_proxy(tmp_path: Path, delta: bool) -> N
             cluster_names, listener_names = await envoy.active()
             return cluster_names == _names(3) and listener_names == {"test-listener"}
 
-        await _until(accepted, "Envoy to accept the clusters and the listener")
+        await eventually(accepted, "Envoy to accept the clusters and the listener", 15.0, interval=0.05)
         # Envoy ACKed CDS and LDS upstream (through the proxy), without errors.
         for type_url in (types.CLUSTER_TYPE, types.LISTENER_TYPE):
             acks = [r for r in ads.requests_of(type_url, delta) if r.response_nonce]
@@ -200,7 +195,7 @@ async def test_envoy_reconnects_after_istiod_restart(tmp_path: Path, delta: bool
         async def first() -> bool:
             return (await envoy.active())[0] == _names(3)
 
-        await _until(first, "the first clusters")
+        await eventually(first, "the first clusters", 15.0, interval=0.05)
         port = ads.port
         failures = proxy.stats.upstream_failures
         await ads.stop()
@@ -211,15 +206,6 @@ async def test_envoy_reconnects_after_istiod_restart(tmp_path: Path, delta: bool
         async def second() -> bool:
             return (await envoy.active())[0] == _names(2, "after-restart")
 
-        await _until(second, "Envoy to reconnect and get the new clusters", timeout=30)
+        await eventually(second, "Envoy to reconnect and get the new clusters", 30.0, interval=0.05)
         assert proxy.stats.streams >= 2
 
-
-async def _until(check: Any, what: str, timeout: float = 15.0) -> None:
-    """Poll an async check with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)

@@ -22,7 +22,8 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from test_xds_proxy_ads import AdsClient, eventually
+from support import eventually
+from test_xds_proxy_ads import AdsClient
 
 from istio_agent.controlplane.server import ControlPlane, ControlPlaneOptions
 from istio_agent.controlplane.xds.ads import AdsServer

@@ -10,7 +10,6 @@ sockets, and its admin API over a third one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import json
@@ -29,6 +28,8 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
+from support import HTTP_NOT_YET, stop_process
+from support import eventually as support_eventually
 
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.registry import Registry
@@ -153,18 +154,8 @@ class EnvoyUnderTest:
 
 
 async def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
-            last = exc
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-        await asyncio.sleep(0.1)
+    """`support.eventually` where an admin endpoint that does not answer yet counts as "not yet"."""
+    return await support_eventually(check, what, timeout, interval=0.1, retry_on=HTTP_NOT_YET)
 
 
 @contextlib.asynccontextmanager
@@ -191,12 +182,7 @@ async def envoy_with_istiod(registry: Registry, delta: bool, node_id: str = NODE
     try:
         yield EnvoyUnderTest(work, process, ads)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
         log.close()
         await server.stop(None)
         await sds.stop(None)

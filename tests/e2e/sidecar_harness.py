@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conftest import VENV_BIN, need, need_root, need_tool
+from support import HTTP_NOT_YET, stop_process
+from support import poll as support_poll
 
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"
 PILOT_AGENT = VENV_BIN / "pilot-agent"
@@ -71,26 +72,8 @@ def need_sidecar_binaries() -> None:
 
 
 def poll(check: Callable[[], T | None], what: str, timeout: float, on_timeout: Callable[[], str] = str) -> T:
-    """Call `check` until it returns something truthy; fail after `timeout` seconds with the last state."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}\n{on_timeout()}")
-        time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """`support.poll` where an endpoint that does not answer yet (`HTTP_NOT_YET`) counts as "not yet"."""
+    return support_poll(check, what, timeout, on_timeout, retry_on=HTTP_NOT_YET)
 
 
 def port_in_use(port: int) -> bool:
@@ -150,16 +133,6 @@ def stats(admin_port: int = 15000, host: str = "127.0.0.1") -> dict[str, int]:
         if value.strip().isdigit():
             out[name] = int(value)
     return out
-
-
-def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class LogCollector:

@@ -19,13 +19,13 @@ from conftest import need_tool
 from sidecar_harness import (
     IstiodLocal,
     SidecarAgent,
-    free_port,
     host_sidecar_ports,
     http_request,
     need_sidecar_binaries,
     registry_yaml,
     write_pod_files,
 )
+from support import free_port
 
 SERVICE_ENTRIES = (
     "serviceEntries:\n"

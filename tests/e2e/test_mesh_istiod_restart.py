@@ -13,13 +13,12 @@ import json
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from conftest import need_root, need_tool
+from support import poll
 
 from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_URL, registry_yaml
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
@@ -38,18 +37,6 @@ def _get(node: LocalNode, pod: Pod, url: str) -> dict[str, Any]:
     done = node.exec(pod, [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout", "5"])
     answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
     return answer
-
-
-def _eventually(check: Callable[[], Any], what: str, timeout: float = 45.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-        time.sleep(0.2)
 
 
 def _served_with_identity(answer: dict[str, Any]) -> bool:
@@ -76,7 +63,7 @@ def test_traffic_survives_an_istiod_restart_and_a_later_registry_change_reaches_
         node.start_istiod()
         client, echo = (node.add_pod(plan) for plan in plans)
         node.wait_ready([client, echo], {"echo-1": 8080})
-        _eventually(lambda: _served_with_identity(_get(node, client, ECHO_URL)), "the first request")
+        poll(lambda: _served_with_identity(_get(node, client, ECHO_URL)), "the first request", timeout=45)
 
         node.stop_istiod()
         for _ in range(3):  # the control plane is gone; the data plane is not
@@ -92,10 +79,10 @@ def test_traffic_survives_an_istiod_restart_and_a_later_registry_change_reaches_
         registry = yaml.safe_load(registry_yaml(plans, [ECHO_SERVICE]))
         registry["services"].append(EXTRA_SERVICE)
         node.registry.write_text(yaml.safe_dump(registry))
-        _eventually(lambda: EXTRA_CLUSTER in node.envoy_admin(client, "config_dump?resource=dynamic_active_clusters"),
-                    f"{EXTRA_CLUSTER} in the client's config_dump")
-        answer = _eventually(lambda: (a := _get(node, client, f"http://{EXTRA_VIP}/")).get("status") == 200 and a,
-                             "the new service to answer")
+        poll(lambda: EXTRA_CLUSTER in node.envoy_admin(client, "config_dump?resource=dynamic_active_clusters"),
+             f"{EXTRA_CLUSTER} in the client's config_dump", timeout=45)
+        answer = poll(lambda: (a := _get(node, client, f"http://{EXTRA_VIP}/")).get("status") == 200 and a,
+                      "the new service to answer", timeout=45)
         assert _served_with_identity(answer) and answer["body"]["pod"] == "echo-1", answer
     finally:
         node.close()

@@ -12,13 +12,13 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import need_root, need_tool
+from support import poll
 
 from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
@@ -41,18 +41,6 @@ class Mesh:
 
     def set_mtls(self, mode: str) -> None:
         self.node.registry.write_text(registry_yaml(self.plans, [ECHO_SERVICE], mode))
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +77,8 @@ def _stat(mesh: Mesh, pod: str, name: str) -> int:
 
 
 def test_client_reaches_echo_through_both_sidecars_over_mtls(mesh: Mesh) -> None:
-    answer = eventually(lambda: (a := mesh.get("client-1", ECHO_URL)).get("status") == 200 and a,
-                        "the echo service to answer the client")
+    answer = poll(lambda: (a := mesh.get("client-1", ECHO_URL)).get("status") == 200 and a,
+                  "the echo service to answer the client")
     body = answer["body"]
     assert body["pod"] == "echo-1"
     xfcc = body["headers"]["x-forwarded-client-cert"]
@@ -110,12 +98,12 @@ def test_strict_refuses_plaintext_from_a_pod_outside_the_mesh_and_permissive_acc
     assert mesh.pods["plain-1"].ip not in (mesh.node.logs / "echo-1-app.log").read_text()
     try:
         mesh.set_mtls("PERMISSIVE")
-        answer = eventually(lambda: (a := mesh.get("plain-1", direct)).get("status") == 200 and a,
-                            "PERMISSIVE to reach the echo sidecar")
+        answer = poll(lambda: (a := mesh.get("plain-1", direct)).get("status") == 200 and a,
+                      "PERMISSIVE to reach the echo sidecar")
         assert "x-forwarded-client-cert" not in answer["body"]["headers"]
     finally:
         mesh.set_mtls("STRICT")
-    eventually(lambda: "error" in mesh.get("plain-1", direct), "STRICT to be back")
+    poll(lambda: "error" in mesh.get("plain-1", direct), "STRICT to be back")
     # The meshed client is unaffected by the mode.
     assert mesh.get("client-1", ECHO_URL).get("status") == 200
 
@@ -134,7 +122,7 @@ def test_client_with_dns_capture_reaches_echo_by_service_name(mesh: Mesh) -> Non
     rules = mesh.node.exec(mesh.pods["client-1"], ["iptables-save"]).stdout
     assert "-A ISTIO_OUTPUT_DNS" in rules and "15053" in rules, rules
     for url in ("http://echo.default.svc.cluster.local/", "http://echo/"):
-        answer = eventually(_answered(mesh, "client-1", url), f"{url} to answer")
+        answer = poll(_answered(mesh, "client-1", url), f"{url} to answer")
         assert f"URI={CLIENT_SPIFFE}" in answer["body"]["headers"]["x-forwarded-client-cert"]
 
 
@@ -154,4 +142,4 @@ def test_app_getaddrinfo_returns_the_cluster_ip_from_the_agent(mesh: Mesh) -> No
         done = mesh.node.exec(mesh.pods["client-1"], [sys.executable, "-c", script])
         return done.returncode == 0 and done.stdout.strip()
 
-    assert eventually(resolved, "getaddrinfo to answer") == "['10.96.0.20']"
+    assert poll(resolved, "getaddrinfo to answer") == "['10.96.0.20']"

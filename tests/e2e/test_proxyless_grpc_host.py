@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import VENV_BIN
+from support import free_port, stop_process
 
 from istio_agent.controlplane.state import load_or_create_state
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, sign_workload_csr
@@ -87,13 +87,6 @@ print(reply.decode())
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Process:
     """A child process whose stderr is collected (for failure messages) and which is always reaped."""
 
@@ -113,13 +106,7 @@ class Process:
         return "".join(self.err[-60:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
@@ -154,7 +141,7 @@ def _bootstrap(path: Path, xds_address: str, node_id: str, certs: dict[str, str]
 class Mesh:
     def __init__(self, tmp: Path, mode: str) -> None:
         self.tmp = tmp
-        self.port = _free_port()
+        self.port = free_port()
         registry = tmp / "mesh.yaml"
         registry.write_text(REGISTRY.format(service_port=SERVICE_PORT, port=self.port, mode=mode))
         self.state = load_or_create_state(tmp / "state", "cluster.local", time.time())

@@ -15,7 +15,6 @@ import json
 import logging
 import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from support import free_port, stop_process
 
 from istio_agent.pki import certs, keys
 from istio_agent.security.ca_client import CaClient
@@ -41,12 +41,6 @@ CLIENT_SPIFFE = "spiffe://cluster.local/ns/default/sa/client"
 DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -57,16 +51,6 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: 
                 return
         time.sleep(0.05)
     raise AssertionError(f"nothing listens on {port}: {log.read_text()}")
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 class Istiod:

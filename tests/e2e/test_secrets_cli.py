@@ -29,7 +29,6 @@ from sidecar_harness import (
     SidecarAgent,
     active_secret,
     config_dump,
-    free_port,
     host_sidecar_ports,
     http_request,
     inline_bytes,
@@ -37,9 +36,9 @@ from sidecar_harness import (
     poll,
     port_in_use,
     registry_yaml,
-    stop_process,
     write_pod_files,
 )
+from support import free_port, stop_process
 
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem

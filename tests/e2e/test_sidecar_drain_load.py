@@ -33,9 +33,9 @@ from sidecar_harness import (
     need_sidecar_binaries,
     poll,
     registry_yaml,
-    stop_process,
     write_pod_files,
 )
+from support import stop_process
 
 WORKERS = 4
 SLOW = 2

@@ -35,7 +35,6 @@ from sidecar_harness import (
     active_secret,
     config_dump,
     dump_section,
-    free_port,
     host_sidecar_ports,
     http_request,
     inline_bytes,
@@ -47,6 +46,7 @@ from sidecar_harness import (
     wait_sidecar_ports_free,
     write_pod_files,
 )
+from support import free_port
 
 # How long the agent gets beyond its configured drain before a test calls it stuck.
 EXIT_MARGIN = 15.0

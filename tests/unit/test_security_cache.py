@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from support import eventually
 
 from istio_agent.pki import certs, keys
 from istio_agent.security.ca_client import CaError
@@ -59,19 +59,6 @@ def options(tmp_path: Path, **overrides: object) -> SecurityOptions:
     )
     base.update(overrides)
     return SecurityOptions(**base)  # type: ignore[arg-type]
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
 
 
 def serial(item: SecretItem) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support import eventually
 
 from istio_agent.dns.metrics import DnsMetrics
 from istio_agent.pki import certs, keys
@@ -68,14 +68,6 @@ def values(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str]
     text = generate_latest(registry).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
 
 
 async def test_certificate_expiry_rotations_and_ca_outcomes(tmp_path: Path) -> None:

@@ -1,0 +1,111 @@
+"""Plumbing the tests and the benchmarks share: free ports, polling with a deadline, stopping children.
+
+Tests import it as `from support import ...` (pytest puts `tests/` on sys.path for
+the rootdir conftest); benchmarks add `tests/` to sys.path first. It imports no
+pytest, so a benchmark run needs nothing but the project's own dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import inspect
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+# What a check reading an HTTP endpoint of a process still starting may raise before it answers.
+HTTP_NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, http.client.HTTPException)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_udp_tcp_port(attempts: int = 50) -> int:
+    """A port free for both UDP and TCP on 127.0.0.1 right now (a DNS server binds both)."""
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no port free for both UDP and TCP")
+
+
+def poll(
+    check: Callable[[], T | Literal[False] | None],
+    what: str,
+    timeout: float = 30.0,
+    on_timeout: Callable[[], str] = str,
+    *,
+    interval: float = 0.05,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Call `check` until it returns something truthy and return that; AssertionError after `timeout` seconds.
+
+    An exception of a `retry_on` type counts as "not yet" (it is shown as the last state);
+    any other propagates at once. `on_timeout` adds context (a log) to the failure.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+            last = result
+        except retry_on as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}\n{on_timeout()}")
+        time.sleep(interval)
+
+
+async def eventually(
+    check: Callable[[], Any],
+    what: str = "condition",
+    timeout: float = 20.0,
+    *,
+    interval: float = 0.02,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """The asyncio `poll`: `check` may return an awaitable, which is awaited; the loop keeps running meanwhile."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+            last = result
+        except retry_on as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; the child is always reaped."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
