@@ -180,6 +180,13 @@ async def envoy_with_istiod(registry: Registry, delta: bool, node_id: str = NODE
     process = subprocess.Popen(["unshare", "--net", "sh", "-ec", f"{netns_prelude}\n{envoy}"],
                                stdout=log, stderr=subprocess.STDOUT)
     try:
+        def envoy_running() -> bool:
+            assert process.poll() is None, f"Envoy exited: {(work / 'envoy.log').read_text()[-2000:]}"
+            return (work / "admin.sock").exists()
+
+        # Tests join Envoy's network namespace through its pid: until `unshare` and the prelude have run,
+        # that is still the host's (an app started there is never reached), so wait for Envoy itself.
+        await eventually(envoy_running, "Envoy to start in its network namespace")
         yield EnvoyUnderTest(work, process, ads)
     finally:
         stop_process(process)
