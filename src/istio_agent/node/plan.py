@@ -66,6 +66,8 @@ class PodSpec:
     pod has neither capture rules nor an agent, like a pod outside the mesh.
     `ip` pins the pod address; otherwise the next free one is taken.
     `proxy_config` fields are merged over the node's (JSON, as `PROXY_CONFIG`).
+    `proxyless=True` runs Istio's grpc-agent template instead of the sidecar
+    (`node/proxyless.py`): an agent without Envoy and no capture rules.
     """
 
     name: str
@@ -80,6 +82,7 @@ class PodSpec:
     agent_env: Mapping[str, str] = field(default_factory=dict)
     app_env: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 1
+    proxyless: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,13 +176,24 @@ def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
 # ---- ip(8) commands ------------------------------------------------------------------------------
 
 
+def bridge_mac(node: NodePlan) -> str:
+    """A fixed, locally administered MAC for the bridge: 02:00 and the gateway's four octets.
+
+    Without one, Linux gives a bridge the lowest MAC among its ports and changes it
+    whenever a pod with a lower one joins; pods that cached the old gateway MAC then
+    send to a port's address, which the bridge does not take as its own, so their new
+    connections to istiod hang in SYN-SENT until the ARP entry expires.
+    """
+    return "02:00:" + ":".join(f"{int(octet):02x}" for octet in node.gateway.split("."))
+
+
 def node_setup_commands(node: NodePlan) -> list[list[str]]:
-    """Create the node namespace and its bridge holding the gateway address."""
+    """Create the node namespace and its bridge (fixed MAC, see `bridge_mac`) holding the gateway address."""
     ns = node.netns
     return [
         ["ip", "netns", "add", ns],
         ["ip", "-n", ns, "link", "set", "lo", "up"],
-        ["ip", "-n", ns, "link", "add", node.bridge, "type", "bridge"],
+        ["ip", "-n", ns, "link", "add", node.bridge, "address", bridge_mac(node), "type", "bridge"],
         ["ip", "-n", ns, "addr", "add", f"{node.gateway}/{node.network.prefixlen}", "dev", node.bridge],
         ["ip", "-n", ns, "link", "set", node.bridge, "up"],
     ]
