@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import http.client
 import inspect
+import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 T = TypeVar("T")
 
+# istiod-local's start-up line on stderr: the plaintext and TLS addresses it bound.
+SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 # What a check reading an HTTP endpoint of a process still starting may raise before it answers.
 HTTP_NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, http.client.HTTPException)
 
@@ -109,3 +113,39 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> Non
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class LineCollector:
+    """A child's output lines, read on a thread so the pipe never fills and a test can search them."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        assert stream is not None, "the child's output must be a pipe"
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def join(self, timeout: float) -> None:
+        """Wait for the stream's end (the child exited), so that `lines` holds all it wrote."""
+        self._thread.join(timeout)
+
+    def tail(self, count: int = 40) -> str:
+        return "".join(self.lines[-count:])
+
+
+def serving_addresses(proc: subprocess.Popen[str], log: LineCollector, timeout: float = 20.0) -> tuple[str, str]:
+    """istiod-local's (plaintext, TLS) addresses once it logs them; AssertionError when it exits or stays silent."""
+
+    def serving() -> re.Match[str] | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"istiod-local exited with {proc.returncode}:\n{log.text()}")
+        return next((m for m in map(SERVING_LINE.search, list(log.lines)) if m), None)
+
+    match = poll(serving, "istiod-local to serve", timeout, log.text)
+    return match.group(1), match.group(2)

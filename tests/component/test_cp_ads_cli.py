@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +15,12 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
-from support import stop_process
+from support import LineCollector, serving_addresses, stop_process
 
 from istio_agent.controlplane.xds import typeurls
 
 ROOT = Path(__file__).resolve().parents[2]
 ISTIOD_LOCAL = str(ROOT / ".venv" / "bin" / "istiod-local")
-LISTEN_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 REGISTRY = """\
 services:
 - name: echo
@@ -41,28 +38,11 @@ class Istiod:
             [ISTIOD_LOCAL, "serve", "--state-dir", str(state), "--grpc-addr", "127.0.0.1:0",
              "--secure-grpc-addr", "127.0.0.1:0", "--registry", str(registry)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.plain, self.secure = self._wait_addresses()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def _wait_addresses(self) -> tuple[str, str]:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if match := LISTEN_LINE.search(line):
-                    return match.group(1), match.group(2)
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"istiod-local did not start: {''.join(self.lines)}")
+        self.out = LineCollector(self.proc.stderr)
+        self.plain, self.secure = serving_addresses(self.proc, self.out)
 
     def log(self) -> str:
-        return "".join(self.lines)
+        return self.out.text()
 
     def stop(self) -> None:
         stop_process(self.proc, grace=20)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import stat
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from support import LineCollector, serving_addresses
 
 from istio_agent.pki.certs import build_csr, load_pem_chain, uri_sans, verify_signed_by
 from istio_agent.pki.keys import generate_key
@@ -20,7 +18,6 @@ from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 ISTIOD_LOCAL = str(ROOT / ".venv" / "bin" / "istiod-local")
-LISTEN_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 SLEEP_ID = "spiffe://cluster.local/ns/default/sa/sleep"
 
 
@@ -33,33 +30,17 @@ class Served:
              "--secure-grpc-addr", "127.0.0.1:0", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.plain, self.secure = self._addresses()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def _addresses(self, deadline_s: float = 20.0) -> tuple[str, str]:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                match = LISTEN_LINE.search(line)
-                if match:
-                    return match.group(1), match.group(2)
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.kill()
-        raise AssertionError(f"istiod-local did not report its ports: {''.join(self.lines)}")
+        self.out = LineCollector(self.proc.stderr)
+        try:
+            self.plain, self.secure = serving_addresses(self.proc, self.out)
+        except AssertionError:
+            self.kill()
+            raise
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         self.proc.send_signal(sig)
         rc = self.proc.wait(timeout=20)
-        self._reader.join(timeout=5)
+        self.out.join(timeout=5)
         return rc
 
     def kill(self) -> None:
@@ -112,7 +93,7 @@ def test_serve_signs_with_pod_files_and_stops_cleanly(tmp_path: Path, served: li
     assert root == load_pem_chain(root_file.read_bytes())[0]
 
     assert s.stop(sig) == 0
-    log = "".join(s.lines)
+    log = s.out.text()
     assert "issued " + SLEEP_ID in log
     assert "stopped" in log
 
@@ -145,7 +126,7 @@ def test_plaintext_port_refuses_another_identity(tmp_path: Path, served: list[Se
             stub.CreateCertificate(request, metadata=[("authorization", f"Bearer {token.strip()}")], timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
     assert s.stop() == 0
-    assert "PERMISSION_DENIED" in "".join(s.lines)
+    assert "PERMISSION_DENIED" in s.out.text()
 
 
 def test_bad_arguments_fail_with_a_message(tmp_path: Path) -> None:

@@ -16,27 +16,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
 from conftest import VENV_BIN
-from support import free_port, poll, stop_process
+from support import LineCollector, free_port, poll, serving_addresses, stop_process
 
-T = TypeVar("T")
-SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 NODE_ID = "sidecar~127.0.0.1~sleep-1.default~default.svc.cluster.local"
 BACKEND_IP = "127.0.0.2"
 REGISTRY = """\
@@ -63,22 +59,6 @@ channel.close()
 """
 
 
-class Output:
-    """Lines of a child's output, collected by a thread so the pipe never fills."""
-
-    def __init__(self, stream: IO[str] | None) -> None:
-        assert stream is not None
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-
 def base_env() -> dict[str, str]:
     """Only what a process needs: nothing of the test runner's ISTIO_*/GRPC_* settings leaks in."""
     return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
@@ -88,7 +68,7 @@ def base_env() -> dict[str, str]:
 class Istiod:
     state: Path
     proc: subprocess.Popen[str]
-    out: Output
+    out: LineCollector
     secure: str
 
     def ads_connections(self, node_id: str) -> list[str]:
@@ -127,18 +107,13 @@ def istiod(pod: Path, backend: int) -> Iterator[Istiod]:
         [str(VENV_BIN / "istiod-local"), "serve", "--state-dir", str(state), "--grpc-addr", "127.0.0.1:0",
          "--secure-grpc-addr", "127.0.0.1:0", "--registry", str(registry)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=base_env())
-    out = Output(proc.stderr)
+    out = LineCollector(proc.stderr)
     try:
-        def serving() -> re.Match[str] | None:
-            if proc.poll() is not None:
-                raise AssertionError(f"istiod-local exited:\n{out.text()}")
-            return next((m for m in map(SERVING_LINE.search, list(out.lines)) if m), None)
-
-        match = poll(serving, "istiod-local to serve", on_timeout=out.text)
+        _, secure = serving_addresses(proc, out, timeout=30.0)
         subprocess.run([str(VENV_BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
                         "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
                        check=True, capture_output=True, timeout=60, env=base_env())
-        yield Istiod(state, proc, out, "localhost:" + match.group(2).rpartition(":")[2])
+        yield Istiod(state, proc, out, "localhost:" + secure.rpartition(":")[2])
     finally:
         stop_process(proc, grace=15)
         shutil.rmtree(state, ignore_errors=True)
@@ -148,7 +123,7 @@ def istiod(pod: Path, backend: int) -> Iterator[Istiod]:
 @dataclass
 class Agent:
     proc: subprocess.Popen[str]
-    out: Output
+    out: LineCollector
     status_port: int
     output_certs: Path
 
@@ -180,7 +155,7 @@ def start_agent(pod: Path, ca_address: str) -> Agent:
     }
     proc = subprocess.Popen([str(VENV_BIN / "pilot-agent"), *TEMPLATE_ARGS], cwd=pod, env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return Agent(proc, Output(proc.stdout), status_port, output_certs)
+    return Agent(proc, LineCollector(proc.stdout), status_port, output_certs)
 
 
 @pytest.fixture

@@ -16,12 +16,10 @@ import fcntl
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conftest import VENV_BIN, need, need_root, need_tool
-from support import HTTP_NOT_YET, stop_process
+from support import HTTP_NOT_YET, LineCollector, serving_addresses, stop_process
 from support import poll as support_poll
 
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"
@@ -42,7 +40,6 @@ SIDECAR_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
 # Held while an agent uses the fixed ports on the host network, so that test runs in other
 # processes (other sessions, other files) that take it too never start a second agent there.
 HOST_PORTS_LOCK = Path("/tmp/istio-agent-host-sidecar-ports.lock")
-SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 SPIFFE_ECHO = "spiffe://cluster.local/ns/default/sa/echo"
 # Injector-style capture: everything in and out, Istio's own ports excluded inbound.
 CAPTURE_ARGS = ("-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
@@ -135,25 +132,6 @@ def stats(admin_port: int = 15000, host: str = "127.0.0.1") -> dict[str, int]:
     return out
 
 
-class LogCollector:
-    """Reads a child's combined output on a thread so the pipe never fills and the test can search it."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def tail(self, count: int = 40) -> str:
-        return "".join(self.lines[-count:])
-
-
 def netns_prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", netns] if netns else []
 
@@ -167,14 +145,8 @@ class IstiodLocal:
             [*netns_prefix(netns), str(ISTIOD_LOCAL), "serve", "--state-dir", str(state_dir),
              "--grpc-addr", grpc_addr, "--secure-grpc-addr", secure_addr, "--registry", str(registry)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.log = LogCollector(self.proc.stderr)
-        match = poll(self._serving, "istiod-local to serve", 20, self.log.text)
-        self.plaintext, self.secure = match.group(1), match.group(2)
-
-    def _serving(self) -> re.Match[str] | None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"istiod-local exited with {self.proc.returncode}:\n{self.log.text()}")
-        return next((m for m in map(SERVING_LINE.search, list(self.log.lines)) if m), None)
+        self.log = LineCollector(self.proc.stderr)
+        self.plaintext, self.secure = serving_addresses(self.proc, self.log)
 
     @property
     def secure_port(self) -> int:
@@ -207,7 +179,7 @@ class SidecarAgent:
     netns: str | None = None
     instance_ip: str = "127.0.0.1"
     proc: subprocess.Popen[str] | None = None
-    log: LogCollector | None = None
+    log: LineCollector | None = None
 
     def start(self) -> None:
         environment = {
@@ -220,7 +192,7 @@ class SidecarAgent:
         self.proc = subprocess.Popen(
             [*netns_prefix(self.netns), str(PILOT_AGENT), "proxy", "sidecar"], cwd=self.pod_dir, env=environment,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.log = LogCollector(self.proc.stdout)
+        self.log = LineCollector(self.proc.stdout)
 
     @property
     def pid(self) -> int:

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,14 +30,13 @@ from typing import Any
 import grpc
 import pytest
 from conftest import VENV_BIN
-from support import free_port, stop_process
+from support import LineCollector, free_port, serving_addresses, stop_process
 
 from istio_agent.controlplane.state import load_or_create_state
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
 
 ISTIOD_LOCAL = str(VENV_BIN / "istiod-local")
-LISTEN_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 SERVICE_PORT = 50051
 TARGET = f"xds:///greeter.default.svc.cluster.local:{SERVICE_PORT}"
 METHOD = "/test.Greeter/Hello"
@@ -93,17 +90,10 @@ class Process:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
-        self.err: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.err.append(line)
+        self.err = LineCollector(self.proc.stderr)
 
     def stderr(self) -> str:
-        return "".join(self.err[-60:])
+        return self.err.tail(60)
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -148,23 +138,12 @@ class Mesh:
         self.processes: list[Process] = []
         self.istiod = self._start([ISTIOD_LOCAL, "serve", "--state-dir", str(tmp / "state"), "--grpc-addr",
                                    "127.0.0.1:0", "--secure-grpc-addr", "127.0.0.1:0", "--registry", str(registry)])
-        self.xds = self._wait_listening()
+        self.xds, _ = serving_addresses(self.istiod.proc, self.istiod.err)
 
     def _start(self, argv: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(argv, env)
         self.processes.append(process)
         return process
-
-    def _wait_listening(self) -> str:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            for line in list(self.istiod.err):
-                if match := LISTEN_LINE.search(line):
-                    return match.group(1)
-            if self.istiod.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"istiod-local did not start:\n{self.istiod.stderr()}")
 
     def _env(self, name: str, node_id: str, spiffe: str) -> dict[str, str]:
         certs = _mint(self.state, spiffe, self.tmp / name / "certs")
@@ -201,7 +180,7 @@ class Mesh:
         return None
 
     def nacks(self) -> list[str]:
-        return [line for line in self.istiod.err if "NACK" in line]
+        return [line for line in self.istiod.err.lines if "NACK" in line]
 
     def stop(self) -> None:
         for process in reversed(self.processes):

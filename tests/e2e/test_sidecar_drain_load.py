@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 from sidecar_harness import (
     IstiodLocal,
-    LogCollector,
     Netns,
     SidecarAgent,
     need_sidecar_binaries,
@@ -35,7 +34,7 @@ from sidecar_harness import (
     registry_yaml,
     write_pod_files,
 )
-from support import stop_process
+from support import LineCollector, stop_process
 
 WORKERS = 4
 SLOW = 2
@@ -105,7 +104,7 @@ def test_sigterm_under_load_fails_no_request_and_exits_zero(pod: Pod) -> None:
         netns.client, "loadgen", f"{Netns.POD_IP}:8080", "--workers", str(WORKERS), "--slow", str(SLOW),
         "--after-term", str(AFTER_TERM), stdin=subprocess.PIPE)
     assert load.stdin is not None and load.stdout is not None
-    out = LogCollector(load.stdout)
+    out = LineCollector(load.stdout)
     try:
         poll(lambda: "READY\n" in out.lines, "the load to flow", 20, lambda: out.text() + agent.output())
         load.stdin.write("slow\n")
