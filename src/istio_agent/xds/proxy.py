@@ -260,12 +260,11 @@ class _ProxiedStream:
                 if first and hook is not None:
                     data = apply_node_hook(data, self.delta, hook)
                 first = False
-                for out in self.session.on_request(data):
+                head = messages.request_head(data, self.delta)
+                for out in self.session.upstream_requests(head, data):
                     self.outbox.put_nowait(out)
-                if self.proxy.options.on_event is not None:  # metrics: is this request Envoy's NACK?
-                    head = messages.request_head(data, self.delta)
-                    if head.error is not None:
-                        self.proxy._event("envoy_nack", head.type_url)
+                if head.error is not None:  # Envoy's NACK, for the metrics hook
+                    self.proxy._event("envoy_nack", head.type_url)
             except messages.DecodeError as exc:
                 return _End(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "downstream")
             self.proxy.stats.requests += 1

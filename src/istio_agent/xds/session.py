@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from istio_agent.xds import messages, types
-from istio_agent.xds.messages import ErrorDetail, ResponseHead
+from istio_agent.xds.messages import ErrorDetail, RequestHead, ResponseHead
 
 if TYPE_CHECKING:
     from envoy.config.core.v3 import base_pb2
@@ -84,7 +84,10 @@ class StreamSession:
 
     def on_request(self, data: bytes) -> list[bytes]:
         """Envoy sent `data`: what to send upstream, in order. Raises DecodeError on garbage."""
-        head = messages.request_head(data, self.delta)
+        return self.upstream_requests(messages.request_head(data, self.delta), data)
+
+    def upstream_requests(self, head: RequestHead, data: bytes) -> list[bytes]:
+        """`on_request` for a request whose head the caller has already parsed (it needs it too)."""
         self.requests += 1
         out = [data]
         if not self.lds_seen and head.type_url == types.LISTENER_TYPE:
