@@ -83,7 +83,11 @@ class SotwSession:
 
     def _respond(self, type_url: str, watch: SotwWatch, version: str) -> discovery_pb2.DiscoveryResponse:
         resources = self._generate(type_url, watch.names)
-        watch.nonce, watch.version, watch.digest = self._nonce(), version, _digest(resources)
+        return self._response(type_url, watch, version, resources, _digest(resources))
+
+    def _response(self, type_url: str, watch: SotwWatch, version: str, resources: Resources,
+                  digest: bytes) -> discovery_pb2.DiscoveryResponse:
+        watch.nonce, watch.version, watch.digest = self._nonce(), version, digest
         return discovery_pb2.DiscoveryResponse(
             version_info=version, type_url=type_url, nonce=watch.nonce, control_plane=CONTROL_PLANE,
             resources=[resources[name] for name in sorted(resources)],
@@ -128,11 +132,7 @@ class SotwSession:
                 continue
             if type_url == typeurls.CLUSTER:
                 clusters_changed = True
-            watch.nonce, watch.version, watch.digest = self._nonce(), version, digest
-            out.append(discovery_pb2.DiscoveryResponse(
-                version_info=version, type_url=type_url, nonce=watch.nonce, control_plane=CONTROL_PLANE,
-                resources=[resources[name] for name in sorted(resources)],
-            ))
+            out.append(self._response(type_url, watch, version, resources, digest))
         return out
 
 
