@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from istio_agent.protos import nds_pb2
     from istio_agent.security.identity import WorkloadIdentity
     from istio_agent.status.agent_metrics import AgentMetrics
+    from istio_agent.status.probes import ProbeOptions
     from istio_agent.status.readiness import ReadinessState
     from istio_agent.xds.proxy import XdsProxy
 
@@ -83,6 +84,7 @@ class Agent:
         self.admin: EnvoyAdmin | None = None
         self.grpc_bootstrap_probe: BootstrapProbe | None = None
         self.metrics: AgentMetrics | None = None  # istio_agent_* on this agent's own registry
+        self._probes: ProbeOptions | None = None  # ISTIO_KUBE_APP_PROBERS, parsed once in build_identity
         self._background: set[asyncio.Task[None]] = set()
         self._name_table_lock = asyncio.Lock()
 
@@ -110,7 +112,7 @@ class Agent:
         from istio_agent.status.readiness import ReadinessState
 
         environment, pc = self.config.environment, self.config.proxy_config
-        ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
+        self._probes = ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
         parse_scrape_annotations(environment.get(env.ISTIO_PROMETHEUS_ANNOTATIONS), pc.status_port)
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         security = SecurityOptions.from_config(self.config, run_sds_server=not self.disable_envoy)
@@ -198,15 +200,15 @@ class Agent:
 
     def _build_status_server(self) -> None:
         from istio_agent.status.metrics_handler import MetricsOptions, add_metrics_routes
-        from istio_agent.status.probes import ProbeOptions
         from istio_agent.status.probes_prober import add_probe_routes
         from istio_agent.status.secrets_debug import add_secrets_debug_route
         from istio_agent.status.server import StatusServer, StatusServerOptions
 
         assert self.readiness is not None and self.identity is not None and self.metrics is not None
+        assert self._probes is not None
         pc = self.config.proxy_config
-        probes = ProbeOptions.from_config(self.config)  # a malformed ISTIO_KUBE_APP_PROBERS fails start here
-        scraping = MetricsOptions.from_config(self.config)  # so does a bad ISTIO_PROMETHEUS_ANNOTATIONS
+        probes = self._probes
+        scraping = MetricsOptions.from_config(self.config)  # build_identity already refused bad annotations
         registry = self.metrics.registry
         cache = self.identity.cache
         server = StatusServer(
