@@ -26,6 +26,16 @@ sockets and files it creates belong to group 1337 so Envoy can use them, and
 it starts Envoy as 1337 (`ISTIO_AGENT_ENVOY_UID`, not an upstream variable).
 Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
 
+A pod with `PodSpec(proxyless=True)` follows Istio's grpc-agent template
+instead (see `proxyless.py`): no capture rules, `pilot-agent proxy sidecar`
+with DISABLE_ENVOY and the grpc generator, its postStart hook (`pilot-agent
+wait` on :15020) run before the app starts, and each container in its own
+mount namespace where the pod's directories are bind-mounted onto the
+template's absolute paths (`/etc/istio/proxy`, `/var/lib/istio/data`,
+`/var/run/secrets/...`). Missing mount points are created on the host (empty;
+`mountpoints.py` removes them when the last node using them closes).
+`add_pods()` starts several proxyless agents before waiting for any.
+
 Call it from one thread (normally the main one): the pods' processes get
 SIGTERM when the thread that started them ends (`setpriv --pdeathsig`), which
 is what takes them down if the owner is killed.
@@ -51,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from istio_agent.node import proxyless
+from istio_agent.node.mountpoints import MountPoints
 from istio_agent.node.plan import (
     AGENT_GID,
     AGENT_UMASK,
@@ -121,6 +133,11 @@ class Pod:
     dir: Path
     app: NetnsProcess | None = None
     agent: NetnsProcess | None = None
+    post_start: int | None = None  # exit code of a proxyless pod's postStart hook, once it ran
+
+    @property
+    def proxyless(self) -> bool:
+        return self.plan.spec.proxyless
 
     @property
     def name(self) -> str:
@@ -152,6 +169,7 @@ class LocalNode:
         self.pods: dict[str, Pod] = {}
         self.istiod: NetnsProcess | None = None
         self.proxy_config = {"binaryPath": self.options.envoy_binary or envoy_binary(), **self.options.proxy_config}
+        self._mountpoints = MountPoints(proxyless.mount_targets(), f"{os.getpid()}-{self.plan.index}")
         self._created = False
         self._closed = False
 
@@ -212,6 +230,7 @@ class LocalNode:
             ours = [pod.netns for pod in self.pods.values()] + [self.plan.netns]
         for name in sorted(ours, key=lambda n: (n == self.plan.netns, n)):
             remove_netns(name)
+        self._mountpoints.release()  # after remove_netns: no container of ours holds a mount any more
         shutil.rmtree(self.workdir if self._own_workdir else self.pod_root, ignore_errors=True)
         try:
             left = [name for name in list_netns() if name.startswith(self.plan.prefix)]
@@ -255,7 +274,21 @@ class LocalNode:
         return plans
 
     def add_pod(self, pod: PodSpec | PodPlan) -> Pod:
-        """Build the pod: namespace + veth, capture rules, pod files, app, agent (not waiting for readiness)."""
+        """Build the pod: namespace + veth, capture rules, pod files, app, agent (not waiting for readiness).
+
+        A proxyless pod's app starts only after its postStart hook saw the agent ready, as in Kubernetes.
+        """
+        return self.add_pods([pod])[0]
+
+    def add_pods(self, pods: Iterable[PodSpec | PodPlan]) -> list[Pod]:
+        """`add_pod` for several pods: every agent starts first, then each proxyless pod's hook and app."""
+        started = [self._start_pod(pod) for pod in pods]
+        for running in started:
+            if running.proxyless:
+                self._finish_proxyless(running)
+        return started
+
+    def _start_pod(self, pod: PodSpec | PodPlan) -> Pod:
         if not self._created or self._closed:
             raise NodeError("the node is not running (create() first)")
         plan = pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0]
@@ -266,6 +299,9 @@ class LocalNode:
         for argv in pod_setup_commands(self.plan, plan):
             run_ip(argv)
         spec = plan.spec
+        if spec.proxyless:
+            self._start_proxyless_agent(running)
+            return running
         if spec.sidecar:
             self._istio_init(running)
             self._pod_files(running)
@@ -282,6 +318,36 @@ class LocalNode:
             running.agent = spawn(f"{spec.name} pilot-agent", in_netns(plan.netns, argv, gid=AGENT_GID),
                                   self.logs / f"{spec.name}-agent.log", env=env, cwd=running.dir, umask=AGENT_UMASK)
         return running
+
+    def _start_proxyless_agent(self, pod: Pod) -> None:
+        """The grpc-agent template's istio-proxy container: volumes, then the agent in its mount namespace."""
+        self._mountpoints.acquire()
+        self._pod_files(pod)
+        for volume in proxyless.AGENT_VOLUMES:
+            (pod.dir / volume).mkdir(parents=True, exist_ok=True)
+        annotations = {"inject.istio.io/templates": "grpc-agent", "sidecar.istio.io/status": "{}"}
+        (pod.dir / "etc/istio/pod/annotations").write_text(downward_api_text(annotations))
+        plan = pod.plan
+        argv = proxyless.agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
+        mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
+        env = proxyless.agent_environment(self.plan, plan, os.environ)
+        pod.agent = spawn(f"{plan.name} pilot-agent", proxyless.in_container(plan.netns, mounts, argv, gid=AGENT_GID),
+                          self.logs / f"{plan.name}-agent.log", env=env, umask=AGENT_UMASK)
+
+    def _finish_proxyless(self, pod: Pod) -> None:
+        """postStart (`pilot-agent wait` in the agent's container) must succeed before the app container starts."""
+        plan = pod.plan
+        timeout = int(self.options.ready_timeout)
+        hook = proxyless.post_start_argv(str(self.options.bin_dir / "pilot-agent"), timeout)
+        agent_mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
+        watch = pod.processes() + ([self.istiod] if self.istiod else [])
+        wait_for(proxyless.in_container(plan.netns, agent_mounts, hook), f"pod {plan.name}'s postStart hook",
+                 timeout + 5, watch)
+        pod.post_start = 0  # wait_for returns only on exit code 0
+        if plan.spec.app:
+            mounts = proxyless.volume_mounts(str(pod.dir), proxyless.APP_VOLUMES)
+            pod.app = spawn(f"{plan.name} app", proxyless.in_container(plan.netns, mounts, list(plan.spec.app)),
+                            self.logs / f"{plan.name}-app.log", env=proxyless.app_environment(plan, os.environ))
 
     def _istio_init(self, pod: Pod) -> None:
         """What the istio-init container does: program capture in the pod namespace."""
@@ -319,7 +385,8 @@ class LocalNode:
         for pod in pods:
             watch = pod.processes() + ([self.istiod] if self.istiod else [])
             if pod.agent is not None:
-                wait_for(self.in_pod(pod, [str(self.options.bin_dir / "pilot-agent"), "wait",
+                url = [f"--url={proxyless.READY_URL}"] if pod.proxyless else []  # no Envoy: the agent's own port
+                wait_for(self.in_pod(pod, [str(self.options.bin_dir / "pilot-agent"), "wait", *url,
                                            "--timeoutSeconds", str(int(timeout)), "--periodMillis", "100"]),
                          f"pod {pod.name} to be ready", timeout + 5, watch)
             port = (ports or {}).get(pod.name)
