@@ -81,11 +81,6 @@ def parse_prefix(text: str) -> Prefix:
     return Prefix(packed, bits)
 
 
-def is_v4_text(text: str) -> bool:
-    """True when `text` parses as an IPv4 address (used to split server lists by family)."""
-    return len(parse_addr(text)) == 4
-
-
 def is_loopback(packed: bytes) -> bool:
     """Go's `Addr.IsLoopback`, including IPv4-mapped 127/8."""
     if len(packed) == 16 and packed[:12] == _V4_MAPPED_PREFIX:

@@ -60,8 +60,6 @@ FIELDS: tuple[tuple[str, str, object], ...] = (
     ("force_iptables_binary", "FORCE_IPTABLES_BINARY", ""),
 )
 
-BOOL_FIELDS = frozenset(name for name, _, default in FIELDS if default is False)
-
 
 class CaptureConfig:
     """Every setting of one `istio-iptables` run (see `FIELDS` for defaults)."""

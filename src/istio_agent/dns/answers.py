@@ -27,7 +27,6 @@ MAX_VARIANTS = 8  # orderings packed per multi-address answer
 DYNAMIC_LIMIT = 10_000  # wildcard answers cached per table
 _IN = wire.CLASS_IN.to_bytes(2, "big")
 _RR_TAIL = _IN + TTL.to_bytes(4, "big")
-_QUESTION_PTR = b"\xc0\x0c"
 
 
 @dataclass(frozen=True, slots=True)

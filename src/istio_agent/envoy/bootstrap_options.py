@@ -25,6 +25,7 @@ FIPS_140_2 = "fips-140-2"
 DEFAULT_MAX_DOWNSTREAM_CONNECTIONS = 2147483647
 MAX_CONNECTIONS_RUNTIME_KEY = "overload.global_downstream_max_connections"
 SDS_SOCKET_DIR = "./var/run/secrets/workload-spiffe-uds"
+LIGHTSTEP_TOKEN_FILE = "lightstep_access_token.txt"  # beside the bootstrap, where the tracer reads it
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class BootstrapOptions:
 
     @property
     def lightstep_token_path(self) -> str:
-        return f"{self.config_path}/lightstep_access_token.txt"
+        return f"{self.config_path}/{LIGHTSTEP_TOKEN_FILE}"
 
     @property
     def annotations(self) -> Mapping[str, str]:

@@ -18,9 +18,6 @@ from istio_agent.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-LIGHTSTEP_TOKEN_FILE = "lightstep_access_token.txt"
-
-
 def http2_protocol_options() -> dict[str, Any]:
     """HTTP/2-only upstream protocol options, as every gRPC cluster in the bootstrap carries."""
     return {

@@ -18,7 +18,6 @@ from __future__ import annotations
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.registry import Registry, RegistryError, parse_registry
 from istio_agent.controlplane.xds.service import XdsOptions, XdsService
-from istio_agent.controlplane.xds.watcher import RegistryWatcher, load_registry
+from istio_agent.controlplane.xds.watcher import RegistryWatcher
 
-__all__ = ["AdsServer", "Registry", "RegistryError", "RegistryWatcher", "XdsOptions", "XdsService", "load_registry",
-           "parse_registry"]
+__all__ = ["AdsServer", "Registry", "RegistryError", "RegistryWatcher", "XdsOptions", "XdsService", "parse_registry"]

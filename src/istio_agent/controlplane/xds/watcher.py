@@ -23,12 +23,6 @@ log = logging.getLogger("istio_agent.controlplane.registry")
 RegistryListener = Callable[[Registry], Awaitable[None] | None]
 
 
-def load_registry(path: Path | str) -> Registry:
-    """Read and parse a registry file (OSError or RegistryError on failure)."""
-    p = Path(path)
-    return parse_registry(p.read_text(encoding="utf-8"), str(p))
-
-
 class RegistryWatcher:
     """Watches one registry file and reports each good new version to `on_change`."""
 
