@@ -8,11 +8,11 @@ kernel with `malloc_trim` after bursts. Both are no-ops off glibc.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import logging
+
+from istio_agent.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +50,16 @@ class MemoryTrimmer:
     """A component that hands freed heap back to the kernel every `interval` seconds."""
 
     def __init__(self, interval: float = TRIM_INTERVAL) -> None:
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
         self._libc = _libc()
+        self._ticker = Periodic(interval, self._trim, "malloc-trim")
 
     async def start(self) -> None:
         if self._libc is not None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="malloc-trim")
+            await self._ticker.start()
 
-    async def _run(self) -> None:
+    async def _trim(self) -> None:
         assert self._libc is not None
-        while True:
-            await asyncio.sleep(self.interval)
-            self._libc.malloc_trim(0)
+        self._libc.malloc_trim(0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._ticker.stop()

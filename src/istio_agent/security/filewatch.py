@@ -10,11 +10,12 @@ per poll.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+
+from istio_agent.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +32,10 @@ class FileWatcher:
     """Polls a set of files; each file maps to the keys (resource names) that depend on it."""
 
     def __init__(self, interval: float, on_change: Callable[[set[str]], None]) -> None:
-        self.interval = interval
         self._on_change = on_change
         self._digests: dict[Path, str | None] = {}
         self._keys: dict[Path, set[str]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._ticker = Periodic(interval, self._tick, "cert-file-watcher")
 
     def watch(self, path: Path, key: str) -> None:
         """Start watching `path` for `key`, taking its current content as the baseline."""
@@ -59,24 +59,15 @@ class FileWatcher:
         return changed
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="cert-file-watcher")
+        await self._ticker.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._ticker.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                changed = self.poll_once()
-                if changed:
-                    self._on_change(changed)
-            except Exception:
-                log.exception("certificate file watch failed")
+    async def _tick(self) -> None:
+        try:
+            changed = self.poll_once()
+            if changed:
+                self._on_change(changed)
+        except Exception:
+            log.exception("certificate file watch failed")

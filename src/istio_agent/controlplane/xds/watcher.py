@@ -17,6 +17,7 @@ from pathlib import Path
 
 from istio_agent.controlplane.xds.registry import Registry, parse_registry
 from istio_agent.controlplane.xds.yamlfields import RegistryError
+from istio_agent.periodic import Periodic
 
 log = logging.getLogger("istio_agent.controlplane.registry")
 
@@ -29,10 +30,9 @@ class RegistryWatcher:
     def __init__(self, path: Path | str, on_change: RegistryListener, interval: float = 0.5) -> None:
         self.path = Path(path)
         self._on_change = on_change
-        self._interval = interval
         self._signature: tuple[int, int, int, int] | None = None
         self._digest = b""
-        self._task: asyncio.Task[None] | None = None
+        self._ticker = Periodic(interval, self._tick, f"registry-watch:{self.path}")
         self.last_error: str | None = None
         self.current: Registry | None = None
 
@@ -82,28 +82,19 @@ class RegistryWatcher:
             log.error("%s", message)
         self.last_error = message
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            # Parsing a big registry takes a while; keep the event loop (and every ADS stream) running meanwhile.
-            registry = await asyncio.to_thread(self.poll)
-            if registry is not None:
-                try:
-                    result = self._on_change(registry)
-                    if result is not None:
-                        await result
-                except Exception:
-                    log.exception("registry change handler failed")
+    async def _tick(self) -> None:
+        # Parsing a big registry takes a while; keep the event loop (and every ADS stream) running meanwhile.
+        registry = await asyncio.to_thread(self.poll)
+        if registry is not None:
+            try:
+                result = self._on_change(registry)
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("registry change handler failed")
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"registry-watch:{self.path}")
+        await self._ticker.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._ticker.stop()

@@ -1,0 +1,61 @@
+"""The shared polling loop: steps run until stop(), start is idempotent, stop is safe before start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import eventually
+
+from istio_agent.memory import MemoryTrimmer
+from istio_agent.periodic import Periodic
+
+
+async def test_steps_run_until_stopped_and_start_twice_runs_one_loop() -> None:
+    calls: list[asyncio.Task[object] | None] = []
+
+    async def step() -> None:
+        calls.append(asyncio.current_task())
+
+    ticker = Periodic(0.001, step, "test-ticker")
+    await ticker.start()
+    await ticker.start()
+    await eventually(lambda: len(calls) >= 3, "three steps")
+    await ticker.stop()
+    assert len({id(task) for task in calls}) == 1  # one loop, however often start() was called
+    assert all(task is not None and task.get_name() == "test-ticker" for task in calls)
+    count = len(calls)
+    await asyncio.sleep(0.01)  # stopped: no step may run any more
+    assert len(calls) == count
+
+
+async def test_stop_without_start_and_twice_is_harmless() -> None:
+    async def step() -> None:
+        raise AssertionError("never started")
+
+    ticker = Periodic(0.001, step, "idle")
+    await ticker.stop()
+    await ticker.start()
+    await ticker.stop()
+    await ticker.stop()
+
+
+async def test_a_failing_step_ends_the_loop_and_stop_reports_it() -> None:
+    failed = asyncio.Event()
+
+    async def step() -> None:
+        failed.set()
+        raise RuntimeError("boom")
+
+    ticker = Periodic(0.001, step, "failing")
+    await ticker.start()
+    await asyncio.wait_for(failed.wait(), 10)  # the loop's task ends with the step's exception
+    with pytest.raises(RuntimeError, match="boom"):
+        await ticker.stop()
+
+
+async def test_memory_trimmer_starts_and_stops() -> None:
+    trimmer = MemoryTrimmer(interval=0.001)
+    await trimmer.start()
+    await asyncio.sleep(0.005)
+    await trimmer.stop()
