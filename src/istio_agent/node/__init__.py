@@ -4,4 +4,8 @@
 builds and removes the node with `ip`, `istio-iptables`, `istiod-local` and
 `pilot-agent`; `processes` holds the process and namespace plumbing;
 `echo_app` is the HTTP echo app (and client) the demo pods run.
+`proxyless` plans pods after Istio's grpc-agent template (pure), whose
+containers get their volumes through mount namespaces on host mount points
+that `mountpoints` shares between nodes; `grpc_apps` are the gRPC apps
+(xDS greeter, clients, load generator) such pods run.
 """
