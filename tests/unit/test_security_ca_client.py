@@ -9,10 +9,12 @@ import pytest
 
 from istio_agent.security.ca_client import (
     ca_metadata,
+    client_key_and_chain,
     is_retryable,
     read_token,
     resolve_ca_root,
     split_host_port,
+    target_name_override,
     tls_server_name,
 )
 from istio_agent.security.options import SecurityOptions
@@ -91,3 +93,17 @@ def test_token_is_read_fresh_and_trimmed(tmp_path: Path) -> None:
     assert read_token(path) == "second"
     path.write_text("")
     assert read_token(path) is None
+
+
+def test_client_key_and_chain_only_as_a_pair(tmp_path: Path) -> None:
+    assert client_key_and_chain(tmp_path) == (None, None)
+    (tmp_path / "key.pem").write_bytes(b"KEY")
+    assert client_key_and_chain(tmp_path) == (None, None)  # a key without its chain is not used
+    (tmp_path / "cert-chain.pem").write_bytes(b"CHAIN")
+    assert client_key_and_chain(tmp_path) == (b"KEY", b"CHAIN")
+
+
+def test_target_name_override_only_when_the_name_differs_from_the_host() -> None:
+    assert target_name_override("istiod.istio-system.svc:15012", "istiod.istio-system.svc") == []
+    assert target_name_override("localhost:15012", "istiod.istio-system.svc") == [
+        ("grpc.ssl_target_name_override", "istiod.istio-system.svc")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -112,13 +112,33 @@ def resolve_ca_root(options: SecurityOptions) -> Path:
     return path
 
 
-def ca_metadata(options: SecurityOptions, token: str | None) -> list[tuple[str, str]]:
-    """Call metadata: ClusterID, CA_HEADER_* headers and the bearer token (gRPC keys are lower case)."""
-    metadata: list[tuple[str, str]] = [("clusterid", options.cluster_id)]
-    metadata += [(name, value) for name, value in options.ca_headers]
+def target_name_override(address: str, server_name: str) -> list[tuple[str, str]]:
+    """The channel option that makes gRPC verify `server_name` when it is not the host dialled."""
+    if server_name == split_host_port(address)[0]:
+        return []
+    return [("grpc.ssl_target_name_override", server_name)]
+
+
+def client_key_and_chain(folder: Path) -> tuple[bytes | None, bytes | None]:
+    """key.pem and cert-chain.pem from `folder` for mTLS to istiod; (None, None) unless both are there."""
+    key, chain = folder / KEY_FILE, folder / CERT_CHAIN_FILE
+    if key.is_file() and chain.is_file():
+        return key.read_bytes(), chain.read_bytes()
+    return None, None
+
+
+def istiod_call_metadata(cluster_id: str, headers: Iterable[tuple[str, str]],
+                         token: str | None) -> list[tuple[str, str]]:
+    """What every call to istiod carries: ClusterID, the extra headers, the bearer token if any (keys lower case)."""
+    metadata: list[tuple[str, str]] = [("clusterid", cluster_id), *headers]
     if token:
         metadata.append(("authorization", f"Bearer {token}"))
     return metadata
+
+
+def ca_metadata(options: SecurityOptions, token: str | None) -> list[tuple[str, str]]:
+    """Call metadata: ClusterID, CA_HEADER_* headers and the bearer token."""
+    return istiod_call_metadata(options.cluster_id, options.ca_headers, token)
 
 
 def read_token(path: Path) -> str | None:
@@ -158,11 +178,10 @@ class CaClient:
     def _credentials(self) -> tuple[grpc.ChannelCredentials, bytes]:
         root_path = resolve_ca_root(self.options)
         root = root_path.read_bytes()
-        key = cert = None
+        key: bytes | None = None
+        cert: bytes | None = None
         if self.options.prov_cert:
-            prov = self.options.path(self.options.prov_cert)
-            if (prov / KEY_FILE).is_file() and (prov / CERT_CHAIN_FILE).is_file():
-                key, cert = (prov / KEY_FILE).read_bytes(), (prov / CERT_CHAIN_FILE).read_bytes()
+            key, cert = client_key_and_chain(self.options.path(self.options.prov_cert))
         creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
         return creds, root + (key or b"") + (cert or b"")
 
@@ -180,10 +199,8 @@ class CaClient:
         if self._channel is not None:
             old = self._channel
             asyncio.get_running_loop().create_task(old.close())
-        channel_options: list[tuple[str, str | int]] = list(CHANNEL_OPTIONS)
-        name = tls_server_name(address, self.options.istiod_san)
-        if name != split_host_port(address)[0]:
-            channel_options.append(("grpc.ssl_target_name_override", name))
+        channel_options: list[tuple[str, str | int]] = [
+            *CHANNEL_OPTIONS, *target_name_override(address, tls_server_name(address, self.options.istiod_san))]
         self._channel = grpc.aio.secure_channel(address, creds, options=channel_options)
         self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
         self._channel_key = material

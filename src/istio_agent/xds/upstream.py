@@ -22,8 +22,15 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from istio_agent.security.ca_client import read_token, split_host_port, tls_server_name
-from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, CERT_CHAIN_FILE, KEY_FILE, SYSTEM_ROOTS, TOKEN_PATH
+from istio_agent.security.ca_client import (
+    client_key_and_chain,
+    istiod_call_metadata,
+    read_token,
+    split_host_port,
+    target_name_override,
+    tls_server_name,
+)
+from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH
 from istio_agent.security.secrets import system_bundle_path
 
 PLAINTEXT_PORT = "15010"
@@ -76,11 +83,10 @@ def root_certificates(settings: UpstreamSettings) -> bytes | None:
 
 def channel_credentials(settings: UpstreamSettings) -> grpc.ChannelCredentials:
     roots = root_certificates(settings)
-    key = chain = None
+    key: bytes | None = None
+    chain: bytes | None = None
     if settings.client_cert_dir:
-        folder = settings.path(settings.client_cert_dir)
-        if (folder / KEY_FILE).is_file() and (folder / CERT_CHAIN_FILE).is_file():
-            key, chain = (folder / KEY_FILE).read_bytes(), (folder / CERT_CHAIN_FILE).read_bytes()
+        key, chain = client_key_and_chain(settings.path(settings.client_cert_dir))
     return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
 
 
@@ -96,21 +102,14 @@ def channel_options(settings: UpstreamSettings) -> list[tuple[str, Any]]:
         ("grpc.use_local_subchannel_pool", 1),
     ]
     if not settings.plaintext:
-        name = settings.server_name
-        if name != split_host_port(settings.address)[0]:
-            options.append(("grpc.ssl_target_name_override", name))
+        options += target_name_override(settings.address, settings.server_name)
     return options
 
 
 def call_metadata(settings: UpstreamSettings) -> list[tuple[str, str]]:
     """ClusterID, XDS_HEADER_* and the bearer token (read now; omitted when the file is absent)."""
-    metadata: list[tuple[str, str]] = [("clusterid", settings.cluster_id)]
-    metadata += list(settings.headers)
-    if settings.send_token:
-        token = read_token(settings.path(settings.token_path))
-        if token:
-            metadata.append(("authorization", f"Bearer {token}"))
-    return metadata
+    token = read_token(settings.path(settings.token_path)) if settings.send_token else None
+    return istiod_call_metadata(settings.cluster_id, settings.headers, token)
 
 
 async def dial(settings: UpstreamSettings) -> grpc.aio.Channel:
