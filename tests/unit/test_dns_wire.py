@@ -155,6 +155,8 @@ def test_short_packets_and_responses_are_dropped_and_counted() -> None:
     lambda q: q[:12] + b"\x3f" + q[13:],  # label length past the end
     lambda q: q[:12] + b"\x80" + q[13:],  # reserved label type
     lambda q: q[:12] + b"\xc0\x0c" + q[-4:],  # compression pointer in the question (loop)
+    lambda q: q[:-5] + b"\xc0\x00" + q[-4:],  # pointer after the first label (into the header)
+    lambda q: q[:12],  # QDCOUNT 1 and nothing after the header
     lambda q: q[:4] + b"\x00\x00" + q[6:],  # QDCOUNT 0 with a question following
     lambda q: q[:4] + b"\x00\x02" + q[6:],  # QDCOUNT 2, one question
     lambda q: q[:10] + b"\x00\x01" + q[12:],  # ARCOUNT 1, no record

@@ -70,11 +70,13 @@ def decode_name(wire: bytes) -> str:
     return ".".join(labels) + "."
 
 
-def skip_name(buf: bytes, off: int) -> int:
+def skip_name(buf: bytes, off: int, pointers: bool = True) -> int:
     """Offset just past the (possibly compressed) name at `off`; raise WireError if malformed.
 
     Pointers are only checked to point backwards (which also rules out loops); the
-    proxy never needs the name a pointer leads to.
+    proxy never needs the name a pointer leads to. With `pointers=False` (a
+    question name, which the proxy matches and echoes as plain labels) any
+    pointer is refused.
     """
     start = off
     end = len(buf)
@@ -87,6 +89,8 @@ def skip_name(buf: bytes, off: int) -> int:
             break
         kind = n & 0xC0
         if kind == 0xC0:
+            if not pointers:
+                raise WireError("compressed question name")
             if off + 2 > end:
                 raise WireError("truncated compression pointer")
             target = ((n & 0x3F) << 8) | buf[off + 1]
@@ -176,9 +180,7 @@ def parse_query(data: bytes) -> Query:
     qname = b""
     qtype = qclass = 0
     if qd:
-        if data[12] & 0xC0:
-            raise WireError("compressed question name")
-        name_end = skip_name(data, 12)
+        name_end = skip_name(data, 12, pointers=False)
         if name_end + 4 > len(data):
             raise WireError("truncated question")
         qname = data[12:name_end].lower()
