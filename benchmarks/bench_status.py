@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import free_port
+from support import envoy_stats_bootstrap, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
@@ -110,31 +110,6 @@ def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
         uvloop.run(main())
 
 
-def envoy_bootstrap(admin_port: int, stats_port: int, clusters: int) -> dict[str, Any]:
-    def static_cluster(name: str, port: int) -> dict[str, Any]:
-        return {"name": name, "type": "STATIC", "connect_timeout": "1s", "load_assignment": {
-            "cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-                "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
-
-    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
-                    ".HttpConnectionManager",
-           "stat_prefix": "stats",
-           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
-           "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
-               {"match": {"prefix": "/stats/prometheus"}, "route": {"cluster": "prometheus_stats"}}]}]}}
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "clusters": [static_cluster("prometheus_stats", admin_port)] + [
-                static_cluster(f"outbound|80||svc-{i}.default.svc.cluster.local", 9) for i in range(clusters)],
-            "listeners": [{"name": "prometheus", "address": {"socket_address": {
-                "address": "127.0.0.1", "port_value": stats_port}}, "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}],
-        },
-    }
-
-
 # --- the scraper --------------------------------------------------------------------------------------------
 
 
@@ -206,7 +181,7 @@ def main() -> None:
         try:
             admin_port, stats_port = free_port(), free_port()
             clusters = max(1, SERIES // 172)  # Envoy writes ~172 series per static cluster
-            (work / "envoy.json").write_text(json.dumps(envoy_bootstrap(admin_port, stats_port, clusters)))
+            (work / "envoy.json").write_text(json.dumps(envoy_stats_bootstrap(admin_port, stats_port, clusters)))
             envoy = subprocess.Popen([str(ENVOY), "-c", str(work / "envoy.json"), "--disable-hot-restart",
                                       "-l", "error", "--base-id", str(stats_port), "--concurrency", "2"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -103,6 +103,33 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+def envoy_stats_bootstrap(admin_port: int, stats_port: int, clusters: int) -> dict[str, Any]:
+    """A real Envoy's config: admin on loopback, Istio's `prometheus_stats` listener shape (/stats/prometheus
+    → admin) on `stats_port`, and `clusters` outbound clusters for a realistic number of series."""
+    def static_cluster(name: str, port: int) -> dict[str, Any]:
+        return {"name": name, "type": "STATIC", "connect_timeout": "1s", "load_assignment": {
+            "cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
+
+    router = {"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+                    ".HttpConnectionManager",
+           "stat_prefix": "stats", "http_filters": [router],
+           "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
+               {"match": {"prefix": "/stats/prometheus"}, "route": {"cluster": "prometheus_stats"}}]}]}}
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "clusters": [static_cluster("prometheus_stats", admin_port)] + [
+                static_cluster(f"outbound|80||svc-{i}.default.svc.cluster.local", 9) for i in range(clusters)],
+            "listeners": [{"name": "prometheus", "address": {"socket_address": {
+                "address": "127.0.0.1", "port_value": stats_port}}, "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}],
+        },
+    }
+
+
 def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds; the child is always reaped."""
     if proc is None or proc.poll() is not None:

@@ -13,14 +13,13 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from conftest import VENV_BIN, need, need_tool
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
-from support import free_port, stop_process
+from support import envoy_stats_bootstrap, free_port, stop_process
 
 from istio_agent.status.agent_metrics import AgentMetrics
 from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
@@ -223,32 +222,6 @@ def names(samples: Samples) -> set[str]:
 # --- a real Envoy with a 15090-style listener -----------------------------------------------------------------
 
 
-def envoy_bootstrap(admin_port: int, stats_port: int, clusters: int) -> dict[str, Any]:
-    """Admin on loopback plus Istio's `prometheus_stats` listener shape: /stats/prometheus → admin."""
-    def static_cluster(name: str, port: int) -> dict[str, Any]:
-        return {"name": name, "type": "STATIC", "connect_timeout": "1s", "load_assignment": {
-            "cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-                "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
-
-    router = {"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
-    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
-                    ".HttpConnectionManager",
-           "stat_prefix": "stats", "http_filters": [router],
-           "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
-               {"match": {"prefix": "/stats/prometheus"}, "route": {"cluster": "prometheus_stats"}}]}]}}
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "clusters": [static_cluster("prometheus_stats", admin_port)] + [
-                static_cluster(f"outbound|80||svc-{i}.default.svc.cluster.local", 9) for i in range(clusters)],
-            "listeners": [{"name": "prometheus", "address": {"socket_address": {
-                "address": "127.0.0.1", "port_value": stats_port}}, "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}],
-        },
-    }
-
-
 @contextlib.contextmanager
 def real_envoy(clusters: int = 20) -> Iterator[int]:
     """Start the real Envoy; yield its stats listener port once `/stats/prometheus` answers."""
@@ -256,7 +229,7 @@ def real_envoy(clusters: int = 20) -> Iterator[int]:
     admin_port, stats_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "envoy.json"
-        config.write_text(json.dumps(envoy_bootstrap(admin_port, stats_port, clusters)))
+        config.write_text(json.dumps(envoy_stats_bootstrap(admin_port, stats_port, clusters)))
         log = (Path(tmp) / "envoy.log").open("wb")
         process = subprocess.Popen([str(ENVOY), "-c", str(config), "--disable-hot-restart", "-l", "error",
                                     "--base-id", str(stats_port)], stdout=log, stderr=subprocess.STDOUT)
