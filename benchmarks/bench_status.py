@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import envoy_stats_bootstrap, free_port
+from support import envoy_stats_bootstrap, free_port, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
@@ -53,13 +53,6 @@ def wait_port_file(path: Path, process: subprocess.Popen[bytes], what: str) -> l
             raise SystemExit(f"{what} did not start")
         time.sleep(0.05)
     return [int(p) for p in path.read_text().split()]
-
-
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # --- child processes ----------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
 from support import poll as support_poll
-from support import stop_process
+from support import rss_mb, stop_process
 
 SERVICES = int(os.environ.get("BENCH_SERVICES", "1000"))
 PORTS = [("http", 80, "HTTP"), ("http2", 8081, "HTTP2"), ("grpc", 9090, "GRPC"), ("mysql", 3306, "TCP"),
@@ -231,10 +231,7 @@ class RssSampler:
         self._thread.start()
 
     def rss_mb(self, field: str = "VmRSS") -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return rss_mb(self.pid, field)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import rss_mb
+
 CLUSTERS = int(os.environ.get("BENCH_CLUSTERS", "5000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -125,13 +128,6 @@ async def push_times(target: str, rounds: int) -> list[float]:
             await call.write(messages.encode_request(CDS, delta=False, response_nonce=head.nonce))
         call.cancel()
     return times[1:]  # the first includes connection set-up
-
-
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def decode_figures(data: bytes) -> dict[str, float]:

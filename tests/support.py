@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 T = TypeVar("T")
@@ -128,6 +129,14 @@ def envoy_stats_bootstrap(admin_port: int, stats_port: int, clusters: int) -> di
                     "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}],
         },
     }
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A size field of /proc/<pid>/status (resident memory by default) in MiB; 0 when the field is absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
