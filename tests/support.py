@@ -1,4 +1,5 @@
-"""Plumbing the tests and the benchmarks share: free ports, polling with a deadline, stopping children.
+"""Plumbing the tests and the benchmarks share: free ports, polling with a deadline, child processes
+(stopping them, collecting their output, istiod-local's serving line), a stats-only Envoy config, RSS.
 
 Tests import it as `from support import ...` (pytest puts `tests/` on sys.path for
 the rootdir conftest); benchmarks add `tests/` to sys.path first. It imports no
