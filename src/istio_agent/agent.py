@@ -244,19 +244,19 @@ class Agent:
     # ---- Envoy -------------------------------------------------------------------------------
 
     def _envoy_process(self) -> EnvoyProcess:
+        from istio_agent.config.node import pilot_sans
         from istio_agent.envoy.admin import EnvoyAdmin
         from istio_agent.envoy.argv import EnvoyLaunch, envoy_command, read_bootstrap_override, split_component_log
         from istio_agent.envoy.bootstrap import write_bootstrap
         from istio_agent.envoy.bootstrap_options import bootstrap_options
         from istio_agent.envoy.process import EnvoyProcess
-        from istio_agent.security.ca_client import tls_server_name
         from istio_agent.version import ISTIO_COMPAT_VERSION
 
         config, flags, environment = self.config, self.flags, self.config.environment
         pc = config.proxy_config
         opts = bootstrap_options(
             environment, pc, config.identity.id, list(config.identity.ips), config.labels, config.annotations,
-            pilot_san=[tls_server_name(pc.discovery_address, environment.get(env.ISTIOD_SAN))],
+            pilot_san=pilot_sans(pc.discovery_address, str(pc.get("controlPlaneAuthPolicy", ""))),
             outlier_log_path=flags.outlier_log_path,
             istio_version=environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
             log_as_json=flags.log_as_json,

@@ -10,13 +10,13 @@ import pytest
 
 from istio_agent.config import env
 from istio_agent.config.loader import load_agent_config
+from istio_agent.config.node import pilot_sans
 from istio_agent.config.proxyconfig import build_proxy_config
 from istio_agent.grpcxds.bootstrap import (
     GrpcBootstrapOptions,
     build_bootstrap,
     certificate_files,
     grpc_node_metadata,
-    pilot_san,
     render_bootstrap,
 )
 from istio_agent.grpcxds.metadata import typed_metadata
@@ -100,9 +100,10 @@ def test_typed_metadata_keeps_only_upstream_fields_with_go_types() -> None:
 
 
 def test_pilot_san() -> None:
-    assert pilot_san("localhost:15012") == "istiod.istio-system.svc"
-    assert pilot_san("istiod.istio-system.svc:15012") == "istiod.istio-system.svc"
-    assert pilot_san("istiod-canary.istio-system.svc") == "istiod-canary.istio-system.svc"
+    assert pilot_sans("localhost:15012", "MUTUAL_TLS") == ["istiod.istio-system.svc"]
+    assert pilot_sans("istiod.istio-system.svc:15012", "MUTUAL_TLS") == ["istiod.istio-system.svc"]
+    assert pilot_sans("istiod-canary.istio-system.svc", "MUTUAL_TLS") == ["istiod-canary.istio-system.svc"]
+    assert pilot_sans("istiod.istio-system.svc:15010", "NONE") == []
 
 
 def test_pilot_san_only_with_mutual_tls() -> None:

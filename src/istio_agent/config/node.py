@@ -225,3 +225,18 @@ def _string_bool(key: str, value: Any) -> bool:
     except ValueError:
         log.warning("node metadata %s=%r: expected true or false; kept as written", key, value)
         return False
+
+
+ISTIOD_HOST = "istiod.istio-system.svc"
+
+
+def pilot_sans(discovery_address: str, control_plane_auth_policy: str) -> list[str]:
+    """PILOT_SAN metadata, as upstream's GetPilotSan: the discovery host (`localhost` meaning istiod).
+
+    Only under MUTUAL_TLS control-plane authentication; otherwise there is nothing to verify.
+    """
+    if control_plane_auth_policy != "MUTUAL_TLS":
+        return []
+    host = discovery_address.split(":")[0]
+    return [ISTIOD_HOST if host == "localhost" else host]
+

@@ -35,7 +35,6 @@ KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 REFRESH_INTERVAL = "900s"  # upstream: 15 minutes, as protojson writes a Duration
 GRPC_GENERATOR = "grpc"
-ISTIOD_SERVICE_HOST = "istiod.istio-system.svc"
 # Upstream fills these from ENVOY_STATUS_PORT / ENVOY_PROMETHEUS_PORT even without Envoy.
 ENVOY_STATUS_PORT = 15021
 ENVOY_PROMETHEUS_PORT = 15090
@@ -79,12 +78,6 @@ class GrpcBootstrapOptions:
         )
 
 
-def pilot_san(discovery_address: str) -> str:
-    """Upstream's GetPilotSan: the host before the first ':', with `localhost` meaning istiod."""
-    host = discovery_address.split(":")[0]
-    return ISTIOD_SERVICE_HOST if host == "localhost" else host
-
-
 def grpc_node_metadata(
     environment: env.Environment,
     proxy_config: ProxyConfig,
@@ -98,11 +91,10 @@ def grpc_node_metadata(
     istio_version: str | None = None,
 ) -> dict[str, Any]:
     """Node metadata as upstream's generateNodeMetadata: PILOT_SAN only under MUTUAL_TLS control-plane auth."""
-    from istio_agent.config.node import node_metadata
+    from istio_agent.config.node import node_metadata, pilot_sans
     from istio_agent.version import ISTIO_COMPAT_VERSION
 
-    sans = ([pilot_san(proxy_config.discovery_address)]
-            if proxy_config.get("controlPlaneAuthPolicy") == "MUTUAL_TLS" else [])
+    sans = pilot_sans(proxy_config.discovery_address, str(proxy_config.get("controlPlaneAuthPolicy", "")))
     return node_metadata(
         environment, labels, annotations, proxy_config.to_json(), list(ips),
         pilot_san=sans,
