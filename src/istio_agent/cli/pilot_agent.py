@@ -9,6 +9,7 @@ hooks) start fast.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -71,18 +72,9 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
 
     if ctx.args:
         click.echo(f"ignoring unknown arguments: {' '.join(ctx.args)}", err=True)
-    agent_flags = AgentFlags(
-        proxy_type=proxy_type,
-        domain=flags["domain"],
-        mesh_config=flags["mesh_config"],
-        service_cluster=flags["service_cluster"],
-        proxy_log_level=flags["proxy_log_level"],
-        proxy_component_log_level=flags["proxy_component_log_level"],
-        concurrency=flags["concurrency"],
-        template_file=flags["template_file"],
-        outlier_log_path=flags["outlier_log_path"],
-        log_as_json=flags["log_as_json"],
-    )
+    # Flags the agent uses go into AgentFlags by name; the rest (sts, profiling...) are accepted and unused.
+    wanted = {f.name for f in dataclasses.fields(AgentFlags)}
+    agent_flags = AgentFlags(proxy_type=proxy_type, **{k: v for k, v in flags.items() if k in wanted})
     sys.exit(run(agent_flags))
 
 
