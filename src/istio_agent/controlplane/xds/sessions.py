@@ -26,6 +26,7 @@ import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -70,8 +71,11 @@ class SotwWatch:
     nacked: str = ""  # the error of the last NACK, until an ACK clears it
 
 
-class SotwSession:
-    """State-of-the-World ADS for one stream."""
+W = TypeVar("W")
+
+
+class _Session(Generic[W]):
+    """What both ADS flavours keep per stream: who, which types, how to generate, and the watches."""
 
     def __init__(self, proxy_id: str, served: Collection[str], generate: Generate,
                  nonce: Callable[[], str] = new_nonce) -> None:
@@ -79,7 +83,11 @@ class SotwSession:
         self.served = frozenset(served)
         self._generate = generate
         self._nonce = nonce
-        self.watches: dict[str, SotwWatch] = {}
+        self.watches: dict[str, W] = {}
+
+
+class SotwSession(_Session[SotwWatch]):
+    """State-of-the-World ADS for one stream."""
 
     def _respond(self, type_url: str, watch: SotwWatch, version: str) -> discovery_pb2.DiscoveryResponse:
         resources = self._generate(type_url, watch.names)
@@ -145,16 +153,8 @@ class DeltaWatch:
     nacked: str = ""
 
 
-class DeltaSession:
+class DeltaSession(_Session[DeltaWatch]):
     """Incremental (Delta) ADS for one stream."""
-
-    def __init__(self, proxy_id: str, served: Collection[str], generate: Generate,
-                 nonce: Callable[[], str] = new_nonce) -> None:
-        self.proxy_id = proxy_id
-        self.served = frozenset(served)
-        self._generate = generate
-        self._nonce = nonce
-        self.watches: dict[str, DeltaWatch] = {}
 
     def _current(self, type_url: str, watch: DeltaWatch) -> Resources:
         return self._generate(type_url, None if watch.wildcard else watch.names)
