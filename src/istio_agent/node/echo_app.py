@@ -25,20 +25,25 @@ import urllib.request
 from typing import Any
 
 
+def send_json(handler: http.server.BaseHTTPRequestHandler, payload: Any) -> None:
+    """Answer 200 with `payload` as JSON (keys sorted), the way every app of the local node replies."""
+    body = json.dumps(payload, sort_keys=True).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class EchoHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        body = json.dumps({
+        send_json(self, {
             "pod": os.environ.get("POD_NAME", socket.gethostname()),
             "path": self.path,
             "headers": {key.lower(): value for key, value in self.headers.items()},
-        }, sort_keys=True).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        })
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"{self.client_address[0]} {format % args}\n")

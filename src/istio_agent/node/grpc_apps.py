@@ -50,6 +50,8 @@ import grpc.aio
 import grpc.experimental
 from cryptography import x509
 
+from istio_agent.node.echo_app import send_json
+
 SERVICE = "test.Greeter"
 HELLO = f"/{SERVICE}/Hello"
 ECHO = f"/{SERVICE}/Echo"
@@ -172,12 +174,7 @@ def run_client(control_port: int) -> None:
             if parsed.path != "/call" or "target" not in query:
                 self.send_error(404)
                 return
-            body = json.dumps(client.handle(query), sort_keys=True).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, client.handle(query))
 
         def log_message(self, format: str, *args: Any) -> None:
             return None
