@@ -42,10 +42,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from istio_agent.localmesh import registry_yaml
+from istio_agent.localmesh import registry_yaml, ssl_handshakes
 from istio_agent.node import proxyless
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
 from istio_agent.node.plan import PodSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from support import rss_mb
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -110,22 +113,6 @@ class Arms:
         return self.sidecar("bench", "--plain", "--target", SIDECAR_TARGET, *common)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def handshakes(node: LocalNode, pod: Pod, needle: str) -> int:
-    total = 0
-    for line in node.envoy_admin(pod, "stats?filter=ssl.handshake").splitlines():
-        name, _, value = line.partition(": ")
-        if needle in name and value.strip().isdigit():
-            total += int(value)
-    return total
-
-
 def check_mtls(arms: Arms) -> None:
     """Both arms really are mTLS between the pods, with the client's identity, before anything is timed."""
     seen = arms.proxyless("call", "--target", PROXYLESS_TARGET, "--timeout", "30")
@@ -137,7 +124,7 @@ def check_mtls(arms: Arms) -> None:
             raise RuntimeError(f"the sidecar arm does not answer: {answer}")
         time.sleep(0.5)
     assert answer["reply"]["transport_security_type"] != ["tls"], answer  # the server app sees its Envoy
-    outbound = handshakes(arms.node, arms.pods["sc-client"], "outbound|7072||greeter-sc.default.svc.cluster.local")
+    outbound = ssl_handshakes(arms.node, arms.pods["sc-client"], "outbound|7072||greeter-sc.default.svc.cluster.local")
     assert outbound >= 1, "the sidecar arm did not go through mTLS between the Envoys"
     print(f"mTLS checked: proxyless peer {seen['reply']['identities'][0]}; "
           f"sidecar client Envoy TLS handshakes to greeter-sc: {outbound}")
