@@ -18,18 +18,18 @@ from istio_agent.config.errors import ConfigError
 
 T = TypeVar("T")
 
-_TRUE = {"1", "t", "true", "y", "yes", "on"}
-_FALSE = {"0", "f", "false", "n", "no", "off"}
+# Exactly the spellings Go's strconv.ParseBool accepts, which is what upstream's env package uses.
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 def parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool, plus yes/no/on/off."""
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
+    """Go's strconv.ParseBool: 1/t/T/TRUE/true/True and 0/f/F/FALSE/false/False, nothing else."""
+    if text in _TRUE:
         return True
-    if lowered in _FALSE:
+    if text in _FALSE:
         return False
-    raise ValueError(f"not a boolean: {text!r}")
+    raise ValueError(f"not a boolean (expected true or false): {text!r}")
 
 
 @dataclass(frozen=True)
