@@ -100,6 +100,25 @@ def test_tracers(tracing: dict[str, Any], name: str, cluster: str) -> None:
             "./etc/istio/proxy/lightstep_access_token.txt"
 
 
+@pytest.mark.parametrize(("address", "reason"), [
+    ("zipkin", "address 'zipkin' must be host:port"),
+    (":9411", "address ':9411' must be host:port"),
+    ("fd00::9:9411", "IPv6 address 'fd00::9:9411' must be written [addr]:port"),
+    ("zipkin:http", "address 'zipkin:http' has no numeric port"),
+    ("zipkin:99999", "port 99999 out of range"),
+])
+def test_tracer_address_refusals_name_the_field(address: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=r"field tracing\.zipkin\.address: .*") as err:
+        render_bootstrap(options({"tracing": {"zipkin": {"address": address}}}))
+    assert reason in str(err.value)
+
+
+def test_tracer_address_ipv6() -> None:
+    b = render_bootstrap(options({"tracing": {"zipkin": {"address": "[fd00::9]:9411"}}}))
+    address = clusters(b)["zipkin"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {"address": "fd00::9", "port_value": 9411}
+
+
 def test_tracing_tls_modes() -> None:
     b = render_bootstrap(options({"tracing": {"zipkin": {"address": "z:9411"},
                                               "tlsSettings": {"mode": "ISTIO_MUTUAL"}}}))

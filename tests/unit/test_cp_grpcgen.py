@@ -20,11 +20,11 @@ from istio_agent.controlplane.xds.generators.grpc_names import (
     listener_requests,
     parse_cluster_key,
     parse_server_listener,
-    split_host_port,
 )
 from istio_agent.controlplane.xds.mesh import build_snapshot
 from istio_agent.controlplane.xds.proxy import parse_node_id
 from istio_agent.controlplane.xds.registry import parse_registry
+from istio_agent.netaddr import split_host_optional_port
 
 REGISTRY = """
 services:
@@ -99,10 +99,10 @@ def _clusters(names: list[str] | None, ctx: ProxyContext | None = None) -> dict[
 
 
 def test_host_port_split_and_short_names() -> None:
-    assert split_host_port("greeter:50051") == ("greeter", 50051)
-    assert split_host_port("greeter") == ("greeter", None)
-    assert split_host_port("[::1]:80") == ("::1", 80)
-    assert split_host_port("greeter:http") == ("greeter:http", None)
+    assert split_host_optional_port("greeter:50051") == ("greeter", 50051)
+    assert split_host_optional_port("greeter") == ("greeter", None)
+    assert split_host_optional_port("[::1]:80") == ("::1", 80)
+    assert split_host_optional_port("greeter:http") == ("greeter:http", None)
     proxy = parse_node_id(CLIENT)
     assert expand_short_name("greeter", proxy) == GREETER
     assert expand_short_name("greeter.default", proxy) == GREETER

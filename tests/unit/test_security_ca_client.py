@@ -13,7 +13,6 @@ from istio_agent.security.ca_client import (
     is_retryable,
     read_token,
     resolve_ca_root,
-    split_host_port,
     target_name_override,
     tls_server_name,
 )
@@ -32,23 +31,12 @@ def test_no_status_is_not_retryable() -> None:
     assert is_retryable(None) is False
 
 
-@pytest.mark.parametrize(
-    ("address", "expected"),
-    [
-        ("istiod.istio-system.svc:15012", ("istiod.istio-system.svc", "15012")),
-        ("127.0.0.1:15012", ("127.0.0.1", "15012")),
-        ("[::1]:15012", ("::1", "15012")),
-        ("istiod", ("istiod", "")),
-    ],
-)
-def test_split_host_port(address: str, expected: tuple[str, str]) -> None:
-    assert split_host_port(address) == expected
-
-
 def test_server_name_rules() -> None:
     assert tls_server_name("istiod.istio-system.svc:15012") == "istiod.istio-system.svc"
     assert tls_server_name("localhost:15012") == "istiod.istio-system.svc"
     assert tls_server_name("127.0.0.1:15012") == "127.0.0.1"
+    assert tls_server_name("[::1]:15012") == "::1"
+    assert tls_server_name("istiod") == "istiod"
     assert tls_server_name("localhost:15012", istiod_san="istiod.example") == "istiod.example"
 
 

@@ -27,7 +27,7 @@ from istio_agent.envoy.bootstrap_template import go_json
 
 
 def _address(address: str, field: str, host_ip: str) -> str:
-    host, port = tracing.split_host_port(address, field, host_ip)
+    host, port = tracing.remote_host_port(address, field, host_ip)
     return f'{{"address": "{host}", "port_value": {port}}}'
 
 

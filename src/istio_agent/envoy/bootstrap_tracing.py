@@ -15,6 +15,7 @@ from typing import Any
 
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.errors import ConfigError
+from istio_agent.netaddr import AddressError, split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +29,22 @@ def http2_protocol_options() -> dict[str, Any]:
     }
 
 
-def split_host_port(address: str, field: str, host_ip: str = "") -> tuple[str, int]:
-    """`host:port` or `[v6]:port`; `$(HOST_IP)` is replaced as Kubernetes would have done."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
+def remote_host_port(address: str, field: str, host_ip: str = "") -> tuple[str, int]:
+    """A remote service's `host:port` / `[v6]:port` (a host is required); `$(HOST_IP)` is replaced as
+    Kubernetes would have done. ConfigError names the ProxyConfig field."""
+    try:
+        host, port = split_host_port(address)
+    except AddressError as err:
+        raise ConfigError(f"field {field}: {err}") from None
+    if not host:
         raise ConfigError(f"field {field}: address {address!r} must be host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ConfigError(f"field {field}: IPv6 address {address!r} must be written [addr]:port")
     if host == "$(HOST_IP)" and host_ip:
         host = host_ip
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigError(f"field {field}: address {address!r} has no numeric port") from None
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"field {field}: port {number} out of range")
-    return host, number
+    return host, port
 
 
 def socket_address(address: str, field: str, host_ip: str = "") -> dict[str, Any]:
-    host, port = split_host_port(address, field, host_ip)
+    host, port = remote_host_port(address, field, host_ip)
     return {"address": host, "port_value": port}
 
 

@@ -21,6 +21,7 @@ import grpc
 import grpc.aio
 from google.protobuf import struct_pb2
 
+from istio_agent.netaddr import split_host_optional_port
 from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
@@ -77,22 +78,11 @@ class CertificateSigner(Protocol):
     async def close(self) -> None: ...
 
 
-def split_host_port(address: str) -> tuple[str, str]:
-    """`host:port` / `[v6]:port` → (host, port); a bare host gets an empty port."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, rest.lstrip(":")
-    host, sep, port = address.rpartition(":")
-    if not sep or ":" in host:
-        return address, ""
-    return host, port
-
-
 def tls_server_name(address: str, istiod_san: str = "") -> str:
     """The name the CA's certificate must carry: ISTIOD_SAN, else the address host (`localhost` → istiod)."""
     if istiod_san:
         return istiod_san
-    host, _ = split_host_port(address)
+    host, _ = split_host_optional_port(address)
     if host == "localhost" or host.startswith("localhost."):
         return ISTIOD_SERVICE_NAME
     return host
@@ -114,7 +104,7 @@ def resolve_ca_root(options: SecurityOptions) -> Path:
 
 def target_name_override(address: str, server_name: str) -> list[tuple[str, str]]:
     """The channel option that makes gRPC verify `server_name` when it is not the host dialled."""
-    if server_name == split_host_port(address)[0]:
+    if server_name == split_host_optional_port(address)[0]:
         return []
     return [("grpc.ssl_target_name_override", server_name)]
 

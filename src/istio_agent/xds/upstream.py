@@ -22,18 +22,18 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from istio_agent.netaddr import split_host_optional_port
 from istio_agent.security.ca_client import (
     client_key_and_chain,
     istiod_call_metadata,
     read_token,
-    split_host_port,
     target_name_override,
     tls_server_name,
 )
 from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH
 from istio_agent.security.secrets import system_bundle_path
 
-PLAINTEXT_PORT = "15010"
+PLAINTEXT_PORT = 15010
 
 
 class UpstreamError(Exception):
@@ -62,7 +62,7 @@ class UpstreamSettings:
 
     @property
     def plaintext(self) -> bool:
-        return self.insecure or split_host_port(self.address)[1] == PLAINTEXT_PORT
+        return self.insecure or split_host_optional_port(self.address)[1] == PLAINTEXT_PORT
 
     @property
     def server_name(self) -> str:

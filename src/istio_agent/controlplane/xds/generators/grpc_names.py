@@ -21,21 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from istio_agent.controlplane.xds.proxy import Proxy
+from istio_agent.netaddr import split_host_optional_port
 
 SERVER_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
-
-
-def split_host_port(name: str) -> tuple[str, int | None]:
-    """`host:port` -> (host, port); a name without a (numeric) port is all host. IPv6 hosts are bracketed."""
-    if name.startswith("["):
-        host, bracket, rest = name[1:].partition("]")
-        if bracket and rest.startswith(":") and rest[1:].isdigit():
-            return host, int(rest[1:])
-        return name, None
-    host, colon, port = name.rpartition(":")
-    if colon and host and ":" not in host and port.isdigit():
-        return host, int(port)
-    return name, None
 
 
 def join_host_port(host: str, port: int) -> str:
@@ -83,7 +71,7 @@ def listener_requests(names: Iterable[str], proxy: Proxy) -> ListenerRequests:
         if name.startswith(SERVER_LISTENER_PREFIX):
             inbound.append(name)
             continue
-        host, port = split_host_port(name)
+        host, port = split_host_optional_port(name)
         for candidate in dict.fromkeys([host, expand_short_name(host, proxy)]):
             if candidate:
                 outbound.setdefault(candidate, HostRequest()).add(host, port)
@@ -113,5 +101,5 @@ def parse_server_listener(name: str) -> tuple[str, int] | None:
     """The address a server listener name is for; None when it does not carry `<ip>:<port>`."""
     if not name.startswith(SERVER_LISTENER_PREFIX):
         return None
-    host, port = split_host_port(name[len(SERVER_LISTENER_PREFIX):])
-    return (host, port) if port is not None and 0 < port < 65536 else None
+    host, port = split_host_optional_port(name[len(SERVER_LISTENER_PREFIX):])
+    return (host, port) if port else None
