@@ -23,7 +23,7 @@ from istio_agent.config.loader import AgentConfig, load_agent_config
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from istio_agent.dns.server import DnsProxy
+    from istio_agent.dns.proxy import DnsProxy
     from istio_agent.envoy.admin import EnvoyAdmin
     from istio_agent.envoy.process import EnvoyProcess
     from istio_agent.grpcxds.readiness import BootstrapProbe
@@ -137,7 +137,8 @@ class Agent:
     def _build_dns(self) -> None:
         import os
 
-        from istio_agent.dns.server import ALT_RESOLV_CONF, DnsProxy, DnsProxyOptions, port53_rules
+        from istio_agent.dns.options import ALT_RESOLV_CONF, DnsProxyOptions, port53_rules
+        from istio_agent.dns.proxy import DnsProxy
 
         environment = self.config.environment
         options = port53_rules(DnsProxyOptions(

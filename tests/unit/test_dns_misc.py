@@ -12,8 +12,9 @@ from test_dns_support import info, sample_table
 from istio_agent.dns import name_table_json
 from istio_agent.dns.forward import Forwarder, parse_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
+from istio_agent.dns.options import DnsProxyOptions, port53_rules
+from istio_agent.dns.proxy import split_host_port
 from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
-from istio_agent.dns.server import DnsProxyOptions, port53_rules, split_host_port
 from istio_agent.protos import nds_pb2
 
 
@@ -118,3 +119,17 @@ async def test_forwarder_without_servers_fails_at_once(parallel: bool) -> None:
         assert await forwarder.query(b"\x12\x34" + b"\x01\x00" + b"\x00" * 8, tcp=True) is None
     finally:
         await forwarder.close()
+
+
+def test_options_module_imports_nothing_heavy() -> None:
+    """The options resolver imports dns.options at start-up: no sockets, threads, metrics or protobuf."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; before = set(sys.modules); import istio_agent.dns.options; "
+             "print(' '.join(sorted(set(sys.modules) - before)))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "istio_agent.dns.options" in loaded
+    heavy = {"socket", "threading", "asyncio", "prometheus_client", "google.protobuf", "istio_agent.dns.proxy"}
+    assert not loaded & heavy, loaded & heavy

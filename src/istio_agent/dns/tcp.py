@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 from istio_agent.dns.responder import MALFORMED, Forward
 
 if TYPE_CHECKING:
-    from istio_agent.dns.server import DnsProxy
+    from istio_agent.dns.proxy import DnsProxy
 
 log = logging.getLogger(__name__)
 

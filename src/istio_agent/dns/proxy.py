@@ -28,7 +28,6 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -37,51 +36,14 @@ from istio_agent.dns import wire
 from istio_agent.dns.answers import CompiledTable
 from istio_agent.dns.forward import Forwarder, read_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
+from istio_agent.dns.options import DnsProxyOptions
 from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, Forward, Responder
 from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
+from istio_agent.eventloop import new_event_loop
 from istio_agent.protos import nds_pb2
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ADDR = "localhost:15053"
-
-
-@dataclass(frozen=True, slots=True)
-class DnsProxyOptions:
-    """Everything the DNS proxy needs, resolved from flags/env by the caller."""
-
-    addr: str = DEFAULT_ADDR  # DNS_PROXY_ADDR; "localhost" binds 127.0.0.1 and ::1 (if available)
-    namespace: str = ""  # POD_NAMESPACE: decides which services answer by bare name
-    domain: str = ""  # the proxy's --domain, e.g. "default.svc.cluster.local"
-    resolv_conf: str = "/etc/resolv.conf"
-    upstream_port: int = 53  # resolv.conf cannot carry a port; tests point this at their own server
-    forward_parallel: bool = False  # DNS_FORWARD_PARALLEL
-    upstream_timeout: float = 5.0
-    respond_before_sync: bool = False  # forward instead of SERVFAIL before the first NameTable
-    tcp_idle_timeout: float = 8.0
-    max_tcp_connections: int = 1024
-    max_pending_forwards: int = 10_000
-    udp_receive_buffer: int = 1 << 20  # absorbs bursts while the GIL is elsewhere (capped by rmem_max)
-    use_uvloop: bool = True
-
-
-ALT_RESOLV_CONF = "/var/lib/istio/resolv.conf"
-
-
-def port53_rules(options: DnsProxyOptions, uid: int, alt_resolv_conf_exists: bool) -> DnsProxyOptions:
-    """Upstream's special case for an address on port 53 (VMs and Docker, without DNS capture).
-
-    As root: answer (by forwarding) even before the first NameTable, and read
-    /var/lib/istio/resolv.conf when it exists (the host's real resolvers, since
-    /etc/resolv.conf then points at us). Not root: fall back to localhost:15053.
-    """
-    if not options.addr.endswith(":53"):
-        return options
-    if uid != 0:
-        return replace(options, addr=DEFAULT_ADDR)
-    resolv_conf = ALT_RESOLV_CONF if alt_resolv_conf_exists else options.resolv_conf
-    return replace(options, respond_before_sync=True, resolv_conf=resolv_conf)
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -90,17 +52,6 @@ def split_host_port(addr: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"DNS address must be host:port, got {addr!r}")
     return host.strip("[]"), int(port)
-
-
-def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
-    if use_uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 class DnsProxy:
@@ -168,7 +119,7 @@ class DnsProxy:
             self.update_name_table(table.source)
         servers = [(s, self.options.upstream_port) for s in conf.servers]
         self._bind()
-        loop = _new_loop(self.options.use_uvloop)
+        loop = new_event_loop(prefer_uvloop=self.options.use_uvloop)
         self._loop = loop
         self._forwarder = Forwarder(servers, parallel=self.options.forward_parallel,
                                     timeout=self.options.upstream_timeout)
