@@ -8,7 +8,7 @@ import dns.rdatatype
 
 from istio_agent.dns.answers import CompiledTable
 from istio_agent.dns.metrics import SLOTS
-from istio_agent.dns.responder import Forward, Responder
+from istio_agent.dns.responder import AskUpstream, Responder
 from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.protos import nds_pb2
 
@@ -77,8 +77,8 @@ def ask(r: Responder, data: bytes, tcp: bool = False, c: list[int] | None = None
     return dns.message.from_wire(out)
 
 
-def is_forward(out: object) -> bool:
-    return isinstance(out, Forward)
+def asks_upstream(out: object) -> bool:
+    return isinstance(out, AskUpstream)
 
 
 def answer_set(msg: dns.message.Message) -> list[tuple[str, str, int, str]]:

@@ -37,7 +37,7 @@ from istio_agent.dns.answers import CompiledTable
 from istio_agent.dns.forward import Forwarder, read_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.options import DnsProxyOptions
-from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, Forward, Responder
+from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, AskUpstream, Responder
 from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
 from istio_agent.eventloop import new_event_loop
@@ -342,7 +342,7 @@ class DnsProxy:
                     send(result, addr)
                 except OSError:
                     pass
-            elif isinstance(result, Forward):
+            elif isinstance(result, AskUpstream):
                 try:
                     forward((data, addr, sock, result.limit))
                 except RuntimeError:  # loop closed while stopping

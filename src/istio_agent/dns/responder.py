@@ -1,8 +1,8 @@
 """What to do with one incoming DNS message: answer it, forward it, or drop it.
 
 Sans-IO: `Responder.respond(data, tcp, counts)` returns the bytes to send back,
-a `Forward` (ask the upstream servers), or None (send nothing). It never blocks
-and never raises on any input.
+an `AskUpstream` (the decision to ask the upstream resolvers), or None (send
+nothing). It never blocks and never raises on any input.
 
 The fast path handles the shape nearly every stub resolver sends (one
 question, opcode QUERY, optionally one OPT record) for a name in the compiled
@@ -32,8 +32,12 @@ _OPT_PLAIN = wire.opt_record(False)
 _OPT_DO = wire.opt_record(True)
 
 
-class Forward:
-    """Decision: send the query to the upstream servers; reply within `limit` bytes."""
+class AskUpstream:
+    """Decision: ask the upstream resolvers (from resolv.conf); reply to the client within `limit` bytes.
+
+    Named for what it asks of the I/O edge, so it is not confused with the XDS
+    proxy's decision to send a message on to Envoy.
+    """
 
     __slots__ = ("limit",)
 
@@ -41,7 +45,7 @@ class Forward:
         self.limit = limit
 
     def __repr__(self) -> str:
-        return f"Forward(limit={self.limit})"
+        return f"AskUpstream(limit={self.limit})"
 
 
 class Responder:
@@ -51,7 +55,7 @@ class Responder:
         self.table: CompiledTable | None = None
         self.respond_before_sync = respond_before_sync
 
-    def respond(self, data: bytes, tcp: bool, counts: list[int]) -> bytes | Forward | None:
+    def respond(self, data: bytes, tcp: bool, counts: list[int]) -> bytes | AskUpstream | None:
         table = self.table
         if table is not None and data[4:10] == _ONE_QUESTION and not data[2] & 0xF8:
             end = data.find(0, 12) + 5
@@ -79,7 +83,7 @@ class Responder:
                         return resp
         return self._slow(data, tcp, counts)
 
-    def _slow(self, data: bytes, tcp: bool, counts: list[int]) -> bytes | Forward | None:
+    def _slow(self, data: bytes, tcp: bool, counts: list[int]) -> bytes | AskUpstream | None:
         if len(data) < 12 or data[2] & 0x80:
             counts[MALFORMED] += 1
             return None
@@ -101,13 +105,13 @@ class Responder:
         table = self.table
         if table is None:
             if self.respond_before_sync:
-                return Forward(limit)
+                return AskUpstream(limit)
             counts[FAILED] += 1
             return wire.error_reply(data, query, wire.RCODE_SERVFAIL)
         # Upstream ignores the class: a known name answers IN records for any class.
         entry = table.find(query.qname, query.qtype)
         if entry is None:
-            return Forward(limit)
+            return AskUpstream(limit)
         counts[LOCAL] += 1
         return wire.fit(build_reply(data, query, entry), limit)
 

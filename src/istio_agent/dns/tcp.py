@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, cast
 
-from istio_agent.dns.responder import MALFORMED, Forward
+from istio_agent.dns.responder import MALFORMED, AskUpstream
 
 if TYPE_CHECKING:
     from istio_agent.dns.proxy import DnsProxy
@@ -94,7 +94,7 @@ class TcpConnection(asyncio.Protocol):
                 continue
             if type(result) is bytes:
                 self._write(result)
-            elif isinstance(result, Forward):
+            elif isinstance(result, AskUpstream):
                 self._forward(msg, result.limit)
 
     def _write(self, resp: bytes) -> None:
