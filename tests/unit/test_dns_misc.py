@@ -13,7 +13,7 @@ from istio_agent.dns import name_table_json
 from istio_agent.dns.forward import Forwarder, parse_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
-from istio_agent.dns.proxy import split_host_port
+from istio_agent.dns.proxy import listen_host_port
 from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
 from istio_agent.protos import nds_pb2
 
@@ -89,12 +89,18 @@ def test_metrics_default_to_a_private_registry() -> None:
     assert set(REGISTRY._names_to_collectors) == before
 
 
-def test_split_host_port() -> None:
-    assert split_host_port("localhost:15053") == ("localhost", 15053)
-    assert split_host_port("[::1]:53") == ("::1", 53)
-    assert split_host_port("0.0.0.0:15053") == ("0.0.0.0", 15053)
-    with pytest.raises(ValueError):
-        split_host_port("localhost")
+def test_listen_address() -> None:
+    assert listen_host_port("localhost:15053") == ("localhost", 15053)
+    assert listen_host_port("[::1]:53") == ("::1", 53)
+    assert listen_host_port("0.0.0.0:15053") == ("0.0.0.0", 15053)
+    assert listen_host_port(":15053") == ("", 15053)
+
+
+@pytest.mark.parametrize("addr", ["localhost", "localhost:dns", "::1:53", "127.0.0.1:70000"])
+def test_bad_listen_address_names_the_setting(addr: str) -> None:
+    with pytest.raises(ValueError, match=r"^DNS address: ") as err:
+        listen_host_port(addr)
+    assert repr(addr) in str(err.value)
 
 
 def test_port53_rules() -> None:

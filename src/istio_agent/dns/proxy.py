@@ -41,17 +41,22 @@ from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, AskUpstream,
 from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
 from istio_agent.eventloop import new_event_loop
+from istio_agent.netaddr import AddressError, split_host_port
 from istio_agent.protos import nds_pb2
 
 log = logging.getLogger(__name__)
 
 
-def split_host_port(addr: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"DNS address must be host:port, got {addr!r}")
-    return host.strip("[]"), int(port)
+def listen_host_port(addr: str) -> tuple[str, int]:
+    """DNS_PROXY_ADDR (`host:port`, `[v6]:port`, `:port`) -> (host, port), split by the project's one rule.
+
+    ValueError names the setting, so a bad DNS_PROXY_ADDR is told apart from
+    any other address the agent was given.
+    """
+    try:
+        return split_host_port(addr)
+    except AddressError as err:
+        raise ValueError(f"DNS address: {err}") from None
 
 
 class DnsProxy:
@@ -176,7 +181,7 @@ class DnsProxy:
             return [(str(infos[0][4][0]), True)]
 
     def _bind(self) -> None:
-        host, port = split_host_port(self.options.addr)
+        host, port = listen_host_port(self.options.addr)
         try:
             for address, required in self._bind_hosts(host):
                 family = socket.AF_INET6 if ":" in address else socket.AF_INET
