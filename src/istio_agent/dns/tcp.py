@@ -1,9 +1,12 @@
-"""DNS over TCP (RFC 7766): 2-byte length framing, pipelined queries, idle timeout, back-pressure.
+"""DNS over TCP on the proxy's io loop: the asyncio adapter around `tcp_framing.TcpFramer`.
 
-Runs on the DNS proxy's io loop. Local answers are written in order at once;
+The framing, the in-flight accounting and the deadlines are the framer's
+(sans-IO, unit-tested); this file only moves events between the transport,
+the framer and the responder. Local answers are written in order at once;
 forwarded queries are answered when upstream replies (out of order, as the
 RFC allows). A connection stops reading while it has too many forwarded
-queries in flight or while the client is not reading our answers.
+queries in flight or while the client is not reading our answers. One timer
+per connection is armed at the framer's deadline.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from istio_agent.dns.responder import MALFORMED, AskUpstream
+from istio_agent.dns.tcp_framing import TcpFramer, frame
 
 if TYPE_CHECKING:
     from istio_agent.dns.proxy import DnsProxy
@@ -23,16 +27,19 @@ TCP_MAX_INFLIGHT = 64  # forwarded queries per TCP connection before we stop rea
 
 
 class TcpConnection(asyncio.Protocol):
-    """One DNS-over-TCP client: 2-byte length framing, pipelined queries, idle timeout."""
+    """One DNS-over-TCP client: transport events -> framer -> responder, and back."""
 
     def __init__(self, proxy: DnsProxy) -> None:
         self.proxy = proxy
+        self._loop = asyncio.get_running_loop()
+        options = proxy.options
+        self.framer = TcpFramer(self._loop.time(), options.tcp_idle_timeout,
+                                partial_frame_timeout=options.tcp_partial_frame_timeout,
+                                max_inflight=TCP_MAX_INFLIGHT)
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.inflight = 0
-        self.reading_paused = False
-        self.last_activity = 0.0
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
@@ -40,55 +47,73 @@ class TcpConnection(asyncio.Protocol):
             transport.close()
             return
         self.proxy.tcp_conns.add(self)
-        loop = asyncio.get_running_loop()
-        self.last_activity = loop.time()
-        self.idle_timer = loop.call_later(self.proxy.options.tcp_idle_timeout, self._check_idle)
+        self._arm_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self.proxy.tcp_conns.discard(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
-    def _check_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        idle = loop.time() - self.last_activity
-        timeout = self.proxy.options.tcp_idle_timeout
-        if idle >= timeout and self.inflight == 0:
+    # ---- the one timer ---------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        """Make sure a timer fires no later than the framer's deadline.
+
+        A timer already due earlier is kept: activity only pushes the idle
+        deadline later, and the early wake-up simply re-arms. Without a deadline
+        (forwarded queries in flight) nothing is armed until one finishes.
+        """
+        if self._lost:
+            return
+        deadline = self.framer.deadline()
+        if deadline is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.framer.should_close(self._loop.time()):
             self.close()
         else:
-            self.idle_timer = loop.call_later(max(0.05, timeout - idle), self._check_idle)
+            self._arm_timer()
+
+    # ---- flow control ----------------------------------------------------------------------
 
     def pause_writing(self) -> None:  # the client is not reading: stop taking queries
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.reading_paused:
+        if self.transport is not None and not self.framer.reading_paused:
             self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        self._drain()
+    # ---- queries ---------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        assert self.transport is not None
-        self.last_activity = asyncio.get_running_loop().time()
-        buf = self.buffer
+    def data_received(self, data: bytes) -> None:
+        self.framer.receive_data(data, self._loop.time())
+        self._answer()
+        self._arm_timer()
+
+    def _answer(self) -> None:
+        """Answer or forward every complete query the framer hands out."""
+        next_message = self.framer.next_message
         respond = self.proxy.responder.respond
         counts = self.proxy.tcp_counts
-        while len(buf) >= 2 and not self.reading_paused:
-            size = (buf[0] << 8) | buf[1]
-            if len(buf) < 2 + size:
-                break
-            msg = bytes(buf[2:2 + size])
-            del buf[:2 + size]
+        while (msg := next_message()) is not None:
             try:
                 result = respond(msg, True, counts)
-            except Exception:
+            except Exception:  # the responder never raises; if it does, lose one query, not the connection
                 log.exception("DNS proxy: failed to answer a TCP query")
                 counts[MALFORMED] += 1
                 continue
@@ -99,23 +124,24 @@ class TcpConnection(asyncio.Protocol):
 
     def _write(self, resp: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(len(resp).to_bytes(2, "big") + resp)
+            self.transport.write(frame(resp))
 
     def _forward(self, msg: bytes, limit: int) -> None:
-        self.inflight += 1
-        if self.inflight >= TCP_MAX_INFLIGHT and self.transport is not None:
-            self.reading_paused = True
+        if self.framer.forward_started() and self.transport is not None:
             self.transport.pause_reading()
 
         async def run() -> None:
             try:
                 self._write(await self.proxy.forward(msg, limit, tcp=True))
             finally:
-                self.inflight -= 1
-                if self.reading_paused and self.inflight < TCP_MAX_INFLIGHT // 2 and self.transport is not None:
-                    self.reading_paused = False
-                    if not self.transport.is_closing():
-                        self.transport.resume_reading()
-                        self._drain()
+                self._forward_done()
 
         self.proxy.spawn(run)
+
+    def _forward_done(self) -> None:
+        if self.framer.forward_finished(self._loop.time()):
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
+                self._answer()
+        self._arm_timer()
