@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.utils import der_to_raw_signature
 
 from istio_agent.controlplane.tokens import (
     DEFAULT_ISSUER,
@@ -14,6 +20,7 @@ from istio_agent.controlplane.tokens import (
     TokenVerifier,
     decode_and_verify,
     issue_token,
+    key_id,
 )
 from istio_agent.pki.keys import generate_key
 
@@ -35,6 +42,11 @@ def _reencode(obj: dict[str, object]) -> str:
     return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
 
 
+def _sign(key, payload: dict[str, object], header: dict[str, object]) -> str:  # type: ignore[no-untyped-def]
+    """A token signed by `key` (so its signature verifies) with whatever claims a test needs."""
+    return jwt.encode(payload, key, algorithm=str(header["alg"]), headers={**header, "typ": None})
+
+
 def test_valid_token_has_kubernetes_claims(key) -> None:  # type: ignore[no-untyped-def]
     token = issue_token(key, SLEEP, NOW, 3600)
     payload = _part(token, 1)
@@ -48,7 +60,7 @@ def test_valid_token_has_kubernetes_claims(key) -> None:  # type: ignore[no-unty
     assert kube["namespace"] == "default"
     assert kube["serviceaccount"]["name"] == "sleep" and kube["serviceaccount"]["uid"]
     assert kube["pod"]["name"] == "sleep-1" and kube["pod"]["uid"]
-    assert _part(token, 0)["alg"] == "ES256"
+    assert _part(token, 0) == {"alg": "ES256", "kid": key_id(key.public_key())}  # as a cluster writes it: no typ
 
     claims = decode_and_verify(token, key.public_key(), NOW + 10)
     assert claims.identity.namespace == "default"
@@ -153,21 +165,11 @@ def test_garbage_is_refused_with_a_reason(key, garbage: str) -> None:  # type: i
 
 def test_subject_and_kubernetes_claim_must_agree(key) -> None:  # type: ignore[no-untyped-def]
     # Signed by the right key, but sub and kubernetes.io disagree: refuse rather than guess.
-    from istio_agent.controlplane import tokens
-
     token = issue_token(key, SLEEP, NOW, 3600)
     payload = _part(token, 1)
     payload["sub"] = "system:serviceaccount:default:other"
-    header = _part(token, 0)
-    signing_input = (_reencode(header) + "." + _reencode(payload)).encode()
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-
-    r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-    sig = tokens._b64encode(r.to_bytes(32, "big") + s.to_bytes(32, "big"))
     with pytest.raises(TokenError, match="disagrees"):
-        decode_and_verify(signing_input.decode() + "." + sig, key.public_key(), NOW)
+        decode_and_verify(_sign(key, payload, _part(token, 0)), key.public_key(), NOW)
 
 
 def test_verifier_caches_good_tokens_until_expiry(key) -> None:  # type: ignore[no-untyped-def]
@@ -195,3 +197,86 @@ def test_verifier_cache_is_bounded(key) -> None:  # type: ignore[no-untyped-def]
     for i in range(10):
         verifier.verify(issue_token(key, TokenIdentity("ns", f"sa{i}"), NOW, 100), NOW)
         assert verifier.cached <= 3
+
+
+@pytest.mark.parametrize("claim", ["iss", "aud", "sub", "exp"])
+def test_token_missing_a_required_claim_is_refused(key, claim: str) -> None:  # type: ignore[no-untyped-def]
+    token = issue_token(key, SLEEP, NOW, 3600)
+    payload = _part(token, 1)
+    del payload[claim]
+    with pytest.raises(TokenError, match=f"token has no '{claim}' claim"):
+        decode_and_verify(_sign(key, payload, _part(token, 0)), key.public_key(), NOW)
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        ({"exp": "tomorrow"}, "no numeric 'exp' claim"),
+        ({"nbf": True}, "no numeric 'nbf' claim"),
+        ({"aud": {"istio-ca": True}}, "audience .* is not a string or a list of strings"),
+        ({"aud": ["istio-ca", 7]}, "audience .* is not a string or a list of strings"),
+        ({"sub": "alice"}, "subject 'alice' is not a service account"),
+        ({"sub": "system:serviceaccount:default"}, "is not a service account"),
+        ({"kubernetes.io": "default"}, "'kubernetes.io' claim is not an object"),
+        ({"kubernetes.io": {"namespace": "default", "pod": "p"}}, "'kubernetes.io' claim is malformed"),
+    ],
+)
+def test_malformed_claims_are_refused(key, claims: dict[str, object], reason: str) -> None:  # type: ignore[no-untyped-def]
+    token = issue_token(key, SLEEP, NOW, 3600)
+    payload = {**_part(token, 1), **claims}
+    with pytest.raises(TokenError, match=reason):
+        decode_and_verify(_sign(key, payload, _part(token, 0)), key.public_key(), NOW)
+
+
+def test_single_string_audience_is_accepted(key) -> None:  # type: ignore[no-untyped-def]
+    token = issue_token(key, SLEEP, NOW, 3600)
+    payload = {**_part(token, 1), "aud": "istio-ca"}
+    claims = decode_and_verify(_sign(key, payload, _part(token, 0)), key.public_key(), NOW)
+    assert claims.audiences == ("istio-ca",)
+
+
+def test_hs256_signed_with_the_public_key_is_refused(key) -> None:  # type: ignore[no-untyped-def]
+    # The classic confusion: an HMAC keyed with the verifier's public key must not pass as a signature.
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    signing_input = _reencode({"alg": "HS256", "kid": key_id(key.public_key())}) + "." + _reencode(
+        _part(issue_token(key, SLEEP, NOW, 3600), 1))
+    mac = hmac.new(pem, signing_input.encode(), hashlib.sha256).digest()
+    forged = signing_input + "." + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+    with pytest.raises(TokenError, match="algorithm 'HS256' is not accepted"):
+        decode_and_verify(forged, key.public_key(), NOW)
+
+
+def test_signature_of_the_wrong_length_is_refused(key) -> None:  # type: ignore[no-untyped-def]
+    head, _, sig = issue_token(key, SLEEP, NOW, 3600).rpartition(".")
+    raw = base64.urlsafe_b64decode(sig + "=" * (-len(sig) % 4))
+    short = base64.urlsafe_b64encode(raw[:60]).rstrip(b"=").decode()  # ES256 signatures are 64 bytes
+    with pytest.raises(TokenError, match="signature does not verify"):
+        decode_and_verify(f"{head}.{short}", key.public_key(), NOW)
+
+
+def test_unsupported_critical_header_is_refused(key) -> None:  # type: ignore[no-untyped-def]
+    # PyJWT will not even write such a header, so sign it by hand.
+    token = issue_token(key, SLEEP, NOW, 3600)
+    signing_input = _reencode({**_part(token, 0), "crit": ["exp"], "exp": 1}) + "." + token.split(".")[1]
+    der = key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256()))
+    signature = base64.urlsafe_b64encode(der_to_raw_signature(der, key.curve)).rstrip(b"=").decode()
+    with pytest.raises(TokenError, match="critical extension"):
+        decode_and_verify(f"{signing_input}.{signature}", key.public_key(), NOW)
+
+
+def test_tokens_verify_with_plain_pyjwt(key) -> None:  # type: ignore[no-untyped-def]
+    # Interoperability: any JWT library reads them as standard ES256 JWTs.
+    token = issue_token(key, SLEEP, NOW, 3600)
+    claims = jwt.decode(token, key.public_key(), algorithms=["ES256"], audience="istio-ca",
+                        issuer=DEFAULT_ISSUER, options={"verify_exp": False, "verify_iat": False,
+                                                        "verify_nbf": False})
+    assert claims["sub"] == "system:serviceaccount:default:sleep"
+
+
+def test_kid_is_checked_even_when_the_signature_verifies(key) -> None:  # type: ignore[no-untyped-def]
+    token = issue_token(key, SLEEP, NOW, 3600)
+    header, payload = _part(token, 0), _part(token, 1)
+    with pytest.raises(TokenError, match="unknown key"):
+        decode_and_verify(_sign(key, payload, {**header, "kid": "another-key"}), key.public_key(), NOW)
+    del header["kid"]  # no kid at all: the signature alone decides
+    assert decode_and_verify(_sign(key, payload, header), key.public_key(), NOW).identity.pod_name == "sleep-1"

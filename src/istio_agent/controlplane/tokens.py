@@ -2,10 +2,12 @@
 
 istiod-local stands in for the cluster: `pod-files` writes a JWT shaped like a
 projected service-account token (audience `istio-ca`), and the CA accepts a
-CSR only from a caller holding one. The JWT is written by hand on top of
-`cryptography` (ES256 by default, RS256 when the signing key is RSA) so that
-the wire form is exactly what a real cluster would produce, with no extra
-dependency.
+CSR only from a caller holding one. Tokens are signed and verified by PyJWT
+(ES256 by default, RS256 when the signing key is RSA), with the header a real
+cluster writes (`alg` and `kid`, no `typ`), so the wire form is what a real
+cluster would produce. What PyJWT cannot know stays here: the Kubernetes
+claims, the key id, and the time window, which is checked against the
+caller's `now` (PyJWT would read the wall clock) so that it is testable.
 
 Verification is on the CA's hot path, so `TokenVerifier` remembers tokens it
 has already verified, keyed by their exact bytes, until they expire: a
@@ -15,19 +17,16 @@ signature each time would cost more than signing its certificate.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.utils import base64url_encode
 
 from istio_agent.pki.keys import PrivateKey
 
@@ -36,8 +35,16 @@ DEFAULT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # The audience Istio's injector asks for on the projected `istio-token` volume.
 ISTIO_CA_AUDIENCE = "istio-ca"
 SUBJECT_PREFIX = "system:serviceaccount:"
+# Claims every projected service-account token carries; a token without one of them is refused.
+REQUIRED_CLAIMS = ("iss", "aud", "sub", "exp")
 
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+
+# PyJWT checks structure, algorithm, signature, issuer, audience and the presence of
+# REQUIRED_CLAIMS; it must not check exp/nbf/iat against its own clock (see check_time_window).
+_JWT = jwt.PyJWT(
+    options={"verify_exp": False, "verify_nbf": False, "verify_iat": False, "require": list(REQUIRED_CLAIMS)}
+)
 
 
 class TokenError(ValueError):
@@ -77,22 +84,9 @@ def stable_uid(*parts: str) -> str:
 
 
 def key_id(public_key: PublicKey) -> str:
-    """The `kid` header: a digest of the public key, so a token from another key is refused before any math."""
+    """The `kid` header: a digest of the public key, so a token from another key is refused as such."""
     der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return _b64encode(hashlib.sha256(der).digest()[:16])
-
-
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _b64decode(text: str) -> bytes:
-    if not text or any(c in text for c in "=+/ \n"):
-        raise TokenError("token is not base64url-encoded")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise TokenError("token is not base64url-encoded") from None
+    return base64url_encode(hashlib.sha256(der).digest()[:16]).decode("ascii")
 
 
 def _algorithm(key: PrivateKey | PublicKey) -> str:
@@ -113,7 +107,6 @@ def issue_token(
 ) -> str:
     """A signed JWT with the claims of a Kubernetes projected service-account token."""
     alg = _algorithm(key)
-    header = {"alg": alg, "kid": key_id(key.public_key())}
     kube: dict[str, Any] = {
         "namespace": identity.namespace,
         "serviceaccount": {
@@ -134,40 +127,8 @@ def issue_token(
         "nbf": issued,
         "sub": identity.subject,
     }
-    signing_input = (
-        _b64encode(json.dumps(header, separators=(",", ":")).encode())
-        + "."
-        + _b64encode(json.dumps(payload, separators=(",", ":")).encode())
-    ).encode("ascii")
-    if isinstance(key, ec.EllipticCurvePrivateKey):
-        r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-        signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
-    else:
-        signature = key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
-    return signing_input.decode("ascii") + "." + _b64encode(signature)
-
-
-def _verify_signature(public_key: PublicKey, signing_input: bytes, signature: bytes) -> None:
-    try:
-        if isinstance(public_key, ec.EllipticCurvePublicKey):
-            if len(signature) != 64:
-                raise TokenError("token signature has the wrong length for ES256")
-            der = encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big"))
-            public_key.verify(der, signing_input, ec.ECDSA(hashes.SHA256()))
-        else:
-            public_key.verify(signature, signing_input, padding.PKCS1v15(), hashes.SHA256())
-    except InvalidSignature:
-        raise TokenError("token signature does not verify") from None
-
-
-def _json_object(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise TokenError(f"token {what} is not JSON") from None
-    if not isinstance(value, dict):
-        raise TokenError(f"token {what} is not a JSON object")
-    return value
+    # `typ: None` drops PyJWT's default "typ": "JWT": Kubernetes' tokens carry only alg and kid.
+    return _JWT.encode(payload, key, algorithm=alg, headers={"kid": key_id(key.public_key()), "typ": None})
 
 
 def _number(payload: dict[str, Any], name: str) -> float:
@@ -202,41 +163,95 @@ def _identity_from(payload: dict[str, Any]) -> TokenIdentity:
     return TokenIdentity(namespace, account, pod_name, pod_uid, sa_uid)
 
 
-def decode_and_verify(
-    token: str, public_key: PublicKey, now: float, audience: str = ISTIO_CA_AUDIENCE, issuer: str = DEFAULT_ISSUER
+@dataclass(frozen=True)
+class _VerificationKey:
+    """A public key with what verification derives from it (algorithm, `kid`), worked out once."""
+
+    public_key: PublicKey
+    algorithm: str
+    kid: str
+
+    @classmethod
+    def of(cls, public_key: PublicKey) -> _VerificationKey:
+        return cls(public_key, _algorithm(public_key), key_id(public_key))
+
+
+def _header_field(token: str, name: str) -> object:
+    """A header field of a token PyJWT has already refused, to say why (the header parsed then)."""
+    try:
+        return jwt.get_unverified_header(token).get(name)
+    except jwt.PyJWTError:
+        return None
+
+
+def _refusal(err: jwt.PyJWTError, token: str, audience: str, issuer: str) -> TokenError:
+    """Why PyJWT refused a token, told with the offending claim's value where there is one."""
+    if isinstance(err, jwt.MissingRequiredClaimError):
+        return TokenError(f"token has no {err.claim!r} claim")
+    if not isinstance(err, jwt.InvalidIssuerError | jwt.InvalidAudienceError):
+        return TokenError(f"token refused: {err}")
+    # PyJWT checks iss and aud only once the signature has verified, so this payload is genuine.
+    payload = jwt.decode(token, options={"verify_signature": False})
+    if isinstance(err, jwt.InvalidIssuerError):
+        return TokenError(f"token issuer {payload.get('iss')!r} is not {issuer!r}")
+    aud = payload.get("aud")
+    audiences = _audiences(aud)
+    if audiences is None:
+        return TokenError(f"token audience {aud!r} is not a string or a list of strings")
+    return TokenError(f"token audience {list(audiences)} does not include {audience!r}")
+
+
+def _verify(
+    token: str, key: _VerificationKey, now: float, audience: str = ISTIO_CA_AUDIENCE, issuer: str = DEFAULT_ISSUER
 ) -> TokenClaims:
-    """Check a token completely (structure, algorithm, key id, signature, issuer, audience, time window)."""
-    parts = token.split(".")
-    if len(parts) != 3:
+    """decode_and_verify with the key's algorithm and id already worked out (TokenVerifier keeps them).
+
+    One PyJWT pass checks the structure, the algorithm (only the key's own: no `none`, no HS256 keyed
+    with the public key), the signature, the issuer, the audience and that REQUIRED_CLAIMS are there;
+    the key id, the Kubernetes claims and the time window are checked here.
+    """
+    if token.count(".") != 2:
         raise TokenError("token is not a JWT (expected three dot-separated parts)")
-    header = _json_object(_b64decode(parts[0]), "header")
-    want_alg = _algorithm(public_key)
-    if header.get("alg") != want_alg:
-        raise TokenError(f"token algorithm {header.get('alg')!r} is not accepted (expected {want_alg})")
-    if "kid" in header and header["kid"] != key_id(public_key):
+    try:
+        decoded = _JWT.decode_complete(token, key.public_key, algorithms=[key.algorithm], audience=audience,
+                                       issuer=issuer)
+    except jwt.InvalidAlgorithmError:
+        alg = _header_field(token, "alg")
+        raise TokenError(f"token algorithm {alg!r} is not accepted (expected {key.algorithm})") from None
+    except jwt.InvalidSignatureError:
+        if _header_field(token, "kid") not in (None, key.kid):
+            raise TokenError("token was signed by an unknown key") from None
+        raise TokenError("token signature does not verify") from None
+    except jwt.DecodeError as err:
+        raise TokenError(f"token is not a well-formed JWT: {err}") from None
+    except jwt.PyJWTError as err:
+        raise _refusal(err, token, audience, issuer) from None
+    if decoded["header"].get("kid", key.kid) != key.kid:
         raise TokenError("token was signed by an unknown key")
-    _verify_signature(public_key, (parts[0] + "." + parts[1]).encode("ascii"), _b64decode(parts[2]))
-    payload = _json_object(_b64decode(parts[1]), "payload")
-    if payload.get("iss") != issuer:
-        raise TokenError(f"token issuer {payload.get('iss')!r} is not {issuer!r}")
-    audiences = _audiences(payload.get("aud"))
-    if audience not in audiences:
-        raise TokenError(f"token audience {list(audiences)} does not include {audience!r}")
+    payload = decoded["payload"]
     expires = _number(payload, "exp")
     not_before = _number(payload, "nbf") if "nbf" in payload else 0.0
     issued = _number(payload, "iat") if "iat" in payload else 0.0
+    audiences = _audiences(payload["aud"]) or ()
     claims = TokenClaims(_identity_from(payload), issuer, audiences, issued, not_before, expires)
     check_time_window(claims, now)
     return claims
 
 
-def _audiences(aud: object) -> tuple[str, ...]:
-    """`aud` may be one string or a list of them (RFC 7519 4.1.3)."""
+def decode_and_verify(
+    token: str, public_key: PublicKey, now: float, audience: str = ISTIO_CA_AUDIENCE, issuer: str = DEFAULT_ISSUER
+) -> TokenClaims:
+    """Check a token completely (structure, algorithm, key id, signature, issuer, audience, time window)."""
+    return _verify(token, _VerificationKey.of(public_key), now, audience, issuer)
+
+
+def _audiences(aud: object) -> tuple[str, ...] | None:
+    """`aud` may be one string or a list of them (RFC 7519 4.1.3); None when it is neither."""
     if isinstance(aud, str):
         return (aud,)
-    if isinstance(aud, list):
-        return tuple(a for a in aud if isinstance(a, str))
-    return ()
+    if isinstance(aud, list) and all(isinstance(a, str) for a in aud):
+        return tuple(aud)
+    return None
 
 
 def check_time_window(claims: TokenClaims, now: float) -> None:
@@ -261,6 +276,10 @@ class TokenVerifier:
     issuer: str = DEFAULT_ISSUER
     max_cached: int = 10_000
     _cache: dict[str, TokenClaims] = field(default_factory=dict, repr=False)
+    _key: _VerificationKey = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._key = _VerificationKey.of(self.public_key)
 
     def verify(self, token: str, now: float) -> TokenClaims:
         claims = self._cache.get(token)
@@ -269,7 +288,7 @@ class TokenVerifier:
                 del self._cache[token]
             check_time_window(claims, now)
             return claims
-        claims = decode_and_verify(token, self.public_key, now, self.audience, self.issuer)
+        claims = _verify(token, self._key, now, self.audience, self.issuer)
         if len(self._cache) >= self.max_cached:
             self._evict(now)
         self._cache[token] = claims
