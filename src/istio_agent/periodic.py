@@ -24,8 +24,16 @@ class Periodic:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self.start_soon()
+
+    def start_soon(self) -> None:
+        """As `start()`, from code that is not a coroutine (it must run on the event loop's thread)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -6,19 +6,16 @@ which is what the merged endpoint serves first.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
-import grpc
 import pytest
+from fakes import FakeSigner
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support import eventually
 
+from istio_agent.clock import VirtualClock
 from istio_agent.dns.metrics import DnsMetrics
 from istio_agent.pki import certs, keys
-from istio_agent.security.ca_client import CaError
 from istio_agent.security.cache import SecretCache
 from istio_agent.security.options import SecurityOptions
 from istio_agent.status.agent_metrics import (
@@ -32,27 +29,8 @@ from istio_agent.status.agent_metrics import (
     type_label,
 )
 
-SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 NAME_TABLE = "type.googleapis.com/istio.networking.nds.v1.NameTable"
-
-
-class Signer:
-    """Signs with a real root; `down` plays an unreachable CA."""
-
-    def __init__(self) -> None:
-        self.ca = certs.new_root_ca(keys.generate_key("ECDSA"), "cluster.local", time.time(), 7200)
-        self.down = False
-
-    async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]:
-        await asyncio.sleep(0.01)
-        if self.down:
-            raise CaError("CA is down", grpc.StatusCode.UNAVAILABLE)
-        leaf = certs.sign_workload_csr(self.ca, certs.load_csr(csr_pem), SPIFFE, time.time(), ttl_seconds)
-        return [certs.cert_to_pem(leaf), self.ca.cert_pem.decode()]
-
-    async def close(self) -> None:
-        return None
 
 
 def options(tmp_path: Path, **overrides: object) -> SecurityOptions:
@@ -70,45 +48,48 @@ def values(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str]
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-async def test_certificate_expiry_rotations_and_ca_outcomes(tmp_path: Path) -> None:
-    registry = CollectorRegistry(auto_describe=True)
-    metrics = AgentMetrics(registry)
-    signer = Signer()
-    cache = SecretCache(options(tmp_path, secret_ttl=2.0), metrics.metered_signer(signer))
-    metrics.watch_secrets(cache)
-    await cache.start()
-    try:
-        await eventually(lambda: cache.current_workload() is not None)
-        first = cache.current_workload()
-        assert first is not None
-        got = values(registry)
-        assert got[("istio_agent_cert_expiry_timestamp_seconds", (("resource_name", "default"),))] == first.expires
-        remaining = got[("istio_agent_cert_expiry_seconds", (("resource_name", "default"),))]
-        assert 0 < remaining <= 2.0
-        # The ROOTCA bundle reports its root's own expiry (2 h), not the leaf's.
-        root_expiry = got[("istio_agent_cert_expiry_timestamp_seconds", (("resource_name", "ROOTCA"),))]
-        assert root_expiry == certs.not_after(signer.ca.cert)
-        assert got[("istio_agent_ca_requests_total", (("code", "OK"),))] >= 1
-        assert got[("istio_agent_num_outgoing_requests_total", (("request_type", "csr"),))] >= 1
-        assert got[("istio_agent_certificates_issued_total", ())] >= 1
+def test_certificate_expiry_rotations_and_ca_outcomes(tmp_path: Path) -> None:
+    clock = VirtualClock()
 
-        # The scheduled rotation (at half of 2 s) is pushed and counted.
-        await eventually(lambda: values(registry).get(
-            ("istio_agent_cert_rotations_total", (("resource_name", "default"),)), 0) >= 1)
-        # A new trust bundle pushes ROOTCA.
-        other = certs.new_root_ca(keys.generate_key("ECDSA"), "other", time.time(), 3600)
-        cache.set_extra_roots("pcds", [other.cert_pem])
-        assert values(registry)[("istio_agent_cert_rotations_total", (("resource_name", "ROOTCA"),))] == 1
+    async def scenario() -> None:
+        registry = CollectorRegistry(auto_describe=True)
+        metrics = AgentMetrics(registry, clock=clock.now)
+        signer = FakeSigner(clock.now, root_ttl=7200)
+        cache = SecretCache(options(tmp_path, secret_ttl=2.0), metrics.metered_signer(signer), clock=clock)
+        metrics.watch_secrets(cache)
+        await cache.start()
+        try:
+            first = await cache.get("default")
+            got = values(registry)
+            assert got[("istio_agent_cert_expiry_timestamp_seconds", (("resource_name", "default"),))] == first.expires
+            remaining = got[("istio_agent_cert_expiry_seconds", (("resource_name", "default"),))]
+            assert remaining == 2.0
+            # The ROOTCA bundle reports its root's own expiry (2 h), not the leaf's.
+            root_expiry = got[("istio_agent_cert_expiry_timestamp_seconds", (("resource_name", "ROOTCA"),))]
+            assert root_expiry == certs.not_after(signer.ca.cert)
+            assert got[("istio_agent_ca_requests_total", (("code", "OK"),))] == 1
+            assert got[("istio_agent_num_outgoing_requests_total", (("request_type", "csr"),))] == 1
+            assert got[("istio_agent_certificates_issued_total", ())] == 1
 
-        signer.down = True
-        await eventually(lambda: values(registry).get(("istio_agent_ca_requests_total", (("code", "UNAVAILABLE"),)),
-                                                      0) >= 1)
-        got = values(registry)
-        assert got[("istio_agent_num_failed_outgoing_requests_total", (("request_type", "csr"),))] >= 1
-        assert got[("istio_agent_ca_request_duration_seconds_count", ())] >= 2
-        assert got[("istio_agent_outgoing_latency_total", (("request_type", "csr"),))] > 0
-    finally:
-        await cache.stop()
+            # The scheduled rotation (at half of 2 s) is pushed and counted.
+            await clock.sleep(1.5)
+            assert values(registry)[("istio_agent_cert_rotations_total", (("resource_name", "default"),))] == 1
+            # A new trust bundle pushes ROOTCA.
+            other = certs.new_root_ca(keys.generate_key("ECDSA"), "other", clock.now(), 3600)
+            cache.set_extra_roots("pcds", [other.cert_pem])
+            assert values(registry)[("istio_agent_cert_rotations_total", (("resource_name", "ROOTCA"),))] == 1
+
+            signer.down = True
+            await clock.sleep(1.0)
+            got = values(registry)
+            assert got[("istio_agent_ca_requests_total", (("code", "UNAVAILABLE"),))] >= 1
+            assert got[("istio_agent_num_failed_outgoing_requests_total", (("request_type", "csr"),))] >= 1
+            assert got[("istio_agent_ca_request_duration_seconds_count", ())] >= 3
+            assert got[("istio_agent_outgoing_latency_total", (("request_type", "csr"),))] > 0
+        finally:
+            await cache.stop()
+
+    clock.run(scenario())
 
 
 def test_xds_events_by_type() -> None:

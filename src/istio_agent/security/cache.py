@@ -1,10 +1,12 @@
 """The secret cache: the workload certificate, its trust bundle, and certificates on disk.
 
-Policy (upstream's SecretManagerClient, made proactive):
+Policy (upstream's SecretManagerClient, made proactive); the decisions about the
+CA-issued certificate are made by the sans-IO `CertificateLifecycle`, which this
+class drives with a `Clock` and whose actions it performs:
 - One CSR at a time: concurrent requests for `default`/`ROOTCA` share the
   generation in flight instead of each asking the CA.
-- A background task keeps a valid certificate: it pre-warms at start, rotates
-  at `expiry - (ratio ± jitter) * lifetime`, and retries with a backoff that never
+- A valid certificate is kept: pre-warmed at start, rotated at
+  `expiry - (ratio ± jitter) * lifetime`, retried with a backoff that never
   gives up. While the CA is unreachable the cached certificate stays in service
   until it expires; an expired certificate is never served.
 - A new certificate is pushed (`default`) to listeners, and `ROOTCA` too when its
@@ -18,17 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
+from istio_agent.clock import Cancellable, Clock, SystemClock
 from istio_agent.pki import certs, keys
 from istio_agent.security.ca_client import CertificateSigner
+from istio_agent.security.cert_lifecycle import (
+    Action,
+    CertificateLifecycle,
+    Expire,
+    Push,
+    RenewalPolicy,
+    Request,
+    Retry,
+    Write,
+)
 from istio_agent.security.filewatch import FileWatcher
 from istio_agent.security.options import (
     CERT_CHAIN_FILE,
@@ -39,7 +52,6 @@ from istio_agent.security.options import (
     SecurityOptions,
 )
 from istio_agent.security.output import write_output_certs
-from istio_agent.security.rotation import Backoff, rotation_time
 from istio_agent.security.secrets import (
     FILE_ROOT_SYSTEM,
     ROOT_RESOURCE,
@@ -83,26 +95,30 @@ class SecretCache:
         options: SecurityOptions,
         signer: CertificateSigner | None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.options = options
         self._signer = signer
-        self._clock = clock
-        self._rand = rand
+        self._clock: Clock = clock or SystemClock()
+        self._lifecycle = CertificateLifecycle(RenewalPolicy(
+            options.grace_period_ratio, options.grace_period_ratio_jitter, options.retry_initial, options.retry_max,
+        ), rand)
         self._listeners: list[SecretListener] = []
-        self._workload: SecretItem | None = None
-        self._rotate_at = 0.0
-        self._last_root = b""
         self._extra_roots: dict[str, list[bytes]] = {}
-        self._inflight: asyncio.Task[SecretItem] | None = None
-        self._changed = asyncio.Event()
-        self._maintainer: asyncio.Task[None] | None = None
+        self._inflight: asyncio.Future[SecretItem] | None = None
+        self._request_task: asyncio.Task[None] | None = None
+        self._timer: Cancellable | None = None
+        self._maintained = False
         self._served_files: dict[str, SecretItem] = {}
         self._watcher = FileWatcher(options.file_poll_interval, self._on_files_changed)
-        self._retry_handles: dict[str, asyncio.TimerHandle] = {}
-        self.issued = 0  # certificates obtained from the CA, for diagnostics and tests
+        self._retry_handles: dict[str, Cancellable] = {}
         self._mounted = self._find_mounted_dir()
+
+    @property
+    def issued(self) -> int:
+        """Certificates obtained from the CA, for diagnostics and tests."""
+        return self._lifecycle.issued_count
 
     # --- wiring -----------------------------------------------------------------------------------------
     def on_update(self, listener: SecretListener) -> None:
@@ -126,22 +142,29 @@ class SecretCache:
         return self._signer is not None and not self._workload_files_present()
 
     async def start(self, prewarm: bool = True) -> None:
-        """Start file watching and, with a CA, the task that keeps a valid certificate (pre-warm + rotation)."""
+        """Start file watching and, with a CA, keep a valid certificate from now on (pre-warm + rotation)."""
         await self._watcher.start()
-        if prewarm and self.uses_ca and self._maintainer is None:
-            self._maintainer = asyncio.get_running_loop().create_task(self._maintain(), name="workload-cert")
+        if prewarm and self.uses_ca and not self._maintained:
+            self._maintained = True
+            self._apply(self._lifecycle.start(self._clock.now()))
 
     async def stop(self) -> None:
+        self._maintained = False
+        self._lifecycle.stop()
         for handle in self._retry_handles.values():
             handle.cancel()
         self._retry_handles.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         await self._watcher.stop()
-        for task in (self._maintainer, self._inflight):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        self._maintainer = None
+        task, self._request_task = self._request_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.cancel()
         self._inflight = None
 
     # --- serving ----------------------------------------------------------------------------------------
@@ -159,10 +182,7 @@ class SecretCache:
 
     def current_workload(self) -> SecretItem | None:
         """The cached CA-issued certificate if it is still valid, without generating one."""
-        item = self._workload
-        if item is None or item.expires <= self._clock():
-            return None
-        return item
+        return self._lifecycle.valid(self._clock.now())
 
     def snapshot(self) -> list[SecretItem]:
         """The secrets currently held (valid workload cert, its bundle, file secrets served), for diagnostics."""
@@ -182,17 +202,21 @@ class SecretCache:
         bundle = [p for p in bundle if p.strip()]
         if self._extra_roots.get(source, []) == bundle:
             return
-        before = self._merged_roots(self._last_root)
+        primary = self._primary_root()
+        before = self._merged_roots(primary)
         if bundle:
             self._extra_roots[source] = bundle
         else:
             self._extra_roots.pop(source, None)
-        if self._merged_roots(self._last_root) == before and self._last_root:
+        if self._merged_roots(primary) == before and primary:
             return
         workload = self.current_workload()
         if workload is not None:
             self._write_output(workload)
         self._notify(ROOT_RESOURCE)
+
+    def _primary_root(self) -> bytes:
+        return self._lifecycle.last_root
 
     def _merged_roots(self, primary: bytes) -> bytes:
         extra = [pem for source in sorted(self._extra_roots) for pem in self._extra_roots[source]]
@@ -204,7 +228,7 @@ class SecretCache:
             expires=workload.expires, source=workload.source,
         )
 
-    # --- the CA-issued workload certificate -----------------------------------------------------------------
+    # --- the CA-issued workload certificate: performing the lifecycle's actions -------------------------------
     async def _valid_workload(self) -> SecretItem:
         cached = self.current_workload()
         if cached is not None:
@@ -213,16 +237,70 @@ class SecretCache:
             raise SecretError(
                 "no workload certificate: no CA client is configured and no mounted certificate files were found"
             )
-        return await self._generate()
+        self._apply(self._lifecycle.demand(self._clock.now()))
+        inflight = self._inflight
+        if inflight is None:  # demand() found a valid certificate after all
+            cached = self.current_workload()
+            if cached is None:
+                raise SecretError("no workload certificate")
+            return cached
+        return await asyncio.shield(inflight)
 
-    async def _generate(self) -> SecretItem:
-        """Join the generation in flight, or start one; concurrent callers share a single CSR."""
-        task = self._inflight
-        if task is None or task.done():
-            task = asyncio.get_running_loop().create_task(self._issue(), name="workload-csr")
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._inflight = task
-        return await asyncio.shield(task)
+    def _apply(self, actions: list[Action]) -> None:
+        """Carry out what the lifecycle decided, then re-arm the timer at its next deadline."""
+        for action in actions:
+            if isinstance(action, Request):
+                self._start_request()
+            elif isinstance(action, Write):
+                self._log_issued(action.item)
+                self._write_output(action.item)
+            elif isinstance(action, Push):
+                if action.name == ROOT_RESOURCE:
+                    log.info("root certificate changed: pushing ROOTCA")
+                self._notify(action.name)
+            elif isinstance(action, Expire):
+                log.error("workload certificate expired and could not be renewed; it is no longer served")
+            elif isinstance(action, Retry):
+                state = "keeping the current certificate" if action.serving else "no valid certificate"
+                when = f"retrying in {action.delay:.1f}s" if self._maintained else "not retrying"
+                log.warning("cannot get a workload certificate (%s; %s): %s", state, when, action.reason)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self._lifecycle.deadline()
+        if deadline is not None and (self._maintained or self._lifecycle.current is not None):
+            self._timer = self._clock.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._apply(self._lifecycle.timer(self._clock.now()))
+
+    def _start_request(self) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SecretItem] = loop.create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may be waiting on it
+        self._inflight = future
+        self._request_task = loop.create_task(self._request(future), name="workload-csr")
+
+    async def _request(self, future: asyncio.Future[SecretItem]) -> None:
+        try:
+            item = await self._issue()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except SecretError as exc:
+            future.set_exception(exc)
+            self._apply(self._lifecycle.failed(str(exc), self._clock.now()))
+        except Exception as exc:
+            log.exception("unexpected failure getting a workload certificate")
+            future.set_exception(SecretError(f"unexpected failure getting a workload certificate: {exc}"))
+            self._apply(self._lifecycle.failed(repr(exc), self._clock.now()))
+        else:
+            future.set_result(item)
+            self._apply(self._lifecycle.issued(item, self._clock.now()))
 
     def _new_key_and_csr(self) -> tuple[bytes, bytes]:
         opts = self.options
@@ -239,37 +317,18 @@ class SecretCache:
             raise SecretError(f"CA returned an unreadable leaf certificate: {exc}") from None
         if not certs.public_key_matches(leaf, keys.key_from_pem(key_pem)):
             raise SecretError("CA returned a certificate for a different key")
-        now = self._clock()
-        item = SecretItem(
+        return SecretItem(
             WORKLOAD_RESOURCE, cert_chain=concat_chain(chain), private_key=key_pem, root_cert=chain[-1].encode(),
-            created=now, expires=certs.not_after(leaf), source="ca",
+            created=self._clock.now(), expires=certs.not_after(leaf), source="ca",
         )
-        self._store(item, now)
-        return item
 
-    def _store(self, item: SecretItem, now: float) -> None:
-        previous = self._workload
-        opts = self.options
-        self._workload = item
-        self._rotate_at = rotation_time(
-            item.created, item.expires, opts.grace_period_ratio, opts.grace_period_ratio_jitter, self._rand(), now
-        )
-        self.issued += 1
-        self._changed.set()
+    def _log_issued(self, item: SecretItem) -> None:
+        now = self._clock.now()
         leaf = certs.load_pem_chain(item.cert_chain)[0]
         log.info(
             "issued workload certificate %s serial %s, expires in %.0fs, rotation in %.0fs",
-            opts.spiffe_id, certs.serial_hex(leaf), item.expires - now, self._rotate_at - now,
+            self.options.spiffe_id, certs.serial_hex(leaf), item.expires - now, self._lifecycle.rotate_at - now,
         )
-        self._write_output(item)
-        root_changed = bool(self._last_root) and self._last_root != item.root_cert
-        self._last_root = item.root_cert
-        # The first certificate goes straight to whoever asked; later ones replace a served one.
-        if self.issued > 1 or previous is not None:
-            self._notify(WORKLOAD_RESOURCE)
-        if root_changed:
-            log.info("root certificate changed: pushing ROOTCA")
-            self._notify(ROOT_RESOURCE)
 
     def _write_output(self, item: SecretItem) -> None:
         directory = self.options.output_dir
@@ -284,34 +343,6 @@ class SecretCache:
             return
         if written:
             log.debug("wrote %s to %s", ", ".join(written), directory)
-
-    async def _maintain(self) -> None:
-        """Keep a valid certificate forever: pre-warm, rotate on schedule, retry failures with backoff."""
-        backoff = Backoff(self.options.retry_initial, self.options.retry_max, rand=self._rand)
-        while True:
-            item = self._workload
-            now = self._clock()
-            if item is not None and now < self._rotate_at:
-                self._changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), self._rotate_at - now)
-                continue
-            try:
-                await self._generate()
-                backoff.reset()
-            except SecretError as exc:
-                delay = backoff.next()
-                current = self.current_workload()
-                if current is None and item is not None and self._workload is item:
-                    log.error("workload certificate expired and could not be renewed; it is no longer served")
-                    self._workload = None
-                state = "keeping the current certificate" if current is not None else "no valid certificate"
-                log.warning("cannot get a workload certificate (%s; retrying in %.1fs): %s", state, delay, exc)
-                await asyncio.sleep(delay)
-            except Exception:
-                delay = backoff.next()
-                log.exception("unexpected failure getting a workload certificate; retrying in %.1fs", delay)
-                await asyncio.sleep(delay)
 
     # --- files ------------------------------------------------------------------------------------------------
     def _find_mounted_dir(self) -> Path:
@@ -378,7 +409,7 @@ class SecretCache:
         if merge:
             bundle = self._merged_roots(bundle)
         expires = min(certs.not_after(c) for c in roots)
-        return SecretItem(name, root_cert=bundle, created=self._clock(), expires=expires, source=f"file:{path}")
+        return SecretItem(name, root_cert=bundle, created=self._clock.now(), expires=expires, source=f"file:{path}")
 
     def _load_key_cert(self, name: str, cert_path: Path, key_path: Path) -> SecretItem:
         try:
@@ -395,7 +426,7 @@ class SecretCache:
         if not certs.public_key_matches(leaf, key):
             raise SecretError(f"{name}: the key in {key_path} does not match the certificate in {cert_path}")
         return SecretItem(
-            name, cert_chain=chain_pem, private_key=key_pem, created=self._clock(), expires=certs.not_after(leaf),
+            name, cert_chain=chain_pem, private_key=key_pem, created=self._clock.now(), expires=certs.not_after(leaf),
             source=f"file:{cert_path}",
         )
 
@@ -409,10 +440,9 @@ class SecretCache:
             except SecretError as exc:
                 # Often a half-written update (key before chain): try again shortly.
                 log.warning("certificate files for %s changed but cannot be loaded yet: %s", name, exc)
-                loop = asyncio.get_running_loop()
-                self._retry_handles[name] = loop.call_later(
-                    self.options.file_poll_interval, self._on_files_changed, {name}
-                )
+                retry = functools.partial(self._on_files_changed, {name})
+                when = self._clock.now() + self.options.file_poll_interval
+                self._retry_handles[name] = self._clock.call_at(when, retry)
                 continue
             if item is None:
                 continue

@@ -5,7 +5,8 @@ and atomically swapping the `..data` symlink; the visible file names are
 symlinks through `..data`, so neither their own mtime nor their inode changes.
 Hashing what the path currently resolves to catches that swap, in-place
 rewrites, and files that appear or vanish, at the cost of reading a few KiB
-per poll.
+per poll. Polling runs only while at least one file is watched, so an agent
+that serves no file-backed secret never wakes up for them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class FileWatcher:
         self._digests: dict[Path, str | None] = {}
         self._keys: dict[Path, set[str]] = {}
         self._ticker = Periodic(interval, self._tick, "cert-file-watcher")
+        self._started = False
 
     def watch(self, path: Path, key: str) -> None:
         """Start watching `path` for `key`, taking its current content as the baseline."""
@@ -44,6 +46,8 @@ class FileWatcher:
             self._keys[path] = set()
             self._digests[path] = file_digest(path)
         self._keys[path].add(key)
+        if self._started and not self._ticker.running:
+            self._ticker.start_soon()
 
     def watched(self) -> dict[Path, set[str]]:
         return {path: set(keys) for path, keys in self._keys.items()}
@@ -59,9 +63,12 @@ class FileWatcher:
         return changed
 
     async def start(self) -> None:
-        await self._ticker.start()
+        self._started = True
+        if self._keys:
+            await self._ticker.start()
 
     async def stop(self) -> None:
+        self._started = False
         await self._ticker.stop()
 
     async def _tick(self) -> None:

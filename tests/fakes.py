@@ -1,0 +1,50 @@
+"""Stand-ins the unit tests share where the real peer is a network service.
+
+`FakeSigner` plays istiod's CA for the secret cache: it signs with a real root
+(the same `pki` code istiod-local uses), so every certificate is genuine and
+verifies; it only skips gRPC. It reads time from a clock (a `VirtualClock` in
+virtual-time tests), can be taken down and brought back, and records when each
+call happened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+
+from istio_agent.pki import certs, keys
+from istio_agent.security.ca_client import CaError
+
+SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"
+
+
+class FakeSigner:
+    """A CA with a real root; `down = True` makes every call fail as an unreachable CA (UNAVAILABLE)."""
+
+    def __init__(self, now: Callable[[], float] = time.time, spiffe_id: str = SPIFFE, root_ttl: float = 10 * 86400):
+        self.now = now
+        self.spiffe_id = spiffe_id
+        self.root_ttl = root_ttl
+        self.ca = certs.new_root_ca(keys.generate_key("ECDSA"), "cluster.local", now(), int(root_ttl))
+        self.down = False
+        self.calls: list[float] = []  # when each sign() was called
+        self.failures: list[float] = []  # when each failed one was
+
+    def new_root(self) -> None:
+        """Start signing with a new root (a CA root rotation)."""
+        self.ca = certs.new_root_ca(keys.generate_key("ECDSA"), "cluster.local", self.now(), int(self.root_ttl))
+
+    async def sign(self, csr_pem: bytes, ttl_seconds: int) -> list[str]:
+        self.calls.append(self.now())
+        if self.down:
+            self.failures.append(self.now())
+            raise CaError("CA is down", grpc.StatusCode.UNAVAILABLE)
+        csr = certs.load_csr(csr_pem)
+        assert certs.csr_sans(csr) == [self.spiffe_id]
+        leaf = certs.sign_workload_csr(self.ca, csr, self.spiffe_id, self.now(), ttl_seconds)
+        return [certs.cert_to_pem(leaf), self.ca.cert_pem.decode()]
+
+    async def close(self) -> None:
+        return None
