@@ -13,6 +13,9 @@ figure is kept, since other load on a shared machine only makes figures worse.
 `known_qps_agent_busy` repeats the known-name QPS run while the agent's own
 event loop burns CPU in 50 ms slices (a stand-in for xDS pushes): it shows what
 answering on dedicated threads buys.
+`silent_upstream_servfail_{udp,tcp}_ms`: how long a client waits for SERVFAIL
+when the only upstream accepts queries and never answers, with a 300 ms upstream
+timeout (median of 5; the component tests check only that SERVFAIL comes).
 
 Usage: python benchmarks/bench_dns.py [--duration S] [--names N]
 Last line: one JSON object with the figures.
@@ -56,10 +59,15 @@ def _pin(core: int | None) -> list[str]:
     return [taskset, "-c", str(core)]
 
 
+def _query_wire(name: str, qid: int = 0xABCD) -> bytes:
+    """A plain recursive A query for `name` (no EDNS)."""
+    return (qid.to_bytes(2, "big") + bytes.fromhex("01000001000000000000")
+            + b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\x00\x00\x01\x00\x01")
+
+
 def _wait_udp(port: int, deadline_s: float = 10.0) -> None:
     # svc0.ns0.svc.cluster.local A: known to every server under test; the upstream answers REFUSED
-    query = bytes.fromhex("abcd01000001000000000000") + b"".join(
-        bytes([len(label)]) + label.encode() for label in _known_names(1)[0][0].split(".")) + b"\x00\x00\x01\x00\x01"
+    query = _query_wire(_known_names(1)[0][0])
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -186,13 +194,10 @@ def _serve_main(argv: list[str]) -> None:
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--same-loop", action="store_true")
     args = parser.parse_args(argv)
-    main_coro = _serve(args.port, args.resolv_conf, args.upstream_port, args.names, args.busy, args.same_loop)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main_coro)
-    else:
-        uvloop.run(main_coro)
+    from istio_agent.eventloop import new_event_loop
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(_serve(args.port, args.resolv_conf, args.upstream_port, args.names, args.busy, args.same_loop))
 
 
 def _proxy_argv(core: int | None, port: int, resolv_conf: Path, upstream_port: int, names: int,
@@ -200,6 +205,74 @@ def _proxy_argv(core: int | None, port: int, resolv_conf: Path, upstream_port: i
     argv = [*_pin(core), sys.executable, __file__, "--serve", "--port", str(port), "--resolv-conf",
             str(resolv_conf), "--upstream-port", str(upstream_port), "--names", str(names)]
     return argv + (["--busy"] if busy else []) + (["--same-loop"] if same_loop else [])
+
+
+# ---- time to SERVFAIL with a silent upstream (in this process) --------------------------------------
+
+
+SILENT_UPSTREAM_TIMEOUT = 0.3  # the proxy's per-server upstream timeout for this run
+
+
+def _servfail_after(port: int, qid: int, tcp: bool) -> float:
+    """Seconds from sending one forwarded query to the proxy's SERVFAIL (UDP or TCP)."""
+    query = _query_wire(f"q{qid}.{FWD_DOMAIN}", qid)
+    if tcp:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            start = time.perf_counter()
+            conn.sendall(len(query).to_bytes(2, "big") + query)
+            reply = b""
+            while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise RuntimeError("the proxy closed the TCP connection without an answer")
+                reply += chunk
+            elapsed = time.perf_counter() - start
+            reply = reply[2:]
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(10)
+            start = time.perf_counter()
+            s.sendto(query, ("127.0.0.1", port))
+            reply = s.recv(65535)
+            elapsed = time.perf_counter() - start
+    if reply[:2] != query[:2] or reply[3] & 0x0F != 2:
+        raise RuntimeError(f"expected SERVFAIL for query {qid}, got {reply[:4].hex()}")
+    return elapsed
+
+
+async def _silent_upstream_servfail(tmp: Path, queries: int) -> dict[str, float]:
+    """Median time to SERVFAIL over UDP and TCP when the only upstream accepts queries and never answers.
+
+    The proxy should give up right after its upstream timeout; the figure shows
+    by how much it overshoots. No peer: dnsmasq keeps retrying a silent server
+    instead of answering SERVFAIL, so there is nothing like-for-like to compare.
+    """
+    from prometheus_client import CollectorRegistry
+
+    from istio_agent.dns import DnsProxy, DnsProxyOptions
+    from istio_agent.protos import nds_pb2
+
+    port = free_udp_tcp_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp_hole, \
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp_hole:
+        udp_hole.bind(("127.0.0.1", port))
+        tcp_hole.bind(("127.0.0.1", port))
+        tcp_hole.listen(64)  # accepted by the kernel, never read
+        resolv_conf = tmp / "silent-resolv.conf"
+        resolv_conf.write_text("nameserver 127.0.0.1\n")
+        proxy = DnsProxy(DnsProxyOptions(addr="127.0.0.1:0", resolv_conf=str(resolv_conf), upstream_port=port,
+                                         upstream_timeout=SILENT_UPSTREAM_TIMEOUT), registry=CollectorRegistry())
+        await proxy.start()
+        try:
+            proxy.update_name_table(nds_pb2.NameTable())  # synced, so unknown names go upstream
+            proxy_port = proxy.addresses[0][1]
+            out = {}
+            for label, tcp in (("udp", False), ("tcp", True)):
+                times = [await asyncio.to_thread(_servfail_after, proxy_port, i + 1, tcp) for i in range(queries)]
+                out[label] = statistics.median(times)
+            return out
+        finally:
+            await proxy.stop()
 
 
 # ---- orchestration ---------------------------------------------------------------------------------
@@ -266,6 +339,10 @@ def main() -> None:
         print(f"agent loop busy (50 ms CPU slices), known names: own threads "
               f"{results['proxy_known_qps_agent_busy']:9.0f} qps, answering on the agent loop "
               f"{results['same_loop_known_qps_agent_busy']:9.0f} qps", flush=True)
+        silent = asyncio.run(_silent_upstream_servfail(tmp, 5))
+        print(f"silent upstream (timeout {SILENT_UPSTREAM_TIMEOUT * 1e3:.0f} ms): SERVFAIL after "
+              f"{silent['udp'] * 1e3:6.1f} ms over UDP, {silent['tcp'] * 1e3:6.1f} ms over TCP (median of 5)",
+              flush=True)
 
     known_ratio = results["proxy_known_qps"] / results["dnsmasq_known_qps"]
     summary = {
@@ -280,6 +357,8 @@ def main() -> None:
         "known_qps_agent_busy": round(results["proxy_known_qps_agent_busy"]),
         "same_loop_known_qps_agent_busy": round(results["same_loop_known_qps_agent_busy"]),
         "dns_qps_ratio_vs_dnsmasq": round(known_ratio, 3),
+        "silent_upstream_servfail_udp_ms": round(silent["udp"] * 1e3, 1),
+        "silent_upstream_servfail_tcp_ms": round(silent["tcp"] * 1e3, 1),
     }
     print(f"known-name QPS ratio vs dnsmasq: {summary['known_qps_ratio']}  "
           f"p99 ratio: {summary['known_p99_ratio']}  forwarded QPS ratio: {summary['forward_qps_ratio']}")

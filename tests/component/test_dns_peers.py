@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dns.message
 import dns.query
@@ -138,10 +139,11 @@ def name_table() -> nds_pb2.NameTable:
 @contextlib.asynccontextmanager
 async def running_proxy(resolv_conf: Path, upstream_port: int, *, addr: str = "127.0.0.1:0",
                         timeout: float = 1.0, parallel: bool = False,
-                        registry: CollectorRegistry | None = None) -> AsyncIterator[DnsProxy]:
+                        registry: CollectorRegistry | None = None, **options: Any) -> AsyncIterator[DnsProxy]:
+    """A started proxy on loopback; `options` are further DnsProxyOptions fields."""
     proxy = DnsProxy(DnsProxyOptions(addr=addr, namespace=NAMESPACE, domain=DOMAIN,
                                      resolv_conf=str(resolv_conf), upstream_port=upstream_port,
-                                     upstream_timeout=timeout, forward_parallel=parallel),
+                                     upstream_timeout=timeout, forward_parallel=parallel, **options),
                      registry=registry if registry is not None else CollectorRegistry())
     await proxy.start()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from test_dns_peers import (
 )
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions, name_table_json
+from istio_agent.dns.tcp_framing import frame
 
 
 @pytest.fixture(scope="module")
@@ -206,10 +208,10 @@ async def test_upstream_silent_gives_servfail_after_timeout(tmp_path: Path) -> N
         async with running_proxy(conf, port, timeout=0.3) as p:
             p.update_name_table(name_table())
             for transport in ([], ["+tcp"]):
-                start = time.monotonic()
+                # dig waits 3 s and reports no reply at all otherwise: the SERVFAIL is the proxy giving up.
+                # How long that takes is bench_dns's silent_upstream_servfail_* figures, not a test.
                 msg = await _dig(p, "www.ext.test", *transport)
                 assert msg.rcode() == dns.rcode.SERVFAIL
-                assert time.monotonic() - start < 3  # within dig's own 3 s wait: the proxy gave up first
             registry_text = generate_latest(p.metrics.registry).decode()
             assert "istio_agent_dns_upstream_failures_total 2.0" in registry_text
 
@@ -283,7 +285,6 @@ async def test_localhost_binds_ipv4_and_ipv6(tmp_path: Path, upstream: Dnsmasq) 
 
 
 async def test_stop_releases_ports_and_threads(tmp_path: Path, upstream: Dnsmasq) -> None:
-    import threading
     before = {t.name for t in threading.enumerate()}
     conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
     port = free_udp_tcp_port()
@@ -305,10 +306,15 @@ async def test_agent_loop_busy_does_not_stop_answers(proxy: DnsProxy) -> None:
         for _ in range(20):
             answered.append(_ips(dns_query(port, "echo.", timeout=2.0)))
 
-    thread = asyncio.get_running_loop().run_in_executor(None, client)
-    deadline = time.monotonic() + 10
-    while len(answered) < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)  # deliberately block the agent's event loop while the client runs
+    def client_then_signal() -> None:
+        try:
+            client()
+        finally:
+            finished.set()
+
+    finished = threading.Event()
+    thread = asyncio.get_running_loop().run_in_executor(None, client_then_signal)
+    finished.wait(timeout=60)  # deliberately blocks the agent's event loop for the whole client run
     await thread
     assert answered == [["10.96.0.20"]] * 20
 
@@ -319,7 +325,6 @@ async def test_async_update_compiles_off_loop(proxy: DnsProxy) -> None:
 
 
 async def test_port_in_use_fails_start_cleanly(tmp_path: Path, upstream: Dnsmasq) -> None:
-    import threading
     conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
@@ -336,3 +341,56 @@ async def test_port_in_use_fails_start_cleanly(tmp_path: Path, upstream: Dnsmasq
 def test_bad_address_is_rejected() -> None:
     with pytest.raises(ValueError):
         DnsProxy(DnsProxyOptions(addr="nonsense"))._bind()
+
+
+def _tcp_read_frame(conn: socket.socket) -> bytes | None:
+    """One length-prefixed DNS message from `conn`, None when the server closed the connection first."""
+    buf = b""
+    while len(buf) < 2 or len(buf) < 2 + int.from_bytes(buf[:2], "big"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    return buf[2:2 + int.from_bytes(buf[:2], "big")]
+
+
+async def test_tcp_query_in_flight_holds_off_the_idle_close(tmp_path: Path) -> None:
+    """A client waiting on a slow upstream is not idle: it gets its answer, then the idle close."""
+    port = free_udp_tcp_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blackhole, \
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp_blackhole:
+        blackhole.bind(("127.0.0.1", port))
+        tcp_blackhole.bind(("127.0.0.1", port))
+        tcp_blackhole.listen(8)  # accepts, never answers: the forward lasts the whole upstream timeout
+        conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
+        async with running_proxy(conf, port, timeout=1.5, tcp_idle_timeout=0.5) as p:
+            p.update_name_table(name_table())
+
+            def exchange() -> tuple[bytes | None, bytes | None]:
+                with socket.create_connection(("127.0.0.1", _port(p)), timeout=10) as conn:
+                    conn.sendall(frame(dns.message.make_query("www.ext.test.", "A").to_wire()))
+                    return _tcp_read_frame(conn), _tcp_read_frame(conn)
+
+            answer, after = await asyncio.to_thread(exchange)
+            assert answer is not None, "the connection was closed while its query was in flight"
+            assert dns.message.from_wire(answer).rcode() == dns.rcode.SERVFAIL
+            assert after is None  # then, with nothing in flight, the idle close
+
+
+async def test_tcp_partial_frame_deadline_closes_a_stalled_frame(tmp_path: Path, upstream: Dnsmasq) -> None:
+    """With the option on, 10 bytes of a 50-byte frame are given up long before the idle timeout."""
+    conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
+    async with running_proxy(conf, upstream.port, tcp_idle_timeout=3600.0, tcp_partial_frame_timeout=0.1) as p:
+        p.update_name_table(name_table())
+
+        def stalled_and_whole() -> tuple[bytes | None, bytes | None]:
+            with socket.create_connection(("127.0.0.1", _port(p)), timeout=10) as stalled, \
+                    socket.create_connection(("127.0.0.1", _port(p)), timeout=10) as whole:
+                stalled.sendall((50).to_bytes(2, "big") + b"x" * 8)
+                closed = _tcp_read_frame(stalled)
+                whole.sendall(frame(dns.message.make_query("echo.", "A").to_wire()))
+                return closed, _tcp_read_frame(whole)
+
+        closed, answer = await asyncio.to_thread(stalled_and_whole)
+        assert closed is None
+        assert answer is not None and _ips(dns.message.from_wire(answer)) == ["10.96.0.20"]
