@@ -1,147 +1,79 @@
-"""The registry of every environment variable the agent reads.
+"""The registry: every environment variable the agent reads, declared once.
 
-Upstream declares each variable once with its default and a description; so do
-we. Components never call `os.environ` directly: they ask an `Environment`
-(built from a plain mapping, so tests pass a dict) for a registered `EnvVar`,
-and get a parsed, typed value or a `ConfigError` naming the variable and value.
+Each entry has upstream's name and default, what it means, and how much of it
+this agent honours (see `config/envvar.py`). Only `config/` reads these; the
+options resolver turns them into per-component options. `docs/ENVIRONMENT.md`
+is generated from this file.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from istio_agent.config.envvar import (
+    ACCEPTED,
+    PARTIAL,
+    REGISTRY,
+    Environment,
+    EnvVar,
+    boolean,
+    duration,
+    floating,
+    integer,
+    parse_bool,
+    string,
+)
 
-from istio_agent.config.durations import parse_duration
-from istio_agent.config.errors import ConfigError
+__all__ = ["REGISTRY", "EnvVar", "Environment", "parse_bool"]
 
-T = TypeVar("T")
-
-# Exactly the spellings Go's strconv.ParseBool accepts, which is what upstream's env package uses.
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-
-
-def parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool: 1/t/T/TRUE/true/True and 0/f/F/FALSE/false/False, nothing else."""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"not a boolean (expected true or false): {text!r}")
-
-
-@dataclass(frozen=True)
-class EnvVar(Generic[T]):
-    """One environment variable: its name, default (already parsed), parser and meaning."""
-
-    name: str
-    default: T
-    description: str
-    parse: Callable[[str], T]
-    type_name: str
-
-
-REGISTRY: dict[str, EnvVar[Any]] = {}
-
-
-def _register(var: EnvVar[T]) -> EnvVar[T]:
-    if var.name in REGISTRY:
-        raise RuntimeError(f"environment variable {var.name} registered twice")
-    REGISTRY[var.name] = var
-    return var
-
-
-def string(name: str, default: str, description: str) -> EnvVar[str]:
-    return _register(EnvVar(name, default, description, str, "string"))
-
-
-def boolean(name: str, default: bool, description: str) -> EnvVar[bool]:
-    return _register(EnvVar(name, default, description, parse_bool, "bool"))
-
-
-def integer(name: str, default: int, description: str) -> EnvVar[int]:
-    return _register(EnvVar(name, default, description, lambda s: int(s.strip()), "int"))
-
-
-def floating(name: str, default: float, description: str) -> EnvVar[float]:
-    return _register(EnvVar(name, default, description, lambda s: float(s.strip()), "float"))
-
-
-def duration(name: str, default: float, description: str) -> EnvVar[float]:
-    """A Go-style duration, parsed to seconds."""
-    return _register(EnvVar(name, default, description, parse_duration, "duration"))
-
-
-class Environment:
-    """Typed, validated access to a snapshot of the process environment."""
-
-    def __init__(self, values: Mapping[str, str] | None = None) -> None:
-        self._values: dict[str, str] = dict(os.environ if values is None else values)
-
-    def get(self, var: EnvVar[T]) -> T:
-        raw = self._values.get(var.name)
-        if raw is None or (raw == "" and var.type_name != "string"):
-            return var.default
-        try:
-            return var.parse(raw)
-        except ValueError as exc:
-            raise ConfigError(f"environment variable {var.name}={raw!r}: {exc}") from None
-
-    def raw(self, name: str) -> str | None:
-        return self._values.get(name)
-
-    def is_set(self, var: EnvVar[Any]) -> bool:
-        return var.name in self._values
-
-    def with_prefix(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """Every (name without prefix, value) whose name starts with `prefix`, sorted by name."""
-        for name in sorted(self._values):
-            if name.startswith(prefix):
-                yield name[len(prefix):], self._values[name]
-
-    def overlay(self, extra: Mapping[str, str]) -> Environment:
-        """A new environment where `extra` (e.g. ProxyConfig proxyMetadata) fills unset names.
-
-        Upstream applies `proxyMetadata` only to variables that the process does not already
-        have, so an explicit container env always wins.
-        """
-        merged = dict(extra)
-        merged.update(self._values)
-        return Environment(merged)
-
-    def as_dict(self) -> dict[str, str]:
-        return dict(self._values)
-
+_WASM = "the agent does not fetch Wasm modules: extension configs go to Envoy as istiod sent them"
+_GCP = "GCP platform detection and metadata are not implemented"
 
 # --- identity of the pod --------------------------------------------------------------------------
 POD_NAME = string("POD_NAME", "", "Name of the pod, part of the node id.")
 POD_NAMESPACE = string("POD_NAMESPACE", "", "Namespace of the pod; SPIFFE id and default domain.")
 INSTANCE_IP = string("INSTANCE_IP", "", "The pod IP; first IP of the node id.")
-INSTANCE_IPS = string("INSTANCE_IPS", "", "Comma-separated pod IPs (dual stack).")
+INSTANCE_IPS = string("INSTANCE_IPS", "", "Not upstream. Comma-separated pod IPs (dual stack), after INSTANCE_IP.",
+                      upstream=False)
 SERVICE_ACCOUNT = string("SERVICE_ACCOUNT", "", "Kubernetes service account; SPIFFE id.")
 ISTIO_META_CLUSTER_ID = string("ISTIO_META_CLUSTER_ID", "Kubernetes", "Cluster id sent as ClusterID.")
-ISTIO_VERSION = string("ISTIO_VERSION", "", "Istio version reported in node metadata.")
+ISTIO_VERSION = string("ISTIO_VERSION", "", "Not upstream. Istio version reported in node metadata.",
+                       upstream=False)
 TRUST_DOMAIN = string("TRUST_DOMAIN", "cluster.local", "SPIFFE trust domain of workload ids.")
+HOST_IP = string("HOST_IP", "", "The node's IP: replaces $(HOST_IP) in tracing addresses and the bootstrap override.")
 
 # --- configuration layers --------------------------------------------------------------------------
 PROXY_CONFIG = string("PROXY_CONFIG", "", "ProxyConfig (YAML or JSON) layered over the mesh defaults.")
 PROXY_CONFIG_XDS_AGENT = boolean(
     "PROXY_CONFIG_XDS_AGENT", False, "Receive ProxyConfig (PCDS) over xDS and apply trust bundles."
 )
+ISTIO_CPU_LIMIT = integer(
+    "ISTIO_CPU_LIMIT", 0, "CPU limit of the container, rounded up; Envoy's concurrency when none is configured.",
+    support=ACCEPTED, note="Envoy's concurrency comes from ProxyConfig (default 2) or --concurrency")
 
 # --- control plane and CA --------------------------------------------------------------------------
 CA_ADDR = string("CA_ADDR", "", "Address of the CA; defaults to the ProxyConfig discoveryAddress.")
-CA_PROVIDER = string("CA_PROVIDER", "Citadel", "Name of the CA implementation.")
-PILOT_CERT_PROVIDER = string("PILOT_CERT_PROVIDER", "istiod", "Who signs istiod's serving certificate.")
+CA_PROVIDER = string("CA_PROVIDER", "Citadel", "Name of the CA implementation.", support=ACCEPTED,
+                     note="only istiod's CA protocol (IstioCertificateService) is spoken")
+PILOT_CERT_PROVIDER = string(
+    "PILOT_CERT_PROVIDER", "istiod", "Who signs istiod's serving certificate (decides the default root file).",
+    support=ACCEPTED, note="istiod's root is always XDS_ROOT_CA/CA_ROOT_CA or ./var/run/secrets/istio/root-cert.pem")
 XDS_ROOT_CA = string("XDS_ROOT_CA", "", "Root certificate file for istiod's xDS TLS, or SYSTEM.")
 CA_ROOT_CA = string("CA_ROOT_CA", "", "Root certificate file for the CA's TLS, or SYSTEM.")
 ISTIOD_SAN = string("ISTIOD_SAN", "", "Expected server name of istiod, overriding the address host.")
 PROV_CERT = string("PROV_CERT", "", "Directory of a provisioning certificate used as a client cert to the CA.")
 XDS_AUTH = boolean("XDS_AUTH", True, "Send the bearer token to istiod.")
-JWT_POLICY = string("JWT_POLICY", "third-party-jwt", "Which Kubernetes token the pod has.")
-CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "", "Plugin that fetches the token.")
+XDS_AUTH_PROVIDER = string("XDS_AUTH_PROVIDER", "", "Provider of xDS credentials (e.g. gcp).", support=ACCEPTED,
+                           note="only the Kubernetes service-account token is sent")
+JWT_POLICY = string("JWT_POLICY", "third-party-jwt", "Which Kubernetes token the pod has.", support=ACCEPTED,
+                    note="the token is always ./var/run/secrets/tokens/istio-token (third-party-jwt)")
+CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "", "Plugin that fetches the token.", support=ACCEPTED,
+                                 note=_GCP)
+CREDENTIAL_IDENTITY_PROVIDER = string(
+    "CREDENTIAL_IDENTITY_PROVIDER", "GoogleComputeEngine", "Identity provider of the credential fetcher.",
+    support=ACCEPTED, note=_GCP)
+GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.",
+                                   support=ACCEPTED, note="gRPC's own keepalive defaults are used")
+GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.",
+                                  support=ACCEPTED, note="gRPC's own keepalive defaults are used")
 
 # --- workload certificates --------------------------------------------------------------------------
 SECRET_TTL = duration("SECRET_TTL", 24 * 3600.0, "Requested lifetime of workload certificates.")
@@ -154,11 +86,18 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = floating(
 WORKLOAD_RSA_KEY_SIZE = integer("WORKLOAD_RSA_KEY_SIZE", 2048, "RSA key size of workload keys.")
 ECC_SIGNATURE_ALGORITHM = string("ECC_SIGNATURE_ALGORITHM", "", "ECDSA for elliptic-curve workload keys.")
 ECC_CURVE = string("ECC_CURVE", "P256", "Curve for ECDSA workload keys: P256 or P384.")
+PKCS8_KEY = boolean("PKCS8_KEY", False, "Write workload keys as PKCS#8 rather than PKCS#1/SEC1.", support=ACCEPTED,
+                    note="keys are always PKCS#8")
 OUTPUT_CERTS = string("OUTPUT_CERTS", "", "Directory to which workload certificates are written.")
 FILE_MOUNTED_CERTS = boolean("FILE_MOUNTED_CERTS", False, "Use mounted certificates instead of the CA.")
-CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer.")
+FILE_DEBOUNCE_DURATION = duration(
+    "FILE_DEBOUNCE_DURATION", 0.1, "How long a changed certificate file settles before it is read.",
+    support=ACCEPTED, note="mounted certificate files are polled every 0.5 s, not watched and debounced")
+CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer.", support=ACCEPTED,
+                            note="Kubernetes CSR signer names are not built")
 ISTIO_META_CERT_SIGNER = string("ISTIO_META_CERT_SIGNER", "", "Signer name sent as CertSigner metadata.")
-ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Trust several roots at once.")
+ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Trust several roots at once.", support=ACCEPTED,
+                               note="roots are merged only from PCDS trust bundles")
 WORKLOAD_IDENTITY_SOCKET_FILE = string(
     "WORKLOAD_IDENTITY_SOCKET_FILE", "socket", "File name of the SDS socket in workload-spiffe-uds."
 )
@@ -168,6 +107,29 @@ DISABLE_ENVOY = boolean("DISABLE_ENVOY", False, "Run no Envoy (proxyless gRPC)."
 ISTIO_BOOTSTRAP = string("ISTIO_BOOTSTRAP", "", "Path of a custom bootstrap template.")
 ISTIO_BOOTSTRAP_OVERRIDE = string("ISTIO_BOOTSTRAP_OVERRIDE", "", "Bootstrap fragment merged over the result.")
 ISTIO_DELTA_XDS = boolean("ISTIO_DELTA_XDS", True, "Envoy uses delta xDS.")
+ISTIO_DUAL_STACK = boolean("ISTIO_DUAL_STACK", False, "Listen and resolve on both IP families (bootstrap addresses).")
+COMPLIANCE_POLICY = string(
+    "COMPLIANCE_POLICY", "", "fips-140-2 restricts TLS versions and ciphers.", support=PARTIAL,
+    note="applied to the bootstrap's runtime flags only, not to the agent's own TLS")
+HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = boolean(
+    "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", True, "Envoy strips the #fragment from request paths.")
+ISTIO_ENVOY_ENABLE_CORE_DUMP = boolean("ISTIO_ENVOY_ENABLE_CORE_DUMP", False, "Start Envoy with --enable-core-dump.")
+ENVOY_SKIP_DEPRECATED_LOGS = boolean(
+    "ENVOY_SKIP_DEPRECATED_LOGS", True, "Start Envoy with --skip-deprecated-logs.", support=ACCEPTED,
+    note="Envoy is started without --skip-deprecated-logs")
+ENVOY_STATUS_PORT = integer("ENVOY_STATUS_PORT", 15021, "Envoy's health listener port.", support=ACCEPTED,
+                            note="the bootstrap's health listener is always on 15021")
+ENVOY_PROMETHEUS_PORT = integer("ENVOY_PROMETHEUS_PORT", 15090, "Envoy's Prometheus listener port.",
+                                support=ACCEPTED, note="the bootstrap's Prometheus listener is always on 15090")
+ENVOY_SECURE_METRICS_PORT = integer(
+    "ENVOY_SECURE_METRICS_PORT", 0, "mTLS listener for Envoy's stats.", support=ACCEPTED,
+    note="no secure metrics listener is rendered")
+ENVOY_SECURE_MERGED_METRICS_PORT = integer(
+    "ENVOY_SECURE_MERGED_METRICS_PORT", 0, "mTLS listener for the merged stats.", support=ACCEPTED,
+    note="no secure metrics listener is rendered")
+ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = boolean(
+    "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", False, "PROXY protocol on Envoy's health listener.",
+    support=ACCEPTED, note="the health listener takes no PROXY protocol")
 MINIMUM_DRAIN_DURATION = duration(
     "MINIMUM_DRAIN_DURATION", 5.0, "With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, drain at least this long."
 )
@@ -175,14 +137,34 @@ EXIT_ON_ZERO_ACTIVE_CONNECTIONS = boolean(
     "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", False, "Stop Envoy as soon as downstream connections reach zero."
 )
 ISTIO_META_GENERATOR = string("ISTIO_META_GENERATOR", "", "xDS generator istiod uses (grpc for proxyless).")
+ISTIO_META_ENABLE_SELF_DISCOVERY = boolean(
+    "ISTIO_META_ENABLE_SELF_DISCOVERY", False, "Add a local_cluster for zone-aware load balancing.",
+    support=PARTIAL, note="sent to istiod in node metadata; the bootstrap gets no local_cluster")
+PEER_METADATA_DISCOVERY = boolean("PEER_METADATA_DISCOVERY", False, "Envoy's peer metadata discovery extension.",
+                                  support=ACCEPTED, note="not rendered into the bootstrap")
 ISTIO_AGENT_ENVOY_UID = integer(
     "ISTIO_AGENT_ENVOY_UID", 0,
     "Not upstream. When the agent runs as root, run Envoy as this uid (gid of the same number), e.g. 1337, "
     "so Envoy's own traffic bypasses capture as the istio-proxy user's does; 0 keeps the agent's user.",
+    upstream=False,
 )
 GRPC_XDS_BOOTSTRAP = string(
     "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", "Where the gRPC xDS bootstrap is written."
 )
+WASM_INSECURE_REGISTRIES = string("WASM_INSECURE_REGISTRIES", "", "Registries Wasm modules may come from over plain "
+                                  "HTTP.", support=ACCEPTED, note=_WASM)
+WASM_MODULE_EXPIRY = duration("WASM_MODULE_EXPIRY", 24 * 3600.0, "How long a fetched Wasm module is cached.",
+                              support=ACCEPTED, note=_WASM)
+WASM_PURGE_INTERVAL = duration("WASM_PURGE_INTERVAL", 3600.0, "How often expired Wasm modules are removed.",
+                               support=ACCEPTED, note=_WASM)
+WASM_HTTP_REQUEST_TIMEOUT = duration("WASM_HTTP_REQUEST_TIMEOUT", 15.0, "Timeout of one Wasm module download.",
+                                     support=ACCEPTED, note=_WASM)
+WASM_HTTP_REQUEST_MAX_RETRIES = integer("WASM_HTTP_REQUEST_MAX_RETRIES", 5, "Retries of a Wasm module download.",
+                                        support=ACCEPTED, note=_WASM)
+CLOUD_PLATFORM = string("CLOUD_PLATFORM", "", "The cloud platform the proxy runs on.", support=ACCEPTED, note=_GCP)
+GCP_METADATA = string("GCP_METADATA", "", "GCP project and cluster metadata.", support=ACCEPTED, note=_GCP)
+GCP_QUOTA_PROJECT = string("GCP_QUOTA_PROJECT", "", "GCP quota project.", support=ACCEPTED, note=_GCP)
+GCP_ZONE = string("GCP_ZONE", "", "GCP zone of the workload.", support=ACCEPTED, note=_GCP)
 
 # --- DNS ------------------------------------------------------------------------------------------------
 ISTIO_META_DNS_CAPTURE = boolean("ISTIO_META_DNS_CAPTURE", False, "Run the DNS proxy (sidecar).")
@@ -190,6 +172,7 @@ ISTIO_META_ENABLE_DNS_SERVER = boolean("ISTIO_META_ENABLE_DNS_SERVER", False, "R
 ISTIO_META_DNS_AUTO_ALLOCATE = boolean("ISTIO_META_DNS_AUTO_ALLOCATE", False, "Ask istiod for auto-allocated VIPs.")
 DNS_PROXY_ADDR = string("DNS_PROXY_ADDR", "localhost:15053", "Address of the DNS proxy.")
 DNS_FORWARD_PARALLEL = boolean("DNS_FORWARD_PARALLEL", False, "Ask every upstream resolver at once.")
+DNS_FORWARD_TIMEOUT = duration("DNS_FORWARD_TIMEOUT", 5.0, "Timeout of a query forwarded to an upstream resolver.")
 
 # --- status server ---------------------------------------------------------------------------------------
 ISTIO_KUBE_APP_PROBERS = string("ISTIO_KUBE_APP_PROBERS", "", "Rewritten application probes (JSON).")
@@ -197,6 +180,17 @@ ISTIO_PROMETHEUS_ANNOTATIONS = string("ISTIO_PROMETHEUS_ANNOTATIONS", "", "Appli
 PILOT_AGENT_MERGE_ENVOY_STATS = boolean(
     "PILOT_AGENT_MERGE_ENVOY_STATS", True, "Include Envoy's stats in the merged metrics."
 )
+METRICS_LOCALHOST_ACCESS_ONLY = boolean(
+    "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics to localhost only.", support=ACCEPTED,
+    note="the merged metrics answer every caller")
+REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(
+    "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.",
+    support=ACCEPTED, note="probes go to the pod IP")
+ISTIO_ENABLE_HTTP2_PROBING = boolean("ISTIO_ENABLE_HTTP2_PROBING", True, "HTTP/2 for app probes that ask for it.",
+                                     support=ACCEPTED, note="HTTP probes use HTTP/1.1")
+ENABLE_PROBE_KEEPALIVE_CONNECTIONS = boolean(
+    "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", False, "Reuse connections between app probes.", support=ACCEPTED,
+    note="each probe opens its own connection")
 
 ISTIO_META_PREFIX = "ISTIO_META_"
 ISTIO_METAJSON_PREFIX = "ISTIO_METAJSON_"
