@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from grpc_health.v1 import health_pb2
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
@@ -30,7 +31,6 @@ from istio_agent.status.probes import (
     rewrite_host,
     source_address,
 )
-from istio_agent.status.probes_prober import decode_health_response, encode_health_request
 
 LIVEZ = "/app-health/web/livez"
 
@@ -220,25 +220,12 @@ def test_redirect_to_an_unusable_location_fails() -> None:
     assert isinstance(next_step(302, "http://10.0.0.5:99999/x", FIRST, FIRST, 1, None), Fail)
 
 
-# ---- grpc.health.v1 codec against the generated messages ------------------------------------------------------
+# ---- grpc.health.v1 messages: loaded by the first gRPC probe, not at agent start ---------------------------------
 
 
-@pytest.mark.parametrize("service", ["", "api.v1.Echo", "ü" * 200])
-def test_health_request_encoding_matches_protobuf(service: str) -> None:
-    assert encode_health_request(service) == health_pb2.HealthCheckRequest(service=service).SerializeToString()
-
-
-@pytest.mark.parametrize("status", [0, 1, 2, 3])
-def test_health_response_decoding_matches_protobuf(status: int) -> None:
-    data = health_pb2.HealthCheckResponse(status=status).SerializeToString()  # type: ignore[arg-type]
-    assert decode_health_response(data) == status
-    # Unknown fields of every wire type are skipped.
-    extra = b"\x12\x03abc" + b"\x19" + bytes(8) + b"\x25" + bytes(4) + b"\x30\x96\x01"
-    assert decode_health_response(extra + data) == status
-
-
-def test_health_response_truncated_is_an_error() -> None:
-    with pytest.raises(ValueError):
-        decode_health_response(b"\x08")
-    with pytest.raises(ValueError):
-        decode_health_response(b"\x12\x05ab")
+def test_health_messages_are_not_imported_with_the_prober() -> None:
+    # (`import grpc` itself imports the empty top-level `grpc_health` package when it is installed.)
+    code = ("import sys; import istio_agent.status.probes_prober; "
+            "print(','.join(m for m in sys.modules if m.startswith('grpc_health.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == ""

@@ -45,7 +45,6 @@ from istio_agent.status.probes import (
 log = logging.getLogger("istio_agent.probes")
 
 HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
-SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING
 
 
 @dataclass(frozen=True)
@@ -53,64 +52,6 @@ class ProbeResult:
     status: int
     body: bytes = b""
     content_type: str | None = None
-
-
-# ---- grpc.health.v1 messages, encoded by hand (two fields; no generated code needed at runtime) ---------------
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def encode_health_request(service: str) -> bytes:
-    """HealthCheckRequest{service = 1}: empty service encodes to no bytes (proto3 default)."""
-    data = service.encode()
-    return b"\x0a" + _varint(len(data)) + data if data else b""
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
-
-
-def decode_health_response(data: bytes) -> int:
-    """HealthCheckResponse → its status (field 1, enum); unknown fields skipped, absent status is UNKNOWN (0)."""
-    status, pos = 0, 0
-    while pos < len(data):
-        key, pos = _read_varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(data, pos)
-            if number == 1:
-                status = value
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            length, pos = _read_varint(data, pos)
-            pos += length
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > len(data):
-            raise ValueError("truncated message")
-    return status
 
 
 # ---- the prober ------------------------------------------------------------------------------------------
@@ -212,14 +153,19 @@ class AppProber:
         return ProbeResult(200)
 
     async def _grpc(self, probe: AppProbe, action: GrpcAction) -> ProbeResult:
+        # Imported on the first gRPC probe, not at agent start: most pods have none, and every
+        # agent's resident memory counts. Only the messages: the generated stub module insists
+        # on a grpcio at least as new as the one it was generated with.
+        from grpc_health.v1 import health_pb2
+
         target = host_port(self.options.pod_ip, action.port)
         options = [("grpc.primary_user_agent", PROBE_USER_AGENT), ("grpc.enable_retries", 0)]
         async with grpc.aio.insecure_channel(target, options=options) as channel:
             check = channel.unary_unary(
-                HEALTH_CHECK_METHOD, request_serializer=encode_health_request,
-                response_deserializer=decode_health_response)
+                HEALTH_CHECK_METHOD, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString)
             try:
-                status = await check(action.service, timeout=probe.timeout)
+                response = await check(health_pb2.HealthCheckRequest(service=action.service), timeout=probe.timeout)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.info("probe %s: %s does not implement grpc.health.v1.Health", probe.path, target)
@@ -227,9 +173,9 @@ class AppProber:
                     log.info("probe %s: gRPC health check failed: %s %s", probe.path, exc.code().name,
                              exc.details())
                 return ProbeResult(500)
-        if status == SERVING:
+        if response.status == health_pb2.HealthCheckResponse.SERVING:
             return ProbeResult(200)
-        log.info("probe %s: service %r is not SERVING (status %d)", probe.path, action.service, status)
+        log.info("probe %s: service %r is not SERVING (status %d)", probe.path, action.service, response.status)
         return ProbeResult(500)
 
 
