@@ -1,51 +1,22 @@
-"""Shared test plumbing.
+"""Shared test plumbing for every tier.
 
 `REQUIRE_ALL=1` (set by CI) turns every skip into a failure, so that a missing
 tool or missing root privileges can never make the suite look greener than it is.
+The prerequisite checks live in `needs.py`, the processes in `launchers.py` and
+`support.py`, the fixtures built on them in `fixtures.py` (each tier's
+conftest.py exposes them): import from those, not from `conftest`, which is a
+different module in each tier.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
+from needs import need, need_conformance, need_root, need_tool, require_all
+from support import CONFORMANCE, ROOT, SHARED, VENV_BIN
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-CONFORMANCE = SHARED / "conformance"
-VENV_BIN = ROOT / ".venv" / "bin"
-
-
-def require_all() -> bool:
-    return os.environ.get("REQUIRE_ALL", "") not in ("", "0", "false")
-
-
-def need(condition: bool, reason: str) -> None:
-    """Skip (or, under REQUIRE_ALL, fail) when a prerequisite is missing."""
-    if condition:
-        return
-    if require_all():
-        pytest.fail(f"REQUIRE_ALL=1 and a prerequisite is missing: {reason}")
-    pytest.skip(reason)
-
-
-def need_root() -> None:
-    need(os.geteuid() == 0, "needs root (network namespaces, iptables)")
-
-
-def need_tool(name: str) -> str:
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
-    need(path is not None, f"needs the '{name}' tool on PATH")
-    assert path is not None
-    return path
-
-
-def need_conformance(sub: str) -> Path:
-    folder = CONFORMANCE / sub
-    need(folder.is_dir(), f"conformance kit not found at {folder}")
-    return folder
+# Still importable from here for tests not yet moved to `needs` / `support`.
+__all__ = ["CONFORMANCE", "ROOT", "SHARED", "VENV_BIN", "need", "need_conformance", "need_root", "need_tool",
+           "require_all"]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,9 +1,11 @@
-"""Plumbing the tests and the benchmarks share: free ports, polling with a deadline, child processes
-(stopping them, collecting their output, istiod-local's serving line), a stats-only Envoy config, RSS.
+"""Plumbing the tests and the benchmarks share: where the venv's programs are, free ports, polling with a
+deadline, child processes (stopping them, collecting their output, their children, istiod-local's serving
+line), plain HTTP requests, a stats-only Envoy config, RSS.
 
 Tests import it as `from support import ...` (pytest puts `tests/` on sys.path for
 the rootdir conftest); benchmarks add `tests/` to sys.path first. It imports no
 pytest, so a benchmark run needs nothing but the project's own dependencies.
+`launchers.py` beside it starts istiod-local and pilot-agent on top of this.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+CONFORMANCE = SHARED / "conformance"
+VENV_BIN = ROOT / ".venv" / "bin"
+ISTIOD_LOCAL = VENV_BIN / "istiod-local"
+PILOT_AGENT = VENV_BIN / "pilot-agent"
+ENVOY = VENV_BIN / "envoy"
 
 # istiod-local's start-up line on stderr: the plaintext and TLS addresses it bound.
 SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
@@ -48,6 +58,13 @@ def free_udp_tcp_port(attempts: int = 50) -> int:
                     continue
                 return port
     raise RuntimeError("no port free for both UDP and TCP")
+
+
+def port_accepts(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
+    """True when a TCP connection to `host:port` is accepted right now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        return sock.connect_ex((host, port)) == 0
 
 
 def poll(
@@ -83,6 +100,7 @@ async def eventually(
     check: Callable[[], Any],
     what: str = "condition",
     timeout: float = 20.0,
+    on_timeout: Callable[[], str] = str,
     *,
     interval: float = 0.02,
     retry_on: tuple[type[BaseException], ...] = (),
@@ -101,7 +119,7 @@ async def eventually(
         except retry_on as exc:
             last = exc
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}\n{on_timeout()}")
         await asyncio.sleep(interval)
 
 
@@ -153,17 +171,26 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> Non
 
 
 class LineCollector:
-    """A child's output lines, read on a thread so the pipe never fills and a test can search them."""
+    """A child's output lines, read on a thread so the pipe never fills and a test can search them.
+
+    Each line's arrival time (`time.monotonic()`) is kept too, for benchmarks that time from a log line.
+    """
 
     def __init__(self, stream: IO[str] | None) -> None:
         assert stream is not None, "the child's output must be a pipe"
         self.lines: list[str] = []
+        self.times: list[float] = []
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
 
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
+            self.times.append(time.monotonic())  # before the line: a reader never sees a line without its time
             self.lines.append(line)
+
+    def stamped(self) -> list[tuple[float, str]]:
+        """(arrival time, line) for every line read so far."""
+        return list(zip(self.times, list(self.lines), strict=False))
 
     def text(self) -> str:
         return "".join(self.lines)
@@ -174,6 +201,38 @@ class LineCollector:
 
     def tail(self, count: int = 40) -> str:
         return "".join(self.lines[-count:])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (all its threads'), [] once it is gone."""
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(p) for p in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def http_request(host: str, port: int, path: str, method: str = "GET", timeout: float = 3.0,
+                 body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One plain HTTP/1.1 request: (status, body). Connection errors propagate (see `HTTP_NOT_YET`)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
 
 
 def serving_addresses(proc: subprocess.Popen[str], log: LineCollector, timeout: float = 20.0) -> tuple[str, str]:

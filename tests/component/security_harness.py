@@ -1,7 +1,8 @@
-"""A real `istiod-local serve` subprocess on fixed free loopback ports, for the identity tests.
+"""Plumbing of the identity tests: pod options against istiod-local, an SDS client driven like Envoy.
 
-Fixed ports (not port 0) so that a test can stop the CA and start it again at
-the same address, as a restarted istiod would come back.
+istiod-local itself is the tier's `istiod` fixture (`launchers.IstiodLocal`):
+`stop()` then `start()` brings it back at the same address, as a restarted
+istiod would come back.
 """
 
 from __future__ import annotations
@@ -10,77 +11,24 @@ import asyncio
 import base64
 import json
 import os
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import grpc
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
-from support import free_port, stop_process
+from launchers import IstiodLocal
 
 from istio_agent.pki import certs
 from istio_agent.security.options import SecurityOptions
 
-ROOT = Path(__file__).resolve().parents[2]
-ISTIOD_LOCAL = ROOT / ".venv" / "bin" / "istiod-local"
 SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 NODE_ID = "sidecar~127.0.0.1~sleep-1.default~default.svc.cluster.local"
 
 
-class Istiod:
-    """`istiod-local serve` with its state dir; start/stop/restart at the same addresses."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.plain_port = free_port()
-        self.secure_port = free_port()
-        self.log = state.parent / f"{state.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def secure_address(self) -> str:
-        return f"localhost:{self.secure_port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [str(ISTIOD_LOCAL), "serve", "--state-dir", str(self.state),
-                 "--grpc-addr", f"127.0.0.1:{self.plain_port}",
-                 "--secure-grpc-addr", f"127.0.0.1:{self.secure_port}"],
-                stdout=subprocess.DEVNULL, stderr=log,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"istiod-local exited: {self.log.read_text()}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.secure_port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"istiod-local did not listen: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-
-    def _run(self, *args: str) -> str:
-        done = subprocess.run([str(ISTIOD_LOCAL), *args, "--state-dir", str(self.state)],
-                              capture_output=True, text=True, timeout=60, check=True)
-        return done.stdout
-
-    def pod_files(self, pod: Path, namespace: str = "default", service_account: str = "sleep") -> None:
-        self._run("pod-files", "--namespace", namespace, "--service-account", service_account,
-                  "--pod", "sleep-1", "--out", str(pod))
-
-    def token(self, namespace: str = "default", service_account: str = "sleep", ttl: str = "1h") -> str:
-        return self._run("token", "--namespace", namespace, "--service-account", service_account,
-                         "--token-ttl", ttl).strip()
-
-    def root_pem(self, pod: Path) -> bytes:
-        return (pod / "var/run/secrets/istio/root-cert.pem").read_bytes()
+def sleep_pod(istiod: IstiodLocal, pod: Path) -> Path:
+    """A `sleep-1` pod directory (service account sleep) with the mounted root and token."""
+    return istiod.pod_files(pod, service_account="sleep", pod="sleep-1")
 
 
 def token_path(pod: Path) -> Path:
@@ -92,7 +40,7 @@ def token_expiry(token: str) -> float:
     return float(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["exp"])
 
 
-def pod_options(pod: Path, istiod: Istiod, **overrides: object) -> SecurityOptions:
+def pod_options(pod: Path, istiod: IstiodLocal, **overrides: object) -> SecurityOptions:
     values: dict[str, object] = dict(
         workdir=pod, namespace="default", service_account="sleep", ca_address=istiod.secure_address,
         secret_ttl=6.0, grace_period_ratio=0.5, grace_period_ratio_jitter=0.0,

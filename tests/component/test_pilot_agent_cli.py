@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import http.server
-import subprocess
 import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import VENV_BIN
+from launchers import pilot_agent_cli
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -47,13 +46,10 @@ def server() -> Iterator[tuple[type[_Handler], int]]:
     httpd.server_close()
 
 
-def _agent(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(VENV_BIN / "pilot-agent"), *args], capture_output=True, text=True, timeout=timeout)
-
-
 def test_wait_polls_until_ready(server: tuple[type[_Handler], int]) -> None:
     handler, port = server
-    result = _agent("wait", f"--url=http://127.0.0.1:{port}/healthz/ready", "--periodMillis=50", "--timeoutSeconds=20")
+    result = pilot_agent_cli("wait", f"--url=http://127.0.0.1:{port}/healthz/ready", "--periodMillis=50",
+                             "--timeoutSeconds=20")
     assert result.returncode == 0, result.stderr
     assert "Envoy is ready!" in result.stdout
     assert handler.calls >= 3
@@ -62,13 +58,14 @@ def test_wait_polls_until_ready(server: tuple[type[_Handler], int]) -> None:
 def test_wait_times_out_with_last_error(server: tuple[type[_Handler], int]) -> None:
     handler, port = server
     handler.ready_after = 10**9
-    result = _agent("wait", "--url", f"http://127.0.0.1:{port}/", "--timeoutSeconds", "1", "--periodMillis", "100")
+    result = pilot_agent_cli("wait", "--url", f"http://127.0.0.1:{port}/", "--timeoutSeconds", "1",
+                             "--periodMillis", "100")
     assert result.returncode != 0
     assert "503" in result.stderr
 
 
 def test_request_refuses_other_ports() -> None:
-    result = _agent("request", "GET", "stats", "--debug-port", "8080")
+    result = pilot_agent_cli("request", "GET", "stats", "--debug-port", "8080")
     assert result.returncode != 0
     assert "8080" in result.stderr
 
@@ -82,10 +79,10 @@ def test_request_prints_only_the_body() -> None:
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        result = _agent("request", "GET", "stats/prometheus", "--debug-port", "15004")
+        result = pilot_agent_cli("request", "GET", "stats/prometheus", "--debug-port", "15004")
         assert result.returncode == 0, result.stderr
         assert result.stdout == "GET /stats/prometheus"
-        result = _agent("request", "POST", "drain_listeners", "payload", "--debug-port=15004")
+        result = pilot_agent_cli("request", "POST", "drain_listeners", "payload", "--debug-port=15004")
         assert result.stdout == "posted:payload"
     finally:
         httpd.shutdown()
@@ -93,7 +90,7 @@ def test_request_prints_only_the_body() -> None:
 
 
 def test_version_and_unknown_flags() -> None:
-    result = _agent("version", "--short", "--some-old-flag=1")
+    result = pilot_agent_cli("version", "--short", "--some-old-flag=1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().count(".") == 2
-    assert "BuildInfo" in _agent("version").stdout
+    assert "BuildInfo" in pilot_agent_cli("version").stdout

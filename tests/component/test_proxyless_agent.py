@@ -20,8 +20,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -30,8 +28,9 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import VENV_BIN
-from support import LineCollector, free_port, poll, serving_addresses, stop_process
+from fixtures import AgentStarter
+from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, pilot_agent_cli
+from support import VENV_BIN, free_port, http_request, poll
 
 NODE_ID = "sidecar~127.0.0.1~sleep-1.default~default.svc.cluster.local"
 BACKEND_IP = "127.0.0.2"
@@ -64,23 +63,8 @@ def base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
 
 
-@dataclass
-class Istiod:
-    state: Path
-    proc: subprocess.Popen[str]
-    out: LineCollector
-    secure: str
-
-    def ads_connections(self, node_id: str) -> list[str]:
-        return [line for line in list(self.out.lines) if f" connection {node_id}-" in line and "ADS: new" in line]
-
-
-@pytest.fixture
-def pod() -> Iterator[Path]:
-    # A short root keeps <pod>/etc/istio/proxy/XDS well under the 107-byte unix socket limit.
-    directory = Path(tempfile.mkdtemp(prefix="proxyless-", dir="/tmp"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
+def ads_connections(istiod: IstiodLocal, node_id: str) -> list[str]:
+    return [line for line in istiod.lines if f" connection {node_id}-" in line and "ADS: new" in line]
 
 
 @pytest.fixture
@@ -99,71 +83,49 @@ def backend() -> Iterator[int]:
 
 
 @pytest.fixture
-def istiod(pod: Path, backend: int) -> Iterator[Istiod]:
-    state = pod.parent / f"{pod.name}-istiod"
-    registry = pod.parent / f"{pod.name}-mesh.yaml"
-    registry.write_text(REGISTRY.format(port=backend, ip=BACKEND_IP))
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "istiod-local"), "serve", "--state-dir", str(state), "--grpc-addr", "127.0.0.1:0",
-         "--secure-grpc-addr", "127.0.0.1:0", "--registry", str(registry)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=base_env())
-    out = LineCollector(proc.stderr)
+def registry(tmp_path: Path, backend: int) -> RegistryFile:
+    """The echo service at the backend's real port, served by the tier's `istiod` fixture."""
+    return RegistryFile(tmp_path / "mesh.yaml", REGISTRY.format(port=backend, ip=BACKEND_IP))
+
+
+@pytest.fixture
+def pod(istiod: IstiodLocal) -> Iterator[Path]:
+    """The `sleep-1` pod directory with its mounted root and token."""
+    # A short root keeps <pod>/etc/istio/proxy/XDS well under the 107-byte unix socket limit.
+    directory = Path(tempfile.mkdtemp(prefix="proxyless-", dir="/tmp"))
     try:
-        _, secure = serving_addresses(proc, out, timeout=30.0)
-        subprocess.run([str(VENV_BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
-                        "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
-                       check=True, capture_output=True, timeout=60, env=base_env())
-        yield Istiod(state, proc, out, "localhost:" + secure.rpartition(":")[2])
+        yield istiod.pod_files(directory, service_account="sleep", pod="sleep-1")
     finally:
-        stop_process(proc, grace=15)
-        shutil.rmtree(state, ignore_errors=True)
-        registry.unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @dataclass
-class Agent:
-    proc: subprocess.Popen[str]
-    out: LineCollector
+class Proxyless:
+    """A proxyless agent and where it serves and writes."""
+
+    agent: PilotAgent
     status_port: int
     output_certs: Path
 
     def ready(self) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.status_port}/healthz/ready", timeout=2) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        status, body = http_request("127.0.0.1", self.status_port, "/healthz/ready", timeout=2)
+        return status, body.decode()
 
     def wait(self, timeout_seconds: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(VENV_BIN / "pilot-agent"), "wait", f"--url=http://localhost:{self.status_port}/healthz/ready",
-             f"--timeoutSeconds={timeout_seconds}", "--periodMillis=100"],
-            capture_output=True, text=True, timeout=timeout_seconds + 30, env=base_env())
+        return pilot_agent_cli("wait", f"--url=http://localhost:{self.status_port}/healthz/ready",
+                               f"--timeoutSeconds={timeout_seconds}", "--periodMillis=100",
+                               timeout=timeout_seconds + 30, env=base_env())
 
 
-def start_agent(pod: Path, ca_address: str) -> Agent:
+def start_proxyless(start_agent: AgentStarter, pod: Path, ca_address: str) -> Proxyless:
     status_port = free_port()
     output_certs = pod / "var/lib/istio/data"
-    environment = {
-        **base_env(),
-        # The grpc-agent injection template's environment.
-        "ISTIO_META_GENERATOR": "grpc", "DISABLE_ENVOY": "true", "OUTPUT_CERTS": str(output_certs),
-        "PILOT_CERT_PROVIDER": "istiod", "CA_ADDR": ca_address, "ISTIO_META_CLUSTER_ID": "Kubernetes",
-        "TRUST_DOMAIN": "cluster.local", "POD_NAME": "sleep-1", "POD_NAMESPACE": "default",
-        "SERVICE_ACCOUNT": "sleep", "INSTANCE_IP": "127.0.0.1",
-        "PROXY_CONFIG": json.dumps({"discoveryAddress": ca_address, "statusPort": status_port}),
-    }
-    proc = subprocess.Popen([str(VENV_BIN / "pilot-agent"), *TEMPLATE_ARGS], cwd=pod, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return Agent(proc, LineCollector(proc.stdout), status_port, output_certs)
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    started: list[Agent] = []
-    yield started
-    for agent in started:
-        stop_process(agent.proc, grace=15)
+    # The grpc-agent injection template's environment.
+    environment = agent_environment(
+        pod="sleep-1", service_account="sleep", discovery=ca_address, proxy_config={"statusPort": status_port},
+        base=base_env(), ISTIO_META_GENERATOR="grpc", DISABLE_ENVOY="true", OUTPUT_CERTS=str(output_certs),
+        PILOT_CERT_PROVIDER="istiod", ISTIO_META_CLUSTER_ID="Kubernetes", TRUST_DOMAIN="cluster.local")
+    return Proxyless(start_agent(pod, environment, args=TEMPLATE_ARGS), status_port, output_certs)
 
 
 def read_bootstrap(path: Path) -> dict[str, Any] | None:
@@ -174,11 +136,10 @@ def read_bootstrap(path: Path) -> dict[str, Any] | None:
 
 
 def test_proxyless_agent_bootstrap_readiness_and_grpc_xds_client(
-        pod: Path, istiod: Istiod, agents: list[Agent]) -> None:
-    agent = start_agent(pod, istiod.secure)
-    agents.append(agent)
+        pod: Path, istiod: IstiodLocal, start_agent: AgentStarter) -> None:
+    agent = start_proxyless(start_agent, pod, istiod.secure_address)
     path = pod / "etc/istio/proxy/grpc-bootstrap.json"  # GRPC_XDS_BOOTSTRAP's default, relative to the pod root
-    bootstrap = poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.out.text)
+    bootstrap = poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.agent.output)
 
     xds_socket = pod / "etc/istio/proxy/XDS"
     assert bootstrap["xds_servers"] == [{"server_uri": f"unix:///{xds_socket}", "channel_creds": [{"type": "insecure"}],
@@ -194,45 +155,36 @@ def test_proxyless_agent_bootstrap_readiness_and_grpc_xds_client(
     assert bootstrap["server_listener_resource_name_template"] == "xds.istio.io/grpc/lds/inbound/%s"
 
     waited = agent.wait(timeout_seconds=30)
-    assert waited.returncode == 0, f"{waited.stdout}{waited.stderr}\n{agent.out.text()}"
+    assert waited.returncode == 0, f"{waited.stdout}{waited.stderr}\n{agent.agent.output()}"
     for name in ("cert-chain.pem", "key.pem", "root-cert.pem"):
         assert (agent.output_certs / name).is_file(), f"ready before {name} was written"
     assert agent.ready() == (200, "")
 
-    assert istiod.ads_connections(NODE_ID) == [], "the agent alone must not have opened an ADS stream"
+    assert ads_connections(istiod, NODE_ID) == [], "the agent alone must not have opened an ADS stream"
     client = subprocess.run(
         [str(VENV_BIN / "python"), "-c", XDS_CLIENT, "5"], capture_output=True, text=True, timeout=60,
         env={**base_env(), "GRPC_XDS_BOOTSTRAP": str(path)})
-    context = f"client: {client.stdout}{client.stderr}\nistiod:\n{istiod.out.text()}\nagent:\n{agent.out.text()}"
+    context = f"client: {client.stdout}{client.stderr}\nistiod:\n{istiod.log_text()}\nagent:\n{agent.agent.output()}"
     assert client.returncode == 0, context
     assert client.stdout.strip() == "RPC OK pong:ping", context
-    connections = poll(lambda: istiod.ads_connections(NODE_ID), "istiod-local to log the client's ADS stream",
+    connections = poll(lambda: ads_connections(istiod, NODE_ID), "istiod-local to log the client's ADS stream",
                        on_timeout=lambda: context)
     assert all("(generator grpc)" in line for line in connections), "GENERATOR: grpc reached istiod unchanged"
-    assert agent.proc.poll() is None, agent.out.text()
+    assert agent.agent.alive(), agent.agent.output()
 
-    agent.proc.send_signal(signal.SIGTERM)
-    assert agent.proc.wait(20) == 0, agent.out.text()
+    agent.agent.signal(signal.SIGTERM)
+    assert agent.agent.wait_exit(20) == 0, agent.agent.output()
     assert path.exists(), "the bootstrap stays for the app after the agent stops"
 
 
-def test_not_ready_while_the_certificates_are_missing(pod: Path, istiod: Istiod, agents: list[Agent]) -> None:
+def test_not_ready_while_the_certificates_are_missing(pod: Path, start_agent: AgentStarter) -> None:
     unreachable = f"localhost:{free_port()}"  # no CA there: the certificate never arrives
-    agent = start_agent(pod, unreachable)
-    agents.append(agent)
+    agent = start_proxyless(start_agent, pod, unreachable)
     path = pod / "etc/istio/proxy/grpc-bootstrap.json"
-    poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.out.text)
+    poll(lambda: read_bootstrap(path), "the gRPC bootstrap to be written", on_timeout=agent.agent.output)
 
-    def answered() -> tuple[int, str] | None:
-        if agent.proc.poll() is not None:
-            raise AssertionError(f"the agent exited:\n{agent.out.text()}")
-        try:
-            return agent.ready()
-        except OSError:
-            return None
-
-    status, reason = poll(answered, "the status server to answer", on_timeout=agent.out.text)
+    status, reason = agent.agent.wait_answering(agent.status_port)
     assert status == 503
-    assert reason == f"{agent.output_certs / 'cert-chain.pem'} does not exist"
+    assert reason.decode() == f"{agent.output_certs / 'cert-chain.pem'} does not exist"
     waited = agent.wait(timeout_seconds=1)
     assert waited.returncode != 0

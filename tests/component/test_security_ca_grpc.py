@@ -9,13 +9,14 @@ loopback plays that part and records what it received.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
-from security_harness import Istiod, pod_options, token_path
+from launchers import IstiodLocal
+from security_harness import pod_options, sleep_pod, token_path
 
 from istio_agent.pki import certs, keys
 from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
@@ -29,17 +30,9 @@ def csr() -> bytes:
     return certs.build_csr(keys.generate_key("ECDSA"), [SPIFFE])
 
 
-@pytest.fixture
-def istiod(tmp_path: Path) -> Iterator[Istiod]:
-    server = Istiod(tmp_path / "istiod-state")
-    server.start()
-    yield server
-    server.stop()
-
-
-async def test_tls_with_mounted_root_and_localhost_name(tmp_path: Path, istiod: Istiod) -> None:
+async def test_tls_with_mounted_root_and_localhost_name(tmp_path: Path, istiod: IstiodLocal) -> None:
     pod = tmp_path / "pod"
-    istiod.pod_files(pod)
+    sleep_pod(istiod, pod)
     client = CaClient(pod_options(pod, istiod))
     try:
         chain = await client.sign(csr(), 600)
@@ -48,13 +41,13 @@ async def test_tls_with_mounted_root_and_localhost_name(tmp_path: Path, istiod: 
     assert len(chain) == 2
     leaf = certs.load_pem_chain(chain[0])[0]
     assert certs.uri_sans(leaf) == [SPIFFE]
-    assert chain[-1].encode() == istiod.root_pem(pod)
+    assert chain[-1].encode() == istiod.root_pem()
 
 
-async def test_plaintext_port(tmp_path: Path, istiod: Istiod) -> None:
+async def test_plaintext_port(tmp_path: Path, istiod: IstiodLocal) -> None:
     pod = tmp_path / "pod"
-    istiod.pod_files(pod)
-    client = CaClient(pod_options(pod, istiod, ca_address=f"127.0.0.1:{istiod.plain_port}", ca_plaintext=True))
+    sleep_pod(istiod, pod)
+    client = CaClient(pod_options(pod, istiod, ca_address=f"127.0.0.1:{istiod.plaintext_port}", ca_plaintext=True))
     try:
         assert len(await client.sign(csr(), 600)) == 2
         token_path(pod).write_text(istiod.token(service_account="other"))
@@ -65,9 +58,9 @@ async def test_plaintext_port(tmp_path: Path, istiod: Istiod) -> None:
         await client.close()
 
 
-async def test_wrong_server_name_fails_tls(tmp_path: Path, istiod: Istiod) -> None:
+async def test_wrong_server_name_fails_tls(tmp_path: Path, istiod: IstiodLocal) -> None:
     pod = tmp_path / "pod"
-    istiod.pod_files(pod)
+    sleep_pod(istiod, pod)
     client = CaClient(pod_options(pod, istiod, istiod_san="not-istiod.example", ca_call_timeout=2.0))
     try:
         with pytest.raises(CaError) as failed:

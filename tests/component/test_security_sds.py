@@ -8,13 +8,14 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
-from security_harness import NODE_ID, SECRET_TYPE, Istiod, SdsClient, leaf_of, pod_options, secrets_of
+from launchers import IstiodLocal
+from security_harness import NODE_ID, SECRET_TYPE, SdsClient, leaf_of, pod_options, secrets_of, sleep_pod
 from support import eventually
 
 from istio_agent.pki import certs, keys
@@ -24,17 +25,9 @@ SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"
 
 
 @pytest.fixture
-def istiod(tmp_path: Path) -> Iterator[Istiod]:
-    server = Istiod(tmp_path / "istiod-state")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def identity(tmp_path: Path, istiod: Istiod) -> AsyncIterator[WorkloadIdentity]:
+async def identity(tmp_path: Path, istiod: IstiodLocal) -> AsyncIterator[WorkloadIdentity]:
     pod = tmp_path / "pod"
-    istiod.pod_files(pod)
+    sleep_pod(istiod, pod)
     component = WorkloadIdentity(pod_options(pod, istiod, secret_ttl=300.0))
     await component.start()
     yield component
@@ -66,7 +59,7 @@ async def test_socket_modes(identity: WorkloadIdentity) -> None:
     assert path.parent.stat().st_mode & 0o777 == 0o750
 
 
-async def test_default_and_rootca_responses(identity: WorkloadIdentity, istiod: Istiod,
+async def test_default_and_rootca_responses(identity: WorkloadIdentity, istiod: IstiodLocal,
                                             clients: list[SdsClient]) -> None:
     client = open_client(identity, clients)
     await client.request(["default"])
@@ -84,7 +77,7 @@ async def test_default_and_rootca_responses(identity: WorkloadIdentity, istiod: 
     second = await client.read()
     secrets = secrets_of(second)
     assert list(secrets) == ["ROOTCA"]
-    assert secrets["ROOTCA"].validation_context.trusted_ca.inline_bytes == istiod.root_pem(identity.options.workdir)
+    assert secrets["ROOTCA"].validation_context.trusted_ca.inline_bytes == istiod.root_pem()
 
     # A NACK and a stale nonce get nothing; a new name after them is answered alone.
     await client.request(["default", "ROOTCA"], nonce=second.nonce, error="rejected")
@@ -163,7 +156,7 @@ async def test_delta_and_fetch_are_unimplemented(identity: WorkloadIdentity, cli
     assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_healthy_server_on_the_socket_is_left_alone(identity: WorkloadIdentity, istiod: Istiod) -> None:
+async def test_healthy_server_on_the_socket_is_left_alone(identity: WorkloadIdentity, istiod: IstiodLocal) -> None:
     second = WorkloadIdentity(pod_options(identity.options.workdir, istiod))
     await second.start()
     try:
@@ -174,11 +167,11 @@ async def test_healthy_server_on_the_socket_is_left_alone(identity: WorkloadIden
     assert identity.options.sds_socket_path.exists(), "the running server's socket is untouched"
 
 
-async def test_stale_socket_file_is_replaced(tmp_path: Path, istiod: Istiod) -> None:
+async def test_stale_socket_file_is_replaced(tmp_path: Path, istiod: IstiodLocal) -> None:
     # A short path, so that the socket is bound directly (the long-path route is used everywhere else).
     pod = Path(tempfile.mkdtemp(prefix="sds", dir="/tmp"))
     try:
-        istiod.pod_files(pod)
+        sleep_pod(istiod, pod)
         options = pod_options(pod, istiod)
         options.sds_socket_path.parent.mkdir(parents=True)
         dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -8,18 +8,16 @@ own Accept header, so it negotiates OpenMetrics exactly as in a cluster.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from conftest import need_tool
+from needs import need_tool
 from prometheus_client import generate_latest
-from support import free_port, stop_process
+from support import eventually, free_port, stop_process
 from test_status_metrics_peers import (
     OM_TYPE,
     PROMETHEUS_ACCEPT,
@@ -115,22 +113,22 @@ async def test_prometheus_scrapes_the_merged_endpoint(tmp_path: Path) -> None:
         async with merged_endpoint(options) as (port, _):
             with prometheus_server(tmp_path, port) as web_port:
                 async with aiohttp.ClientSession() as session:
-                    deadline = time.monotonic() + 60
                     wanted = {
                         'up{job="merged"}': 1.0,
                         'app_requests_total{code="200"}': 3.0,
                         "envoy_server_live": 1.0,
                     }
                     seen: dict[str, float] = {}
-                    while set(seen) != set(wanted):
-                        assert time.monotonic() < deadline, (
-                            f"Prometheus did not ingest the merged page: {seen}; log: "
-                            f"{(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+
+                    async def ingested() -> bool:
                         for promql in wanted:
                             result = await query(session, web_port, promql)
                             if result:
                                 seen[promql] = float(result[0]["value"][1])
-                        await asyncio.sleep(0.2)
+                        return set(seen) == set(wanted)
+
+                    await eventually(ingested, "Prometheus to ingest the merged page", 60,
+                                     lambda: (tmp_path / "prometheus.log").read_text()[-2000:], interval=0.2)
                     assert seen == wanted
                     scrapes = await query(session, web_port, 'istio_agent_scrapes_total{job="merged"}')
                     assert scrapes and float(scrapes[0]["value"][1]) >= 1

@@ -9,17 +9,15 @@ import contextlib
 import json
 import subprocess
 import tempfile
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from aiohttp import web
-from conftest import VENV_BIN, need, need_tool
+from needs import need, need_tool
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
-from support import envoy_stats_bootstrap, free_port, stop_process
+from support import ENVOY, HTTP_NOT_YET, envoy_stats_bootstrap, free_port, http_request, poll, stop_process
 
 from istio_agent.status.agent_metrics import AgentMetrics
 from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
@@ -30,7 +28,6 @@ PROMETHEUS_ACCEPT = (
 )
 TEXT_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 OM_TYPE = "application/openmetrics-text"
-ENVOY = VENV_BIN / "envoy"
 
 
 def envoy_page(clusters: int = 20) -> bytes:
@@ -234,17 +231,13 @@ def real_envoy(clusters: int = 20) -> Iterator[int]:
         process = subprocess.Popen([str(ENVOY), "-c", str(config), "--disable-hot-restart", "-l", "error",
                                     "--base-id", str(stats_port)], stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{stats_port}/stats/prometheus", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"Envoy did not serve stats: {(Path(tmp) / 'envoy.log').read_text()[-2000:]}")
-                time.sleep(0.05)
+            def serving() -> bool:
+                if process.poll() is not None:
+                    raise AssertionError(f"Envoy exited: {(Path(tmp) / 'envoy.log').read_text()[-2000:]}")
+                return http_request("127.0.0.1", stats_port, "/stats/prometheus", timeout=2)[0] == 200
+
+            poll(serving, "Envoy to serve its stats", 30, lambda: (Path(tmp) / "envoy.log").read_text()[-2000:],
+                 retry_on=HTTP_NOT_YET)
             yield stats_port
         finally:
             stop_process(process)

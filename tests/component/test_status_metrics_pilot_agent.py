@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
-from conftest import VENV_BIN, need
-from support import free_port, stop_process
+from fixtures import AgentStarter
+from launchers import agent_environment, pilot_agent_cli
+from needs import need_file
+from support import PILOT_AGENT, free_port
 from test_status_metrics_peers import (
     PROMETHEUS_ACCEPT,
     assert_promtool_parses,
@@ -24,14 +23,11 @@ from test_status_metrics_peers import (
     prometheus_client_app,
 )
 
-PILOT_AGENT = VENV_BIN / "pilot-agent"
-
 
 def environment(status_port: int, annotations: str) -> dict[str, str]:
-    return {**os.environ, "DISABLE_ENVOY": "true", "INSTANCE_IP": "127.0.0.1",
-            "PROXY_CONFIG": json.dumps({"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"}),
-            "ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": f"127.0.0.1:{free_port()}",
-            "ISTIO_PROMETHEUS_ANNOTATIONS": annotations}
+    return agent_environment(proxy_config={"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"},
+                             DISABLE_ENVOY="true", ISTIO_META_DNS_CAPTURE="true",
+                             DNS_PROXY_ADDR=f"127.0.0.1:{free_port()}", ISTIO_PROMETHEUS_ANNOTATIONS=annotations)
 
 
 def scrape(port: int) -> tuple[str, bytes]:
@@ -45,40 +41,24 @@ def scrape(port: int) -> tuple[str, bytes]:
         conn.close()
 
 
-def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path) -> None:
-    need(PILOT_AGENT.exists(), f"needs {PILOT_AGENT}")
+def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path, start_agent: AgentStarter) -> None:
     status_port = free_port()
     with prometheus_client_app() as app_port:
         annotations = json.dumps({"scrape": "true", "port": str(app_port), "path": "/metrics"})
-        proc = subprocess.Popen([str(PILOT_AGENT), "proxy", "sidecar"], cwd=tmp_path,
-                                env=environment(status_port, annotations),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                assert proc.poll() is None, f"the agent exited: {proc.stderr.read() if proc.stderr else ''}"
-                try:
-                    ctype, body = scrape(status_port)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the status server never answered"
-                    time.sleep(0.05)
-            assert_promtool_parses(body)
-            got = names(parse(body, ctype))  # OpenMetrics: the app speaks it, strict parser
-            assert {"istio_agent_scrapes_total", "istio_agent_dns_requests_total",
-                    "istio_agent_process_resident_memory_bytes", "istio_agent_num_outgoing_requests_total",
-                    "app_requests_total"} <= got
-            assert not any(name.startswith("envoy_") for name in got)  # no Envoy: nothing to merge
-        finally:
-            stop_process(proc, grace=15)
-            if proc.stderr is not None:
-                proc.stderr.close()
+        agent = start_agent(tmp_path, environment(status_port, annotations))
+        agent.wait_answering(status_port, "/stats/prometheus")
+        ctype, body = scrape(status_port)
+        assert_promtool_parses(body)
+        got = names(parse(body, ctype))  # OpenMetrics: the app speaks it, strict parser
+        assert {"istio_agent_scrapes_total", "istio_agent_dns_requests_total",
+                "istio_agent_process_resident_memory_bytes", "istio_agent_num_outgoing_requests_total",
+                "app_requests_total"} <= got
+        assert not any(name.startswith("envoy_") for name in got)  # no Envoy: nothing to merge
 
 
 def test_reserved_port_in_the_annotations_stops_the_agent(tmp_path: Path) -> None:
-    need(PILOT_AGENT.exists(), f"needs {PILOT_AGENT}")
-    done = subprocess.run([str(PILOT_AGENT), "proxy", "sidecar"], cwd=tmp_path,
-                          env=environment(free_port(), '{"scrape": "true", "port": "15000"}'),
-                          capture_output=True, text=True, timeout=60)
+    need_file(PILOT_AGENT)
+    done = pilot_agent_cli("proxy", "sidecar", cwd=tmp_path,
+                           env=environment(free_port(), '{"scrape": "true", "port": "15000"}'))
     assert done.returncode != 0
     assert "ISTIO_PROMETHEUS_ANNOTATIONS: port: port 15000 is reserved for Istio (Envoy admin)" in done.stderr

@@ -7,13 +7,11 @@ redirect and a loop, TCP, gRPC health), following their state.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import os
 import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -22,11 +20,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import VENV_BIN, need
+from fixtures import AgentStarter
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from support import free_port, stop_process
-
-PILOT_AGENT = VENV_BIN / "pilot-agent"
+from launchers import agent_environment
+from support import free_port
 
 
 class AppState:
@@ -78,52 +75,36 @@ class Agent:
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    need(PILOT_AGENT.exists(), f"needs {PILOT_AGENT}")
-    state = AppState()
-    handler = type("BoundHandler", (Handler,), {"state": state})
-    http_server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=http_server.serve_forever, daemon=True).start()
-    tcp = socket.socket()
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen()
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, grpc_server)
-    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
-    grpc_server.start()
-    app_port = http_server.server_address[1]
-    probers = {
-        "/app-health/web/livez": {"httpGet": {"path": "/moved", "port": app_port}},
-        "/app-health/web/startupz": {"httpGet": {"path": "/loop", "port": app_port}},
-        "/app-health/db/readyz": {"tcpSocket": {"port": tcp.getsockname()[1]}},
-        "/app-health/api/readyz": {"grpc": {"port": grpc_port}},
-    }
-    status_port = free_port()
-    environment = {**os.environ, "DISABLE_ENVOY": "true", "INSTANCE_IP": "127.0.0.1",
-                   "PROXY_CONFIG": json.dumps({"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"}),
-                   "ISTIO_KUBE_APP_PROBERS": json.dumps(probers)}
-    proc = subprocess.Popen([str(PILOT_AGENT), "proxy", "sidecar"], cwd=tmp_path, env=environment,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, f"the agent exited: {proc.stderr.read() if proc.stderr else ''}"
-            try:
-                get(status_port, "/app-health/none/livez")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the agent's status server never answered"
-                time.sleep(0.05)
+def agent(tmp_path: Path, start_agent: AgentStarter) -> Iterator[Agent]:
+    with contextlib.ExitStack() as apps:
+        state = AppState()
+        handler = type("BoundHandler", (Handler,), {"state": state})
+        http_server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        apps.callback(http_server.server_close)
+        threading.Thread(target=http_server.serve_forever, daemon=True).start()
+        apps.callback(http_server.shutdown)
+        tcp = apps.enter_context(socket.socket())
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, grpc_server)
+        grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+        grpc_server.start()
+        apps.callback(grpc_server.stop, None)
+        app_port = http_server.server_address[1]
+        probers = {
+            "/app-health/web/livez": {"httpGet": {"path": "/moved", "port": app_port}},
+            "/app-health/web/startupz": {"httpGet": {"path": "/loop", "port": app_port}},
+            "/app-health/db/readyz": {"tcpSocket": {"port": tcp.getsockname()[1]}},
+            "/app-health/api/readyz": {"grpc": {"port": grpc_port}},
+        }
+        status_port = free_port()
+        environment = agent_environment(
+            proxy_config={"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"}, DISABLE_ENVOY="true",
+            ISTIO_KUBE_APP_PROBERS=json.dumps(probers))
+        start_agent(tmp_path, environment).wait_answering(status_port, "/app-health/none/livez")
         yield Agent(status_port, state, tcp, servicer)
-    finally:
-        stop_process(proc)
-        if proc.stderr:
-            proc.stderr.close()
-        http_server.shutdown()
-        http_server.server_close()
-        tcp.close()
-        grpc_server.stop(None)
 
 
 def test_probes_through_the_agent_follow_the_apps(agent: Agent) -> None:

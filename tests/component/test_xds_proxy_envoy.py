@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import VENV_BIN, need
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import message as pb_message
-from support import eventually, stop_process
+from needs import need
+from support import VENV_BIN, eventually, stop_process
 from test_xds_proxy_ads import NODE, FakeAds, clusters, name_table
 
 from istio_agent.protos import nds_pb2

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONFORMANCE, need_conformance
 from google.protobuf import json_format, text_format
+from needs import need_conformance
+from support import CONFORMANCE
 
 from istio_agent.config import env
 from istio_agent.config.proxyconfig import ProxyConfig, parse_annotations, parse_layer

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONFORMANCE, need_conformance
+from needs import need_conformance
+from support import CONFORMANCE
 
 from istio_agent.config import env
 from istio_agent.config.node import node_id

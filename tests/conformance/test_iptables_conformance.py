@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONFORMANCE, VENV_BIN, need, need_conformance
+from needs import need, need_conformance
+from support import CONFORMANCE, VENV_BIN
 
 KIT = CONFORMANCE / "iptables"
 

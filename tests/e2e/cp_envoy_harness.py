@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from conftest import VENV_BIN, need, need_root
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
-from support import HTTP_NOT_YET, stop_process
+from needs import need, need_root
+from support import HTTP_NOT_YET, VENV_BIN, stop_process
 from support import eventually as support_eventually
 
 from istio_agent.controlplane.xds.ads import AdsServer

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conftest import VENV_BIN, need, need_root, need_tool
-from support import HTTP_NOT_YET, LineCollector, serving_addresses, stop_process
+from needs import need, need_root, need_tool
+from support import HTTP_NOT_YET, VENV_BIN, LineCollector, serving_addresses, stop_process
 from support import poll as support_poll
 
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"

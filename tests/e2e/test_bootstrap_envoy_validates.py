@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import VENV_BIN, need
+from needs import need
+from support import VENV_BIN
 
 from istio_agent.config import env
 from istio_agent.config.proxyconfig import ProxyConfig

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
 from cp_envoy_harness import EnvoyUnderTest, envoy_with_istiod, eventually, nothing_rejected
+from needs import need_tool
 
 from istio_agent.controlplane.xds.registry import parse_registry
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import need_root, need_tool
+from needs import need_root, need_tool
 from support import poll
 
 from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_URL, registry_yaml

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, need_root, need_tool
+from needs import need_root, need_tool
+from support import ROOT
 
 from istio_agent.node.local_node import sweep_stale_namespaces
 from istio_agent.node.processes import netns_pids, pid_alive

@@ -29,8 +29,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import VENV_BIN
-from support import LineCollector, free_port, serving_addresses, stop_process
+from support import VENV_BIN, LineCollector, free_port, serving_addresses, stop_process
 
 from istio_agent.controlplane.state import load_or_create_state
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, sign_workload_csr

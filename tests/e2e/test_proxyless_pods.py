@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import VENV_BIN, need_root, need_tool
 from cryptography import x509
+from needs import need_root, need_tool
+from support import VENV_BIN
 
 from istio_agent.localmesh import registry_yaml
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod

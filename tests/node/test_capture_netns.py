@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import VENV_BIN, need, need_root, need_tool
+from needs import need, need_root, need_tool
+from support import VENV_BIN
 
 POD_V4, PEER_V4 = "10.77.0.2", "10.77.0.1"
 POD_V6, PEER_V6 = "fd77::2", "fd77::1"

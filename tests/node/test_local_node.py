@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import need_root, need_tool
+from needs import need_root, need_tool
 
 from istio_agent.node.local_node import LocalNode, NodeOptions, sweep_stale_namespaces
 from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import need_tool
+from needs import need_tool
 
 from istio_agent.capture.addr import format_addr, parse_addr
 from istio_agent.capture.hostfacts import (

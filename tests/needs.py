@@ -1,0 +1,50 @@
+"""Prerequisites of a test: skip when one is missing, or fail under `REQUIRE_ALL=1` (set by CI).
+
+So that a missing tool or missing root privileges can never make the suite look greener than it
+is. Tests import these as `from needs import ...`: a module of its own, because `conftest` is a
+different module in every tier that has one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from support import CONFORMANCE
+
+
+def require_all() -> bool:
+    return os.environ.get("REQUIRE_ALL", "") not in ("", "0", "false")
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip (or, under REQUIRE_ALL, fail) when a prerequisite is missing."""
+    if condition:
+        return
+    if require_all():
+        pytest.fail(f"REQUIRE_ALL=1 and a prerequisite is missing: {reason}")
+    pytest.skip(reason)
+
+
+def need_root() -> None:
+    need(os.geteuid() == 0, "needs root (network namespaces, iptables)")
+
+
+def need_tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
+    need(path is not None, f"needs the '{name}' tool on PATH")
+    assert path is not None
+    return path
+
+
+def need_file(path: Path, what: str = "") -> Path:
+    need(path.exists(), f"needs {what or path} at {path} (run `make setup`)")
+    return path
+
+
+def need_conformance(sub: str) -> Path:
+    folder = CONFORMANCE / sub
+    need(folder.is_dir(), f"conformance kit not found at {folder}")
+    return folder
