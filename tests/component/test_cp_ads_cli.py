@@ -15,7 +15,7 @@ from google.protobuf import struct_pb2
 from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from support import eventually
 
-from istio_agent.controlplane.xds import typeurls
+from istio_agent.protos import typeurls
 
 REGISTRY = """\
 services:

@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import eventually
 from test_xds_proxy_ads import DELTA, NODE, SOTW, harness
 
-from istio_agent.protos import nds_pb2
+from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.status.agent_metrics import AgentMetrics
-from istio_agent.xds import types
 
 
 def values(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -48,10 +47,10 @@ async def test_streams_pushes_and_nacks_by_type(tmp_path: Path, delta: bool) -> 
     async with harness(tmp_path, on_event=metrics.xds_event, on_name_table=reject) as h:
         metrics.watch_xds(h.proxy)
         client = h.client(delta)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         cds = await client.read()
         await client.call.write(nack(cds, delta))
-        await client.subscribe(types.LISTENER_TYPE)
+        await client.subscribe(typeurls.LISTENER)
         await client.read()
         await eventually(lambda: values(registry).get(
             ("istio_agent_xds_nacks_total", (("by", "agent"), ("type", "nds")))), what="the agent's NDS NACK")

@@ -24,8 +24,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import message as pb_message
 from support import eventually
 
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import XdsProxy, XdsProxyOptions, types
+from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.xds import XdsProxy, XdsProxyOptions, routing
 from istio_agent.xds.upstream import UpstreamSettings
 
 SOTW, DELTA = False, True
@@ -71,7 +71,7 @@ class FakeAds:
                 response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString,
             ),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(types.ADS_SERVICE, handlers),))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(routing.ADS_SERVICE, handlers),))
         address = f"127.0.0.1:{port}"
         if credentials is None:
             self.port = server.add_insecure_port(address)
@@ -177,7 +177,7 @@ class AdsClient:
     def __init__(self, socket: Path, delta: bool) -> None:
         self.delta = delta
         self.channel = grpc.aio.insecure_channel(f"unix:{socket}")
-        method = types.DELTA_METHOD if delta else types.SOTW_METHOD
+        method = routing.DELTA_METHOD if delta else routing.SOTW_METHOD
         req_cls: Any = discovery_pb2.DeltaDiscoveryRequest if delta else discovery_pb2.DiscoveryRequest
         resp_cls: Any = discovery_pb2.DeltaDiscoveryResponse if delta else discovery_pb2.DiscoveryResponse
         self.call: Any = self.channel.stream_stream(
@@ -249,10 +249,10 @@ def _proxy_config_message() -> pb_message.Message:
 @contextlib.asynccontextmanager
 async def harness(tmp_path: Path, **options: Any) -> AsyncIterator[Harness]:
     resources: dict[str, list[tuple[str, pb_message.Message]]] = {
-        types.CLUSTER_TYPE: clusters(3),
-        types.LISTENER_TYPE: [],
-        types.NAME_TABLE_TYPE: [("", name_table())],
-        types.PROXY_CONFIG_TYPE: [("", _proxy_config_message())],
+        typeurls.CLUSTER: clusters(3),
+        typeurls.LISTENER: [],
+        typeurls.NAME_TABLE: [("", name_table())],
+        typeurls.PROXY_CONFIG: [("", _proxy_config_message())],
     }
     ads = FakeAds(resources)
     port = await ads.start()
@@ -297,26 +297,26 @@ NODE = "sidecar~10.0.0.1~echo-1.default~default.svc.cluster.local"
 async def test_resources_flow_and_nds_is_consumed(tmp_path: Path, delta: bool) -> None:
     async with harness(tmp_path) as h:
         client = h.client(delta)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         cds = await client.read()
-        assert cds.type_url == types.CLUSTER_TYPE
+        assert cds.type_url == typeurls.CLUSTER
         assert len(resource_names(cds)) == 3
         await client.ack(cds)
-        await client.subscribe(types.LISTENER_TYPE)
+        await client.subscribe(typeurls.LISTENER)
         lds = await client.read()
-        assert lds.type_url == types.LISTENER_TYPE
+        assert lds.type_url == typeurls.LISTENER
         # After Envoy's first LDS request the agent subscribes to NDS itself, consumes it and ACKs.
         await eventually(lambda: h.tables, what="the name table callback")
         assert h.tables[0] == name_table()
-        nds = h.ads.requests_of(types.NAME_TABLE_TYPE, delta)
-        await eventually(lambda: len(h.ads.requests_of(types.NAME_TABLE_TYPE, delta)) >= 2, what="NDS ACK")
-        nds = h.ads.requests_of(types.NAME_TABLE_TYPE, delta)
+        nds = h.ads.requests_of(typeurls.NAME_TABLE, delta)
+        await eventually(lambda: len(h.ads.requests_of(typeurls.NAME_TABLE, delta)) >= 2, what="NDS ACK")
+        nds = h.ads.requests_of(typeurls.NAME_TABLE, delta)
         assert nds[0].response_nonce == "" and nds[1].response_nonce.startswith("nonce-")
         assert not nds[1].HasField("error_detail")
         # The client saw only Envoy types; a later push still reaches it and NDS never does.
-        h.ads.push(types.CLUSTER_TYPE, clusters(2, prefix="pushed"))
+        h.ads.push(typeurls.CLUSTER, clusters(2, prefix="pushed"))
         pushed = await client.read()
-        assert pushed.type_url == types.CLUSTER_TYPE and "pushed-0" in resource_names(pushed)[0]
+        assert pushed.type_url == typeurls.CLUSTER and "pushed-0" in resource_names(pushed)[0]
         # The first upstream request carried the client's node unchanged; metadata arrived upstream.
         first = h.ads.requests[0][1]
         assert first.node.id == NODE
@@ -330,12 +330,12 @@ async def test_resources_flow_and_nds_is_consumed(tmp_path: Path, delta: bool) -
 async def test_nds_not_subscribed_when_dns_is_off(tmp_path: Path) -> None:
     async with harness(tmp_path, dns_enabled=False) as h:
         client = h.client(SOTW)
-        await client.subscribe(types.LISTENER_TYPE, NODE)
+        await client.subscribe(typeurls.LISTENER, NODE)
         await client.read()
         # A client asking for NDS itself gets nothing: the type is not for Envoy.
-        await client.subscribe(types.NAME_TABLE_TYPE)
+        await client.subscribe(typeurls.NAME_TABLE)
         await eventually(lambda: h.proxy.stats.dropped == 1, what="the NDS response to be dropped")
-        assert len(h.ads.requests_of(types.NAME_TABLE_TYPE)) == 1  # only the client's, no agent subscription
+        assert len(h.ads.requests_of(typeurls.NAME_TABLE)) == 1  # only the client's, no agent subscription
         assert h.tables == []
 
 
@@ -349,12 +349,12 @@ async def test_pcds_trust_bundle_and_nack(tmp_path: Path, delta: bool) -> None:
 
     async with harness(tmp_path, pcds_enabled=True, on_trust_bundle=reject) as h:
         client = h.client(delta)
-        await client.subscribe(types.LISTENER_TYPE, NODE)
+        await client.subscribe(typeurls.LISTENER, NODE)
         await client.read()
         await eventually(lambda: calls, what="the trust bundle callback")
         assert calls[0] == PCDS_ROOTS
-        await eventually(lambda: len(h.ads.requests_of(types.PROXY_CONFIG_TYPE, delta)) >= 2, what="PCDS NACK")
-        nack = h.ads.requests_of(types.PROXY_CONFIG_TYPE, delta)[1]
+        await eventually(lambda: len(h.ads.requests_of(typeurls.PROXY_CONFIG, delta)) >= 2, what="PCDS NACK")
+        nack = h.ads.requests_of(typeurls.PROXY_CONFIG, delta)[1]
         assert (nack.error_detail.code, nack.error_detail.message) == (13, "bad trust bundle")
 
 
@@ -363,30 +363,30 @@ async def test_health_withheld_until_lds_and_resent_on_reconnect(tmp_path: Path,
     async with harness(tmp_path, dns_enabled=False) as h:
         h.proxy.set_health(False, "readiness probe failed")
         client = h.client(delta)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         await client.read()
         await eventually(lambda: h.proxy.stats.requests == 1, what="the CDS request")
-        assert h.ads.requests_of(types.HEALTH_INFO_TYPE) == []
-        await client.subscribe(types.LISTENER_TYPE)
+        assert h.ads.requests_of(typeurls.HEALTH_INFO) == []
+        await client.subscribe(typeurls.LISTENER)
         await client.read()
-        reports = await eventually(lambda: h.ads.requests_of(types.HEALTH_INFO_TYPE), what="a health report")
+        reports = await eventually(lambda: h.ads.requests_of(typeurls.HEALTH_INFO), what="a health report")
         assert (reports[0].error_detail.code, reports[0].error_detail.message) == (13, "readiness probe failed")
         h.proxy.set_health(True)
-        await eventually(lambda: len(h.ads.requests_of(types.HEALTH_INFO_TYPE)) == 2, what="the healthy report")
-        assert not h.ads.requests_of(types.HEALTH_INFO_TYPE)[1].HasField("error_detail")
+        await eventually(lambda: len(h.ads.requests_of(typeurls.HEALTH_INFO)) == 2, what="the healthy report")
+        assert not h.ads.requests_of(typeurls.HEALTH_INFO)[1].HasField("error_detail")
         # A new stream gets the latest report again, after its LDS request.
         await client.close()
         again = h.client(delta)
-        await again.subscribe(types.LISTENER_TYPE, NODE)
+        await again.subscribe(typeurls.LISTENER, NODE)
         await again.read()
-        await eventually(lambda: len(h.ads.requests_of(types.HEALTH_INFO_TYPE)) == 3, what="the re-sent report")
+        await eventually(lambda: len(h.ads.requests_of(typeurls.HEALTH_INFO)) == 3, what="the re-sent report")
 
 
 @pytest.mark.parametrize("delta", [SOTW, DELTA], ids=["sotw", "delta"])
 async def test_upstream_failure_ends_stream_and_reconnect_works(tmp_path: Path, delta: bool) -> None:
     async with harness(tmp_path, dial_timeout=1.0) as h:
         client = h.client(delta)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         await client.read()
         port = h.ads.port
         await h.ads.stop()
@@ -395,7 +395,7 @@ async def test_upstream_failure_ends_stream_and_reconnect_works(tmp_path: Path, 
         assert failure.value.code() == grpc.StatusCode.UNAVAILABLE  # istiod's own status, passed down
         # While istiod is down a new stream fails after the dial timeout with UNAVAILABLE.
         down = h.client(delta)
-        await down.subscribe(types.CLUSTER_TYPE, NODE)
+        await down.subscribe(typeurls.CLUSTER, NODE)
         with pytest.raises(grpc.aio.AioRpcError) as unavailable:
             await asyncio.wait_for(down.call.read(), 10)
         assert unavailable.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -403,16 +403,16 @@ async def test_upstream_failure_ends_stream_and_reconnect_works(tmp_path: Path, 
         # istiod comes back on the same port: a reconnecting client is served by a fresh upstream stream.
         await h.ads.start(port)
         again = h.client(delta)
-        await again.subscribe(types.CLUSTER_TYPE, NODE)
+        await again.subscribe(typeurls.CLUSTER, NODE)
         response = await again.read()
         assert len(resource_names(response)) == 3
 
 
 async def test_large_push_passes_through(tmp_path: Path) -> None:
     async with harness(tmp_path, dns_enabled=False) as h:
-        h.ads.resources[types.CLUSTER_TYPE] = clusters(5000)
+        h.ads.resources[typeurls.CLUSTER] = clusters(5000)
         client = h.client(SOTW)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         response = await client.read(timeout=30)
         assert len(response.resources) == 5000
 
@@ -423,10 +423,10 @@ async def test_slow_envoy_holds_back_upstream(tmp_path: Path) -> None:
     async with harness(tmp_path, dns_enabled=False) as h:
         big = clusters(5000)
         client = h.client(SOTW)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         await client.read()
         for _ in range(pushes):
-            h.ads.push(types.CLUSTER_TYPE, big)
+            h.ads.push(typeurls.CLUSTER, big)
         await eventually(lambda: h.proxy.stats.received >= 2, what="the proxy to start relaying")
         # ~35 MB is pending; the proxy holds one response and gRPC's windows a few more, never all of them.
         with pytest.raises(AssertionError, match="timed out"):
@@ -440,10 +440,10 @@ async def test_slow_envoy_holds_back_upstream(tmp_path: Path) -> None:
 async def test_new_stream_replaces_previous(tmp_path: Path) -> None:
     async with harness(tmp_path, dns_enabled=False) as h:
         first = h.client(SOTW)
-        await first.subscribe(types.CLUSTER_TYPE, NODE)
+        await first.subscribe(typeurls.CLUSTER, NODE)
         await first.read()
         second = h.client(SOTW)
-        await second.subscribe(types.CLUSTER_TYPE, NODE)
+        await second.subscribe(typeurls.CLUSTER, NODE)
         await second.read()
         assert await asyncio.wait_for(first.call.read(), 10) is grpc.aio.EOF
         assert h.proxy.connected
@@ -455,7 +455,7 @@ async def test_node_hook_applies_to_first_request(tmp_path: Path) -> None:
 
     async with harness(tmp_path, dns_enabled=False, node_hook=hook) as h:
         client = h.client(DELTA)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         await client.read()
         first = h.ads.requests[0][1]
         assert first.node.id == NODE and first.node.metadata["ISTIO_VERSION"] == "hooked"
@@ -467,5 +467,5 @@ async def test_stale_socket_is_replaced(tmp_path: Path) -> None:
     socket.write_text("stale")
     async with harness(tmp_path, dns_enabled=False) as h:
         client = h.client(SOTW)
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
-        assert (await client.read()).type_url == types.CLUSTER_TYPE
+        await client.subscribe(typeurls.CLUSTER, NODE)
+        assert (await client.read()).type_url == typeurls.CLUSTER

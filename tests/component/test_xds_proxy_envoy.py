@@ -27,8 +27,8 @@ from needs import need
 from support import VENV_BIN, eventually, stop_process
 from test_xds_proxy_ads import NODE, FakeAds, clusters, name_table
 
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import XdsProxy, XdsProxyOptions, types
+from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.xds import XdsProxy, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 ENVOY = VENV_BIN / "envoy"
@@ -136,9 +136,9 @@ async def envoy_through_proxy(tmp_path: Path, delta: bool) -> AsyncIterator[tupl
                                                                                   list[nds_pb2.NameTable]]]:
     need(ENVOY.exists(), f"needs the envoy binary at {ENVOY}")
     resources: dict[str, list[tuple[str, pb_message.Message]]] = {
-        types.CLUSTER_TYPE: clusters(3),
-        types.LISTENER_TYPE: [("test-listener", _listener())],
-        types.NAME_TABLE_TYPE: [("", name_table())],
+        typeurls.CLUSTER: clusters(3),
+        typeurls.LISTENER: [("test-listener", _listener())],
+        typeurls.NAME_TABLE: [("", name_table())],
     }
     ads = FakeAds(resources)
     port = await ads.start()
@@ -176,13 +176,13 @@ async def test_envoy_gets_config_through_proxy(tmp_path: Path, delta: bool) -> N
 
         await eventually(accepted, "Envoy to accept the clusters and the listener", 15.0, interval=0.05)
         # Envoy ACKed CDS and LDS upstream (through the proxy), without errors.
-        for type_url in (types.CLUSTER_TYPE, types.LISTENER_TYPE):
+        for type_url in (typeurls.CLUSTER, typeurls.LISTENER):
             acks = [r for r in ads.requests_of(type_url, delta) if r.response_nonce]
             assert acks and not any(r.HasField("error_detail") for r in acks), type_url
         # The name table went to the agent (and was ACKed by it), never to Envoy.
         await eventually(lambda: tables, what="the name table")
         assert tables[0] == name_table()
-        nds = ads.requests_of(types.NAME_TABLE_TYPE, delta)
+        nds = ads.requests_of(typeurls.NAME_TABLE, delta)
         assert any(r.response_nonce for r in nds)
         dump = json.dumps(await envoy.config_dump())
         assert "istio.networking.nds" not in dump
@@ -200,7 +200,7 @@ async def test_envoy_reconnects_after_istiod_restart(tmp_path: Path, delta: bool
         failures = proxy.stats.upstream_failures
         await ads.stop()
         await eventually(lambda: proxy.stats.upstream_failures > failures, what="the upstream failure")
-        ads.resources[types.CLUSTER_TYPE] = clusters(2, prefix="after-restart")
+        ads.resources[typeurls.CLUSTER] = clusters(2, prefix="after-restart")
         await ads.start(port)
 
         async def second() -> bool:

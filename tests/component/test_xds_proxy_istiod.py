@@ -29,8 +29,8 @@ from istio_agent.controlplane.server import ControlPlane, ControlPlaneOptions
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.auth import TokenAuthenticator
 from istio_agent.controlplane.xds.registry import parse_registry
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import XdsProxy, XdsProxyOptions, types
+from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.xds import XdsProxy, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 NODE = "sidecar~10.244.0.5~echo-1.default~default.svc.cluster.local"
@@ -111,13 +111,13 @@ async def test_istiod_local_config_through_proxy(tmp_path: Path, delta: bool) ->
     async with istiod_and_proxy(tmp_path) as mesh:
         client = AdsClient(mesh.proxy.options.socket_path, delta)
         try:
-            await _subscribe(client, types.CLUSTER_TYPE, first=True)
+            await _subscribe(client, typeurls.CLUSTER, first=True)
             cds = await client.read()
             assert "outbound|80||echo.default.svc.cluster.local" in _names(cds, cluster_pb2.Cluster)
             await client.ack(cds)
-            await _subscribe(client, types.LISTENER_TYPE)
+            await _subscribe(client, typeurls.LISTENER)
             lds = await client.read()
-            assert lds.type_url == types.LISTENER_TYPE
+            assert lds.type_url == typeurls.LISTENER
             assert {"virtualOutbound", "virtualInbound"} <= _names(lds, listener_pb2.Listener)
             await client.ack(lds)
             # istiod-local's name table reached the agent's callback, and its watch is ACKed, not NACKed.
@@ -126,7 +126,7 @@ async def test_istiod_local_config_through_proxy(tmp_path: Path, delta: bool) ->
 
             def nds_acked() -> bool:
                 watches = [c["watches"] for c in mesh.ads.connections()]
-                return bool(watches) and all(types.NAME_TABLE_TYPE in w and not w[types.NAME_TABLE_TYPE]["nacked"]
+                return bool(watches) and all(typeurls.NAME_TABLE in w and not w[typeurls.NAME_TABLE]["nacked"]
                                              for w in watches)
 
             await eventually(nds_acked, what="istiod-local to record the NDS watch")
@@ -134,7 +134,7 @@ async def test_istiod_local_config_through_proxy(tmp_path: Path, delta: bool) ->
             mesh.ads.update_registry(parse_registry(REGISTRY.replace("name: db\n", "name: pg\n")))
             while True:
                 pushed = await client.read()
-                if pushed.type_url == types.CLUSTER_TYPE:
+                if pushed.type_url == typeurls.CLUSTER:
                     break
             names = _names(pushed, cluster_pb2.Cluster)
             gone = "outbound|5432||db.data.svc.cluster.local"
@@ -150,7 +150,7 @@ async def test_missing_token_is_refused_upstream_and_passed_down(tmp_path: Path)
     async with istiod_and_proxy(tmp_path, token=False) as mesh:
         client = AdsClient(mesh.proxy.options.socket_path, delta=True)
         try:
-            await _subscribe(client, types.CLUSTER_TYPE, first=True)
+            await _subscribe(client, typeurls.CLUSTER, first=True)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await asyncio.wait_for(client.call.read(), 10)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -13,7 +13,8 @@ from test_xds_proxy_ads import NODE, AdsClient, FakeAds, clusters, resource_name
 
 from istio_agent.pki.certs import CertificateAuthority, issue_server_cert, new_root_ca
 from istio_agent.pki.keys import generate_key
-from istio_agent.xds import XdsProxy, XdsProxyOptions, types
+from istio_agent.protos import typeurls
+from istio_agent.xds import XdsProxy, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 
@@ -36,7 +37,7 @@ async def _fetch_clusters(tmp_path: Path, settings: UpstreamSettings) -> list[st
     await proxy.start()
     client = AdsClient(tmp_path / "XDS", delta=False)
     try:
-        await client.subscribe(types.CLUSTER_TYPE, NODE)
+        await client.subscribe(typeurls.CLUSTER, NODE)
         return resource_names(await client.read())
     finally:
         await client.close()
@@ -50,7 +51,7 @@ async def _fetch_clusters(tmp_path: Path, settings: UpstreamSettings) -> list[st
 )
 async def test_tls_with_mounted_root(tmp_path: Path, server_name: str, istiod_san: str) -> None:
     ca = _root()
-    ads = FakeAds({types.CLUSTER_TYPE: clusters(2)})
+    ads = FakeAds({typeurls.CLUSTER: clusters(2)})
     port = await ads.start(credentials=_server_credentials(ca, [server_name]))
     root = tmp_path / "var/run/secrets/istio/root-cert.pem"
     root.parent.mkdir(parents=True)
@@ -64,7 +65,7 @@ async def test_tls_with_mounted_root(tmp_path: Path, server_name: str, istiod_sa
 
 
 async def test_tls_refuses_an_untrusted_istiod(tmp_path: Path) -> None:
-    ads = FakeAds({types.CLUSTER_TYPE: clusters(1)})
+    ads = FakeAds({typeurls.CLUSTER: clusters(1)})
     port = await ads.start(credentials=_server_credentials(_root(), ["istiod.istio-system.svc"]))
     other = tmp_path / "other-root.pem"
     other.write_bytes(_root().cert_pem)

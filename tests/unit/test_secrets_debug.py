@@ -12,10 +12,10 @@ import pytest
 
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key
+from istio_agent.protos import typeurls
 from istio_agent.security.secrets import SecretItem
 from istio_agent.status.secrets_debug import (
     PRESENT,
-    SECRETS_DUMP_TYPE,
     SecretDiff,
     SecretView,
     agent_views,
@@ -63,7 +63,8 @@ def b64(text: str) -> str:
 def dump(active: list[dict[str, Any]] | None = None, warming: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"configs": [
         {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump"},
-        {"@type": SECRETS_DUMP_TYPE, "dynamic_active_secrets": active or [], "dynamic_warming_secrets": warming or []},
+        {"@type": typeurls.SECRETS_CONFIG_DUMP, "dynamic_active_secrets": active or [],
+         "dynamic_warming_secrets": warming or []},
     ]}
 
 
@@ -146,15 +147,15 @@ def test_proxy_views_with_spiffe_trust_domains(pki: Pki) -> None:
 
 
 def test_proxy_views_of_an_envoy_without_secrets() -> None:
-    assert proxy_views({"configs": [{"@type": SECRETS_DUMP_TYPE}]}, NOW) == []
+    assert proxy_views({"configs": [{"@type": typeurls.SECRETS_CONFIG_DUMP}]}, NOW) == []
     assert proxy_views({"configs": []}, NOW) == []
 
 
 @pytest.mark.parametrize("bad", [
     [],
     {"configs": "x"},
-    {"configs": [{"@type": SECRETS_DUMP_TYPE, "dynamic_active_secrets": ["x"]}]},
-    {"configs": [{"@type": SECRETS_DUMP_TYPE, "dynamic_active_secrets": [
+    {"configs": [{"@type": typeurls.SECRETS_CONFIG_DUMP, "dynamic_active_secrets": ["x"]}]},
+    {"configs": [{"@type": typeurls.SECRETS_CONFIG_DUMP, "dynamic_active_secrets": [
         {"name": "d", "secret": {"tls_certificate": {"certificate_chain": {"inline_bytes": "!!"}}}}]}]},
 ])
 def test_malformed_config_dump(bad: Any) -> None:

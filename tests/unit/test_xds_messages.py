@@ -9,11 +9,11 @@ from google.protobuf import any_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import messages, types
+from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.xds import messages
 from istio_agent.xds.messages import DecodeError, ErrorDetail
 
-CDS = types.CLUSTER_TYPE
+CDS = typeurls.CLUSTER
 
 
 def _clusters_response(count: int) -> discovery_pb2.DiscoveryResponse:
@@ -39,12 +39,12 @@ def test_sotw_request_head_reads_only_routing_fields() -> None:
 
 def test_delta_request_head() -> None:
     request = discovery_pb2.DeltaDiscoveryRequest(
-        type_url=types.LISTENER_TYPE, response_nonce="7", resource_names_subscribe=["x"]
+        type_url=typeurls.LISTENER, response_nonce="7", resource_names_subscribe=["x"]
     )
     request.node.id = "n"
     request.initial_resource_versions["x"] = "1"
     head = messages.request_head(request.SerializeToString(), delta=True)
-    assert (head.type_url, head.response_nonce, head.version_info, head.error) == (types.LISTENER_TYPE, "7", "", None)
+    assert (head.type_url, head.response_nonce, head.version_info, head.error) == (typeurls.LISTENER, "7", "", None)
 
 
 def test_sotw_response_head_keeps_resources_as_raw_bytes() -> None:
@@ -64,16 +64,16 @@ def test_delta_response_head_unwraps_resource() -> None:
     table = nds_pb2.NameTable()
     table.table["echo.default.svc.cluster.local"].ips.append("10.96.0.20")
     response = discovery_pb2.DeltaDiscoveryResponse(
-        system_version_info="sv", type_url=types.NAME_TABLE_TYPE, nonce="d1", removed_resources=["old"]
+        system_version_info="sv", type_url=typeurls.NAME_TABLE, nonce="d1", removed_resources=["old"]
     )
     resource = response.resources.add(name="nds", version="1")
     resource.resource.Pack(table)
     data = response.SerializeToString()
     head = messages.response_head(data, delta=True)
-    assert (head.type_url, head.nonce, head.version_info, head.delta) == (types.NAME_TABLE_TYPE, "d1", "sv", True)
+    assert (head.type_url, head.nonce, head.version_info, head.delta) == (typeurls.NAME_TABLE, "d1", "sv", True)
     (raw,) = messages.resources(data)
     any_type, value = messages.resource_value(raw, delta=True)
-    assert any_type == types.NAME_TABLE_TYPE
+    assert any_type == typeurls.NAME_TABLE
     assert nds_pb2.NameTable.FromString(value) == table
 
 
@@ -111,20 +111,20 @@ def test_malformed_bytes_raise_decode_error(delta: bool) -> None:
 
 def test_encode_sotw_ack_and_nack_parse_as_real_requests() -> None:
     ack = discovery_pb2.DiscoveryRequest.FromString(
-        messages.encode_request(types.NAME_TABLE_TYPE, delta=False, response_nonce="n1", version_info="v1")
+        messages.encode_request(typeurls.NAME_TABLE, delta=False, response_nonce="n1", version_info="v1")
     )
-    assert (ack.type_url, ack.response_nonce, ack.version_info) == (types.NAME_TABLE_TYPE, "n1", "v1")
+    assert (ack.type_url, ack.response_nonce, ack.version_info) == (typeurls.NAME_TABLE, "n1", "v1")
     assert not ack.HasField("error_detail") and not ack.HasField("node")
     nack = discovery_pb2.DiscoveryRequest.FromString(
-        messages.encode_request(types.NAME_TABLE_TYPE, delta=False, response_nonce="n2", error=ErrorDetail(13, "no"))
+        messages.encode_request(typeurls.NAME_TABLE, delta=False, response_nonce="n2", error=ErrorDetail(13, "no"))
     )
     assert (nack.error_detail.code, nack.error_detail.message) == (13, "no")
 
 
 def test_encode_delta_request_has_no_version() -> None:
-    data = messages.encode_request(types.PROXY_CONFIG_TYPE, delta=True, response_nonce="x", version_info="ignored")
+    data = messages.encode_request(typeurls.PROXY_CONFIG, delta=True, response_nonce="x", version_info="ignored")
     request = discovery_pb2.DeltaDiscoveryRequest.FromString(data)
-    assert (request.type_url, request.response_nonce) == (types.PROXY_CONFIG_TYPE, "x")
+    assert (request.type_url, request.response_nonce) == (typeurls.PROXY_CONFIG, "x")
     assert not request.HasField("error_detail")
 
 

@@ -6,8 +6,7 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import types
+from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.xds.session import (
     Consume,
     Drop,
@@ -18,7 +17,7 @@ from istio_agent.xds.session import (
     health_request,
 )
 
-BOTH = frozenset({types.NAME_TABLE_TYPE, types.PROXY_CONFIG_TYPE})
+BOTH = frozenset({typeurls.NAME_TABLE, typeurls.PROXY_CONFIG})
 
 
 def _request(type_url: str, delta: bool, nonce: str = "") -> bytes:
@@ -50,7 +49,7 @@ def _parse_request(data: bytes, delta: bool) -> discovery_pb2.DiscoveryRequest |
 def test_envoy_types_are_forwarded_byte_for_byte(delta: bool) -> None:
     session = StreamSession(delta=delta, consumed=BOTH)
     cluster = cluster_pb2.Cluster(name="c").SerializeToString()
-    data = _response(types.CLUSTER_TYPE, delta, [(types.CLUSTER_TYPE, cluster)])
+    data = _response(typeurls.CLUSTER, delta, [(typeurls.CLUSTER, cluster)])
     action = session.on_response(data)
     assert isinstance(action, Forward) and action.data is data
 
@@ -61,12 +60,12 @@ def test_name_table_is_consumed_and_acked(delta: bool) -> None:
     table.table["a.b.svc.cluster.local"].ips.append("10.0.0.1")
     session = StreamSession(delta=delta, consumed=BOTH)
     action = session.on_response(
-        _response(types.NAME_TABLE_TYPE, delta, [(types.NAME_TABLE_TYPE, table.SerializeToString())], nonce="n7")
+        _response(typeurls.NAME_TABLE, delta, [(typeurls.NAME_TABLE, table.SerializeToString())], nonce="n7")
     )
     assert isinstance(action, Consume)
     assert nds_pb2.NameTable.FromString(action.value) == table
     ack = _parse_request(session.ack(action), delta)
-    assert (ack.type_url, ack.response_nonce) == (types.NAME_TABLE_TYPE, "n7")
+    assert (ack.type_url, ack.response_nonce) == (typeurls.NAME_TABLE, "n7")
     assert not ack.HasField("error_detail")
     if not delta:
         assert isinstance(ack, discovery_pb2.DiscoveryRequest) and ack.version_info == "v1"
@@ -77,56 +76,56 @@ def test_name_table_is_consumed_and_acked(delta: bool) -> None:
 @pytest.mark.parametrize("delta", [False, True])
 def test_proxy_config_is_consumed(delta: bool) -> None:
     session = StreamSession(delta=delta, consumed=BOTH)
-    action = session.on_response(_response(types.PROXY_CONFIG_TYPE, delta, [(types.PROXY_CONFIG_TYPE, b"")]))
-    assert isinstance(action, Consume) and action.type_url == types.PROXY_CONFIG_TYPE
+    action = session.on_response(_response(typeurls.PROXY_CONFIG, delta, [(typeurls.PROXY_CONFIG, b"")]))
+    assert isinstance(action, Consume) and action.type_url == typeurls.PROXY_CONFIG
 
 
 def test_istio_types_are_dropped_when_not_consumed() -> None:
     session = StreamSession(delta=False, consumed=frozenset())
-    action = session.on_response(_response(types.NAME_TABLE_TYPE, False, [(types.NAME_TABLE_TYPE, b"")]))
+    action = session.on_response(_response(typeurls.NAME_TABLE, False, [(typeurls.NAME_TABLE, b"")]))
     assert isinstance(action, Drop)
     assert isinstance(session.on_response(_response("type.googleapis.com/foo.Bar", False, [])), Drop)
 
 
 def test_empty_consumed_response_is_dropped_without_ack() -> None:
     session = StreamSession(delta=False, consumed=BOTH)
-    assert isinstance(session.on_response(_response(types.NAME_TABLE_TYPE, False, [])), Drop)
+    assert isinstance(session.on_response(_response(typeurls.NAME_TABLE, False, [])), Drop)
 
 
 def test_workload_type_is_forwarded() -> None:
     session = StreamSession(delta=True, consumed=BOTH)
-    assert isinstance(session.on_response(_response(types.WORKLOAD_TYPE, True, [])), Forward)
+    assert isinstance(session.on_response(_response(typeurls.WORKLOAD, True, [])), Forward)
 
 
 @pytest.mark.parametrize("delta", [False, True])
 def test_first_lds_request_triggers_subscriptions_and_health(delta: bool) -> None:
     session = StreamSession(delta=delta, consumed=BOTH, health=Health(False, "probe failed"))
-    cds = _request(types.CLUSTER_TYPE, delta)
+    cds = _request(typeurls.CLUSTER, delta)
     assert session.on_request(cds) == [cds]
-    lds = _request(types.LISTENER_TYPE, delta)
+    lds = _request(typeurls.LISTENER, delta)
     out = session.on_request(lds)
     assert out[0] == lds
     extra = [_parse_request(d, delta) for d in out[1:]]
-    assert [r.type_url for r in extra] == [types.NAME_TABLE_TYPE, types.PROXY_CONFIG_TYPE, types.HEALTH_INFO_TYPE]
+    assert [r.type_url for r in extra] == [typeurls.NAME_TABLE, typeurls.PROXY_CONFIG, typeurls.HEALTH_INFO]
     assert (extra[2].error_detail.code, extra[2].error_detail.message) == (13, "probe failed")
     # Later LDS requests (ACKs) are just forwarded.
-    ack = _request(types.LISTENER_TYPE, delta, nonce="1")
+    ack = _request(typeurls.LISTENER, delta, nonce="1")
     assert session.on_request(ack) == [ack]
 
 
 def test_only_consumed_types_are_subscribed() -> None:
-    session = StreamSession(delta=False, consumed=frozenset({types.NAME_TABLE_TYPE}))
-    out = session.on_request(_request(types.LISTENER_TYPE, False))
-    assert [_parse_request(d, False).type_url for d in out[1:]] == [types.NAME_TABLE_TYPE]
+    session = StreamSession(delta=False, consumed=frozenset({typeurls.NAME_TABLE}))
+    out = session.on_request(_request(typeurls.LISTENER, False))
+    assert [_parse_request(d, False).type_url for d in out[1:]] == [typeurls.NAME_TABLE]
     session = StreamSession(delta=False, consumed=frozenset())
-    assert len(session.on_request(_request(types.LISTENER_TYPE, False))) == 1
+    assert len(session.on_request(_request(typeurls.LISTENER, False))) == 1
 
 
 def test_health_is_withheld_until_lds() -> None:
     session = StreamSession(delta=False, consumed=frozenset())
     assert session.on_health(Health(True)) == []
-    out = session.on_request(_request(types.LISTENER_TYPE, False))
-    assert [_parse_request(d, False).type_url for d in out] == [types.LISTENER_TYPE, types.HEALTH_INFO_TYPE]
+    out = session.on_request(_request(typeurls.LISTENER, False))
+    assert [_parse_request(d, False).type_url for d in out] == [typeurls.LISTENER, typeurls.HEALTH_INFO]
     (report,) = session.on_health(Health(False, "down"))
     assert _parse_request(report, False).error_detail.message == "down"
 
@@ -141,7 +140,7 @@ def test_health_request_shape(delta: bool) -> None:
 
 
 def test_node_hook_edits_only_the_node() -> None:
-    request = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER_TYPE, resource_names=["x"])
+    request = discovery_pb2.DiscoveryRequest(type_url=typeurls.CLUSTER, resource_names=["x"])
     request.node.id = "sidecar~1.2.3.4~a.b~b.svc.cluster.local"
 
     def hook(node: object) -> None:

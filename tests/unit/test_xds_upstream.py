@@ -8,7 +8,7 @@ import pytest
 
 from istio_agent.config import env
 from istio_agent.config.loader import load_agent_config
-from istio_agent.xds import types
+from istio_agent.protos import typeurls
 from istio_agent.xds.options import XdsProxyOptions
 from istio_agent.xds.upstream import (
     UpstreamError,
@@ -97,6 +97,6 @@ def test_consumed_types_follow_options(tmp_path: Path) -> None:
         XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=True, pcds_enabled=True,
                         on_name_table=lambda t: None, on_trust_bundle=lambda b: None)
     )
-    assert both.consumed == {types.NAME_TABLE_TYPE, types.PROXY_CONFIG_TYPE}
+    assert both.consumed == {typeurls.NAME_TABLE, typeurls.PROXY_CONFIG}
     no_dns = XdsProxy(XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=False, on_name_table=lambda t: None))
     assert no_dns.consumed == frozenset()

@@ -1,4 +1,4 @@
-"""xDS type URLs and their short names, shared by the agent's XDS proxy and istiod-local.
+"""xDS type URLs and their short names: the one set, for the agent (XDS proxy, SDS, diagnostics) and istiod-local.
 
 A plain library (no I/O, no agent runtime), so both separate programs can use
 it. Values follow upstream's `pkg/model` constants.
@@ -19,6 +19,8 @@ NAME_TABLE = PREFIX + "istio.networking.nds.v1.NameTable"
 HEALTH_INFO = PREFIX + "istio.v1.HealthInformation"
 PROXY_CONFIG = PREFIX + "istio.mesh.v1alpha1.ProxyConfig"
 WORKLOAD = PREFIX + "istio.workload.Workload"
+# Not an xDS type: the `@type` of the secrets section of Envoy's admin /config_dump.
+SECRETS_CONFIG_DUMP = PREFIX + "envoy.admin.v3.SecretsConfigDump"
 
 SHORT_NAMES = {
     CLUSTER: "CDS",

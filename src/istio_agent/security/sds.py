@@ -25,13 +25,13 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 
+from istio_agent.protos import typeurls
 from istio_agent.security.cache import SecretCache
 from istio_agent.security.sds_state import SdsProtocolError, SubscriptionState
 from istio_agent.security.secrets import SecretError, SecretItem
 
 log = logging.getLogger(__name__)
 
-SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
 # sun_path holds 108 bytes including the terminating NUL.
@@ -145,7 +145,7 @@ class SdsServer:
 
     async def _response(self, names: tuple[str, ...]) -> discovery_pb2.DiscoveryResponse:
         response = discovery_pb2.DiscoveryResponse(
-            type_url=SECRET_TYPE_URL,
+            type_url=typeurls.SECRET,
             version_info=f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}/{next(self._versions)}",
             nonce=str(uuid.uuid4()),
         )

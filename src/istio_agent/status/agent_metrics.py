@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from istio_agent.xds.types import short_type
+from istio_agent.protos import typeurls
 
 if TYPE_CHECKING:
     from istio_agent.security.ca_client import CertificateSigner
@@ -56,7 +56,7 @@ XDS_UPSTREAM_FAILURE = "upstream_failure"  # detail: why (dial failure or gRPC c
 
 def type_label(type_url: str) -> str:
     """`cds`, `lds`, `nds`, ... for known types (as Istio's own xDS metrics), else the URL."""
-    short = short_type(type_url)
+    short = typeurls.short(type_url)
     return short.lower() if short != type_url else type_url
 
 

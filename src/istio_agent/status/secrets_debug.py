@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 
+from istio_agent.protos import typeurls
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
 
 DEBUG_SECRETS_PATH = "/debug/secrets"
 CONFIG_DUMP_SECRETS_PATH = "/config_dump?mask=dynamic_active_secrets,dynamic_warming_secrets"
-SECRETS_DUMP_TYPE = "type.googleapis.com/envoy.admin.v3.SecretsConfigDump"
 ACTIVE, WARMING, UNINITIALIZED = "ACTIVE", "WARMING", "UNINITIALIZED"
 PRESENT = "PRESENT"
 ITEM_COLUMNS = ("RESOURCE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT AFTER", "NOT BEFORE")
@@ -171,7 +172,7 @@ def proxy_views(dump: Mapping[str, Any], now: float) -> list[SecretView]:
         raise ValueError("not an Envoy config dump")
     views: list[SecretView] = []
     for config in dump.get("configs", []):
-        if not isinstance(config, Mapping) or config.get("@type") != SECRETS_DUMP_TYPE:
+        if not isinstance(config, Mapping) or config.get("@type") != typeurls.SECRETS_CONFIG_DUMP:
             continue
         for key, state in (("dynamic_warming_secrets", WARMING), ("dynamic_active_secrets", ACTIVE)):
             for entry in config.get(key) or []:

@@ -2,8 +2,8 @@
 
 Public API: `XdsProxy(options)` with `start()` / `stop()` / `set_health()`, and
 `XdsProxyOptions` (`from_config(agent_config, ...)` for the agent). They load on
-first use, so that importing a small module of this package (say `types`, for
-metrics labels) does not pull in the gRPC server.
+first use, so that importing a small module of this package (say `routing` or
+`messages`) does not pull in the gRPC server.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from istio_agent.protos import nds_pb2
-from istio_agent.xds import messages, types, upstream
+from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.xds import messages, routing, upstream
 from istio_agent.xds.options import XdsProxyOptions
 from istio_agent.xds.session import Consume, Drop, Forward, Health, StreamSession, apply_node_hook
 
@@ -80,9 +80,9 @@ class XdsProxy:
         self._next_id = 0
         consumed: set[str] = set()
         if options.dns_enabled and options.on_name_table is not None:
-            consumed.add(types.NAME_TABLE_TYPE)
+            consumed.add(typeurls.NAME_TABLE)
         if options.pcds_enabled and options.on_trust_bundle is not None:
-            consumed.add(types.PROXY_CONFIG_TYPE)
+            consumed.add(typeurls.PROXY_CONFIG)
         self.consumed = frozenset(consumed)
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class XdsProxy:
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(self._sotw),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(self._delta),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(types.ADS_SERVICE, methods),))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(routing.ADS_SERVICE, methods),))
         server.add_insecure_port(f"unix:{path}")
         await server.start()
         self._server = server
@@ -164,12 +164,12 @@ class XdsProxy:
     def _consume(self, item: Consume) -> str | None:
         """Hand a consumed resource to its callback; the error text for a NACK, or None to ACK."""
         try:
-            if item.type_url == types.NAME_TABLE_TYPE and self.options.on_name_table is not None:
+            if item.type_url == typeurls.NAME_TABLE and self.options.on_name_table is not None:
                 self.options.on_name_table(nds_pb2.NameTable.FromString(item.value))
-            elif item.type_url == types.PROXY_CONFIG_TYPE and self.options.on_trust_bundle is not None:
+            elif item.type_url == typeurls.PROXY_CONFIG and self.options.on_trust_bundle is not None:
                 self.options.on_trust_bundle(messages.trust_bundle(item.value))
         except Exception as exc:
-            log.warning("XDS proxy: rejecting %s: %s", types.short_type(item.type_url), exc)
+            log.warning("XDS proxy: rejecting %s: %s", typeurls.short(item.type_url), exc)
             return str(exc) or type(exc).__name__
         return None
 
@@ -202,7 +202,7 @@ class _ProxiedStream:
             self.context.set_details(str(exc))
             return
         try:
-            method = types.DELTA_METHOD if self.delta else types.SOTW_METHOD
+            method = routing.DELTA_METHOD if self.delta else routing.SOTW_METHOD
             call = channel.stream_stream(method, request_serializer=_identity, response_deserializer=_identity)(
                 metadata=upstream.call_metadata(settings)
             )
@@ -312,4 +312,4 @@ class _ProxiedStream:
                 self.outbox.put_nowait(self.session.ack(action, error))
             elif isinstance(action, Drop):
                 self.proxy.stats.dropped += 1
-                log.debug("XDS proxy: dropped %s response: %s", types.short_type(action.type_url), action.reason)
+                log.debug("XDS proxy: dropped %s response: %s", typeurls.short(action.type_url), action.reason)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from istio_agent.xds import messages, types
+from istio_agent.protos import typeurls
+from istio_agent.xds import messages, routing
 from istio_agent.xds.messages import ErrorDetail, RequestHead, ResponseHead
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ class Health:
 
 def health_request(health: Health, delta: bool) -> bytes:
     """A HealthInformation request: empty when healthy, error_detail INTERNAL + message when not."""
-    error = None if health.healthy else ErrorDetail(types.CODE_INTERNAL, health.message)
-    return messages.encode_request(types.HEALTH_INFO_TYPE, delta=delta, error=error)
+    error = None if health.healthy else ErrorDetail(routing.CODE_INTERNAL, health.message)
+    return messages.encode_request(typeurls.HEALTH_INFO, delta=delta, error=error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,10 @@ class StreamSession:
         """`on_request` for a request whose head the caller has already parsed (it needs it too)."""
         self.requests += 1
         out = [data]
-        if not self.lds_seen and head.type_url == types.LISTENER_TYPE:
+        if not self.lds_seen and head.type_url == typeurls.LISTENER:
             self.lds_seen = True
             # Fixed order, as upstream: name table, then proxy config, then health.
-            for type_url in (types.NAME_TABLE_TYPE, types.PROXY_CONFIG_TYPE):
+            for type_url in (typeurls.NAME_TABLE, typeurls.PROXY_CONFIG):
                 if type_url in self.consumed:
                     out.append(messages.encode_request(type_url, delta=self.delta))
             if self.health is not None:
@@ -119,13 +120,13 @@ class StreamSession:
                 return Drop(head.type_url, "empty response for a consumed type")
             _, value = messages.resource_value(raw[0], self.delta)
             return Consume(head.type_url, value, head.nonce, head.version_info)
-        if types.forwardable(head.type_url):
+        if routing.forwardable(head.type_url):
             return Forward(data, head.type_url)
         return Drop(head.type_url, "not an Envoy type")
 
     def ack(self, consumed: Consume, error: str | None = None) -> bytes:
         """ACK (or NACK with INTERNAL + `error`) for a consumed response, to send upstream."""
-        detail = ErrorDetail(types.CODE_INTERNAL, error) if error is not None else None
+        detail = ErrorDetail(routing.CODE_INTERNAL, error) if error is not None else None
         return messages.encode_request(
             consumed.type_url,
             delta=self.delta,

@@ -31,13 +31,18 @@ from typing import Generic, TypeVar
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from istio_agent.controlplane.xds import typeurls
 from istio_agent.controlplane.xds.generators.base import Resources
+from istio_agent.protos import typeurls
 
 log = logging.getLogger("istio_agent.controlplane.ads")
 
 Generate = Callable[[str, Collection[str] | None], Resources]
 CONTROL_PLANE = base_pb2.ControlPlane(identifier='{"Component":"istiod-local"}')
+
+# Types where an empty subscription means "everything" (SotW and legacy Delta wildcard).
+WILDCARD_TYPES = frozenset({typeurls.CLUSTER, typeurls.LISTENER, typeurls.NAME_TABLE})
+# Push order: clusters before their endpoints, listeners before their routes (make before break).
+PUSH_ORDER = (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE, typeurls.NAME_TABLE)
 
 
 def new_nonce() -> str:
@@ -57,7 +62,7 @@ def _digest(resources: Resources) -> bytes:
 
 def push_order(types: Iterable[str]) -> list[str]:
     present = set(types)
-    ordered = [t for t in typeurls.PUSH_ORDER if t in present]
+    ordered = [t for t in PUSH_ORDER if t in present]
     return ordered + sorted(present - set(ordered))
 
 
@@ -109,7 +114,7 @@ class SotwSession(_Session[SotwWatch]):
                 log.debug("ADS: %s asked for unsupported type %s", self.proxy_id, type_url)
             return []
         names = frozenset(request.resource_names) if request.resource_names else None
-        if names is None and type_url not in typeurls.WILDCARD_TYPES:
+        if names is None and type_url not in WILDCARD_TYPES:
             names = frozenset()
         watch = self.watches.get(type_url)
         if watch is None or not request.response_nonce:
@@ -194,7 +199,7 @@ class DeltaSession(_Session[DeltaWatch]):
         unsubscribe = set(request.resource_names_unsubscribe)
         watch = self.watches.get(type_url)
         if watch is None:
-            wildcard = "*" in subscribe or (not subscribe and type_url in typeurls.WILDCARD_TYPES)
+            wildcard = "*" in subscribe or (not subscribe and type_url in WILDCARD_TYPES)
             watch = self.watches[type_url] = DeltaWatch(wildcard, subscribe - {"*"},
                                                         dict(request.initial_resource_versions))
             current = self._current(type_url, watch)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from istio_agent.controlplane.xds import typeurls
 from istio_agent.controlplane.xds.generators.base import ProxyContext, Resources, select
 from istio_agent.controlplane.xds.generators.endpoints import build_endpoints
 from istio_agent.controlplane.xds.generators.grpc_clusters import build_clusters, build_routes
 from istio_agent.controlplane.xds.generators.grpc_listeners import build_listeners
+from istio_agent.protos import typeurls
 
 
 class GrpcGenerator:

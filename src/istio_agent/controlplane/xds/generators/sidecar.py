@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from istio_agent.controlplane.xds import typeurls
 from istio_agent.controlplane.xds.generators.base import ProxyContext, Resources, select
 from istio_agent.controlplane.xds.generators.clusters import build_clusters
 from istio_agent.controlplane.xds.generators.endpoints import build_endpoints
@@ -13,6 +12,7 @@ from istio_agent.controlplane.xds.generators.inbound import virtual_inbound
 from istio_agent.controlplane.xds.generators.nametable import build_name_table
 from istio_agent.controlplane.xds.generators.outbound import outbound_listeners
 from istio_agent.controlplane.xds.generators.routes import build_routes
+from istio_agent.protos import typeurls
 
 # The NameTable is one unnamed resource (upstream sends it so, unless the agent asks for per-host Delta NDS).
 NAME_TABLE_RESOURCE = ""
