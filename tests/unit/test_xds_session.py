@@ -10,9 +10,9 @@ from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.xds.session import (
     Consume,
     Drop,
-    Forward,
     Health,
     StreamSession,
+    ToEnvoy,
     apply_node_hook,
     health_request,
 )
@@ -51,7 +51,7 @@ def test_envoy_types_are_forwarded_byte_for_byte(delta: bool) -> None:
     cluster = cluster_pb2.Cluster(name="c").SerializeToString()
     data = _response(typeurls.CLUSTER, delta, [(typeurls.CLUSTER, cluster)])
     action = session.on_response(data)
-    assert isinstance(action, Forward) and action.data is data
+    assert isinstance(action, ToEnvoy) and action.data is data
 
 
 @pytest.mark.parametrize("delta", [False, True])
@@ -94,7 +94,7 @@ def test_empty_consumed_response_is_dropped_without_ack() -> None:
 
 def test_workload_type_is_forwarded() -> None:
     session = StreamSession(delta=True, consumed=BOTH)
-    assert isinstance(session.on_response(_response(typeurls.WORKLOAD, True, [])), Forward)
+    assert isinstance(session.on_response(_response(typeurls.WORKLOAD, True, [])), ToEnvoy)
 
 
 @pytest.mark.parametrize("delta", [False, True])

@@ -36,7 +36,7 @@ import grpc.aio
 from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.xds import messages, routing, upstream
 from istio_agent.xds.options import XdsProxyOptions
-from istio_agent.xds.session import Consume, Drop, Forward, Health, StreamSession, apply_node_hook
+from istio_agent.xds.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class _ProxiedStream:
                 action = self.session.on_response(data)
             except messages.DecodeError as exc:
                 return _End(grpc.StatusCode.INTERNAL, f"from upstream: {exc}", "upstream")
-            if isinstance(action, Forward):
+            if isinstance(action, ToEnvoy):
                 try:
                     await self.context.write(action.data)
                 except Exception as exc:

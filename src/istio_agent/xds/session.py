@@ -9,8 +9,8 @@ send, never touching a socket:
   enabled) and the last known health report, because istiod expects them only
   once the proxy is initialising its listeners;
 - a response of a type the agent consumes becomes a `Consume` (the I/O edge
-  hands it to a callback, then asks for the ACK/NACK); Envoy types are
-  forwarded as the same bytes; other types are dropped.
+  hands it to a callback, then asks for the ACK/NACK); Envoy types become
+  `ToEnvoy`, the same bytes to send on; other types become a `Drop`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def health_request(health: Health, delta: bool) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Forward:
-    """Send these exact bytes to Envoy."""
+class ToEnvoy:
+    """Send these exact bytes on to Envoy."""
 
     data: bytes
     type_url: str
@@ -69,7 +69,7 @@ class Drop:
     reason: str
 
 
-ResponseAction = Forward | Consume | Drop
+ResponseAction = ToEnvoy | Consume | Drop
 
 
 class StreamSession:
@@ -121,7 +121,7 @@ class StreamSession:
             _, value = messages.resource_value(raw[0], self.delta)
             return Consume(head.type_url, value, head.nonce, head.version_info)
         if routing.forwardable(head.type_url):
-            return Forward(data, head.type_url)
+            return ToEnvoy(data, head.type_url)
         return Drop(head.type_url, "not an Envoy type")
 
     def ack(self, consumed: Consume, error: str | None = None) -> bytes:
