@@ -17,7 +17,7 @@ from typing import Any
 import dns.message
 import dns.query
 import dns.rdatatype
-from conftest import need_tool
+from needs import need_tool
 from prometheus_client import CollectorRegistry
 from support import free_udp_tcp_port, stop_process
 
