@@ -11,6 +11,11 @@ same IPv4 rules into a brand-new namespace (one with a pod-like address):
 It also reports the bare interpreter start-up, and an in-process comparison
 (the library's apply vs spawning iptables-restore, both from a child already
 inside the namespace) that shows the cost of the tool minus Python start-up.
+
+Last, how long `--run-validation` takes to give up when redirection does not
+work (`--skip-rule-apply` in a fresh namespace, `--probe-timeout=1s`): the
+node test checks that it fails with exit 126, this measures that it does so
+promptly, as a multiple of the probe timeout.
 Needs root. The last line is one JSON object with the figures.
 """
 
@@ -31,6 +36,9 @@ VENV_BIN = ROOT / ".venv" / "bin"
 DEFAULT_ARGS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
                 "-d", "15090,15021,15020"]  # fmt: skip
 REPS = int(os.environ.get("BENCH_CAPTURE_REPS", "15"))
+VALIDATION_REPS = int(os.environ.get("BENCH_CAPTURE_VALIDATION_REPS", "3"))
+PROBE_TIMEOUT_S = 1.0
+VALIDATION_FAILED = 126
 
 
 def sh(*argv: str, stdin: bytes | None = None) -> None:
@@ -111,6 +119,22 @@ def in_process(ns: str, text: bytes) -> tuple[float, float]:
     return data[0], data[1]
 
 
+def validation_give_up(tool: str) -> float:
+    """Seconds `--run-validation` takes to report failure in a fresh namespace without rules."""
+    ns = fresh_namespace()
+    try:
+        start = time.perf_counter()
+        result = subprocess.run([tool, "--network-namespace", f"/run/netns/{ns}", *DEFAULT_ARGS, "--skip-rule-apply",
+                                 "--run-validation", f"--probe-timeout={PROBE_TIMEOUT_S:g}s"],
+                                capture_output=True, timeout=120)
+        elapsed = time.perf_counter() - start
+    finally:
+        drop_namespace(ns)
+    if result.returncode != VALIDATION_FAILED:
+        raise RuntimeError(f"validation without rules exited {result.returncode}: {result.stderr.decode()}")
+    return elapsed
+
+
 def main() -> None:
     if os.geteuid() != 0:
         print("bench_capture needs root (network namespaces)")
@@ -169,6 +193,9 @@ def main() -> None:
         f"interpreter start-up alone is {ms['startup'] / ms['bare']:.2f}x the bare restore; "
         f"in-process ratio {ms['lib'] / ms['lib_bare']:.2f}x"
     )
+    give_up = statistics.median(validation_give_up(tool) for _ in range(VALIDATION_REPS))
+    print(f"--run-validation without rules gives up after {give_up * 1000:.0f} ms "
+          f"({give_up / PROBE_TIMEOUT_S:.2f}x the {PROBE_TIMEOUT_S:g} s probe timeout; median of {VALIDATION_REPS})")
     print(
         json.dumps(
             {
@@ -178,6 +205,8 @@ def main() -> None:
                 "bare_restore_ms": round(ms["bare"], 3),
                 "python_startup_ms": round(ms["startup"], 3),
                 "inprocess_apply_ratio": round(ms["lib"] / ms["lib_bare"], 3),
+                "validation_fail_ms": round(give_up * 1000, 1),
+                "validation_fail_over_probe_timeout": round(give_up / PROBE_TIMEOUT_S, 3),
             }
         )
     )

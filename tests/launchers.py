@@ -13,6 +13,8 @@
   a file and reports a parse error the test did not cause.
 - `host_sidecar_ports()`: the cross-process lock an agent must hold while its
   Envoy uses the fixed sidecar ports (15000, 15001, ...) of the host network.
+- `local_node()`: a created `istio_agent.node.LocalNode` (network namespaces,
+  istiod-local on its gateway, pods) in a fresh work directory, closed after.
 
 Everything here kills what it started. Like `support.py`, it imports no pytest:
 the fixtures built on it are in `fixtures.py`, and benchmarks use it directly.
@@ -29,7 +31,7 @@ import socket
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 from support import (
@@ -39,12 +41,16 @@ from support import (
     LineCollector,
     child_pids,
     http_request,
+    open_workdir,
     pid_alive,
     poll,
     port_accepts,
     serving_addresses,
     stop_process,
 )
+
+if TYPE_CHECKING:
+    from istio_agent.node.local_node import LocalNode
 
 # The agent's ports on its pod's network: Envoy admin, outbound, inbound, status, readiness, Prometheus.
 SIDECAR_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
@@ -446,3 +452,21 @@ def _try_lock(handle: IO[str]) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+# ---- a local node --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def local_node(prefix: str, **options: Any) -> Iterator[LocalNode]:
+    """A created LocalNode (`NodeOptions(**options)`) working in a fresh directory Envoy can reach; closed (every
+    namespace and process it made gone) and the directory removed afterwards. Its registry is `node.registry`."""
+    from istio_agent.node.local_node import LocalNode, NodeOptions
+
+    with open_workdir(prefix) as base:
+        node = LocalNode(NodeOptions(workdir=base / "node", **options))
+        try:
+            node.create()
+            yield node
+        finally:
+            node.close()

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import CONFORMANCE
+from support import CONFORMANCE, ENVOY, ISTIOD_LOCAL, PILOT_AGENT
 
 
 def require_all() -> bool:
@@ -48,3 +48,9 @@ def need_conformance(sub: str) -> Path:
     folder = CONFORMANCE / sub
     need(folder.is_dir(), f"conformance kit not found at {folder}")
     return folder
+
+
+def need_sidecar_binaries() -> None:
+    """istiod-local, pilot-agent and Envoy, for a test that starts a sidecar without the tier's fixtures."""
+    for binary in (ISTIOD_LOCAL, PILOT_AGENT, ENVOY):
+        need_file(binary)

@@ -11,14 +11,17 @@ pytest, so a benchmark run needs nothing but the project's own dependencies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import inspect
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -148,6 +151,18 @@ def envoy_stats_bootstrap(admin_port: int, stats_port: int, clusters: int) -> di
                     "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}],
         },
     }
+
+
+@contextlib.contextmanager
+def open_workdir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp that every uid can enter (Envoy runs as 1337 in a pod; pytest's
+    tmp_path sits under a 0700 directory), removed with everything in it afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,13 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 from needs import need, need_root
-from support import HTTP_NOT_YET, VENV_BIN, stop_process
-from support import eventually as support_eventually
+from support import ENVOY, eventually, stop_process
 
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.registry import Registry
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
 
-ENVOY = VENV_BIN / "envoy"
 NODE = "sidecar~10.244.0.5~echo-1.default~default.svc.cluster.local"
 SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
@@ -151,11 +149,6 @@ class EnvoyUnderTest:
     def warming_clusters(self) -> set[str]:
         clusters = self.dump_section("ClustersConfigDump").get("dynamic_warming_clusters", [])
         return {item["cluster"]["name"] for item in clusters}
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """`support.eventually` where an admin endpoint that does not answer yet counts as "not yet"."""
-    return await support_eventually(check, what, timeout, interval=0.1, retry_on=HTTP_NOT_YET)
 
 
 @contextlib.asynccontextmanager

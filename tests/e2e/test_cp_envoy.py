@@ -9,7 +9,8 @@ a registry change shows up in Envoy.
 from __future__ import annotations
 
 import pytest
-from cp_envoy_harness import envoy_with_istiod, eventually, nothing_rejected
+from cp_envoy_harness import envoy_with_istiod, nothing_rejected
+from support import HTTP_NOT_YET, eventually
 
 from istio_agent.controlplane.xds.registry import parse_registry
 
@@ -47,17 +48,19 @@ async def test_envoy_accepts_sidecar_config(delta: bool) -> None:
     registry = parse_registry(REGISTRY % "PERMISSIVE")
     async with envoy_with_istiod(registry, delta) as envoy:
         listeners = await eventually(lambda: set(envoy.active_listeners()) >= EXPECTED_LISTENERS
-                                      and envoy.active_listeners(), "listeners to become active")
+                                      and envoy.active_listeners(), "listeners to become active",
+                                      retry_on=HTTP_NOT_YET)
         db_vip = next(s.cluster_ip for s in registry.services if s.name == "db")
         assert f"{db_vip}_5432" in listeners
-        await eventually(lambda: envoy.active_clusters() >= EXPECTED_CLUSTERS, "clusters to become active")
+        await eventually(lambda: envoy.active_clusters() >= EXPECTED_CLUSTERS, "clusters to become active",
+                         retry_on=HTTP_NOT_YET)
         assert not envoy.warming_clusters()
         nothing_rejected(envoy)
         inbound = listeners["virtualInbound"]["active_state"]["listener"]
         ports = {c.get("filter_chain_match", {}).get("destination_port") for c in inbound["filter_chains"]}
         assert {8080, 9090, 15006} <= ports
         routes = await eventually(lambda: envoy.dump_section("RoutesConfigDump").get("dynamic_route_configs"),
-                                   "routes")
+                                   "routes", retry_on=HTTP_NOT_YET)
         names = {r["route_config"]["name"] for r in routes}
         assert {"80", "9090"} <= names
 
@@ -65,8 +68,9 @@ async def test_envoy_accepts_sidecar_config(delta: bool) -> None:
 async def test_strict_registry_change_reaches_envoy() -> None:
     registry = parse_registry(REGISTRY % "STRICT")
     async with envoy_with_istiod(registry, delta=True) as envoy:
-        await eventually(lambda: envoy.active_clusters() >= EXPECTED_CLUSTERS, "clusters to become active")
-        await eventually(lambda: "virtualInbound" in envoy.active_listeners(), "virtualInbound")
+        await eventually(lambda: envoy.active_clusters() >= EXPECTED_CLUSTERS, "clusters to become active",
+                         retry_on=HTTP_NOT_YET)
+        await eventually(lambda: "virtualInbound" in envoy.active_listeners(), "virtualInbound", retry_on=HTTP_NOT_YET)
         inbound = envoy.active_listeners()["virtualInbound"]["active_state"]["listener"]
         port_chains = [c for c in inbound["filter_chains"]
                        if c.get("filter_chain_match", {}).get("destination_port") == 8080]
@@ -76,5 +80,5 @@ async def test_strict_registry_change_reaches_envoy() -> None:
         envoy.ads.update_registry(changed)
         await eventually(lambda: "outbound|5432||pg.data.svc.cluster.local" in envoy.active_clusters()
                           and "outbound|5432||db.data.svc.cluster.local" not in envoy.active_clusters(),
-                          "the renamed service to replace the old one in Envoy")
+                          "the renamed service to replace the old one in Envoy", retry_on=HTTP_NOT_YET)
         nothing_rejected(envoy)

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cp_envoy_harness import EnvoyUnderTest, envoy_with_istiod, eventually, nothing_rejected
+from cp_envoy_harness import EnvoyUnderTest, envoy_with_istiod, nothing_rejected
 from needs import need_tool
+from support import HTTP_NOT_YET, eventually
 
 from istio_agent.controlplane.xds.registry import parse_registry
 
@@ -85,7 +86,8 @@ def _get(envoy: EnvoyUnderTest, url: str) -> subprocess.CompletedProcess[str]:
 
 async def _ready(envoy: EnvoyUnderTest) -> None:
     await eventually(lambda: {"virtualOutbound", "virtualInbound", "0.0.0.0_80"} <= set(envoy.active_listeners())
-                     and not envoy.warming_clusters() and envoy.active_clusters(), "Envoy to be configured")
+                     and not envoy.warming_clusters() and envoy.active_clusters(), "Envoy to be configured",
+                     retry_on=HTTP_NOT_YET)
 
 
 async def test_request_to_cluster_ip_crosses_mtls_with_client_identity(tools: None) -> None:
@@ -96,7 +98,7 @@ async def test_request_to_cluster_ip_crosses_mtls_with_client_identity(tools: No
             await _ready(envoy)
             nothing_rejected(envoy)
             result = await eventually(lambda: (r := _get(envoy, f"http://{VIP}/")).returncode == 0 and r,
-                                      "a request through both sidecars")
+                                      "a request through both sidecars", retry_on=HTTP_NOT_YET)
             headers = json.loads(result.stdout)
             xfcc = headers.get("x-forwarded-client-cert", "")
             assert "URI=spiffe://cluster.local/ns/default/sa/echo" in xfcc, headers
@@ -119,7 +121,7 @@ async def test_permissive_accepts_plaintext_without_client_cert(tools: None) -> 
         try:
             await _ready(envoy)
             result = await eventually(lambda: (r := _get(envoy, f"http://{POD_IP}:8080/")).returncode == 0 and r,
-                                      "a plaintext request to the pod")
+                                      "a plaintext request to the pod", retry_on=HTTP_NOT_YET)
             assert "x-forwarded-client-cert" not in json.loads(result.stdout)
             meshed = _get(envoy, f"http://{VIP}/")
             assert meshed.returncode == 0, meshed.stdout

@@ -15,17 +15,9 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import need_tool
-from sidecar_harness import (
-    IstiodLocal,
-    SidecarAgent,
-    host_sidecar_ports,
-    http_request,
-    need_sidecar_binaries,
-    registry_yaml,
-    write_pod_files,
-)
-from support import free_port
+from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, echo_registry, host_sidecar_ports
+from needs import need_sidecar_binaries, need_tool
+from support import free_port, http_request
 
 SERVICE_ENTRIES = (
     "serviceEntries:\n"
@@ -48,36 +40,30 @@ def dig(port: int, name: str, qtype: str = "A") -> tuple[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SidecarAgent, int]]:
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PilotAgent, int]]:
     need_sidecar_binaries()
     need_tool("dig")
     base = tmp_path_factory.mktemp("dns-agent")
-    registry = base / "mesh.yaml"
-    text = registry_yaml().replace("  ports: [{name: http, port: 80, targetPort: 8080, protocol: HTTP}]\n",
+    text = echo_registry().replace("  ports: [{name: http, port: 80, targetPort: 8080, protocol: HTTP}]\n",
                                    "  ports: [{name: http, port: 80, targetPort: 8080, protocol: HTTP}]\n"
                                    f"  clusterIP: {CLUSTER_IP}\n")
-    registry.write_text(text + SERVICE_ENTRIES)
+    registry = RegistryFile(base / "mesh.yaml", text + SERVICE_ENTRIES)
     dns_port = free_port()
-    with host_sidecar_ports():
-        istiod = IstiodLocal(base / "state", registry)
-        pod_dir = base / "pod"
-        write_pod_files(base / "state", pod_dir)
-        sidecar = SidecarAgent(pod_dir, f"localhost:{istiod.secure_port}", extra_env={
-            "ISTIO_META_DNS_CAPTURE": "true", "ISTIO_META_DNS_AUTO_ALLOCATE": "true",
-            "DNS_PROXY_ADDR": f"127.0.0.1:{dns_port}"})
+    with host_sidecar_ports(), IstiodLocal(base / "state", registry=registry) as istiod:
+        sidecar = PilotAgent(istiod.pod_files(base / "pod", pod="echo-1"), agent_environment(
+            discovery=istiod.secure_address, ISTIO_META_DNS_CAPTURE="true", ISTIO_META_DNS_AUTO_ALLOCATE="true",
+            DNS_PROXY_ADDR=f"127.0.0.1:{dns_port}"))
         try:
-            sidecar.start()
-            sidecar.wait_ready(timeout=30)
+            sidecar.start().wait_ready(timeout=30)
             yield sidecar, dns_port
         finally:
             sidecar.kill()
-            istiod.stop()
 
 
 @pytest.mark.parametrize("name", [
     "echo.default.svc.cluster.local", "echo.default.svc", "echo.default", "echo", "ECHO.Default.SVC.cluster.local",
 ])
-def test_service_name_forms_answer_with_the_cluster_ip(agent: tuple[SidecarAgent, int], name: str) -> None:
+def test_service_name_forms_answer_with_the_cluster_ip(agent: tuple[PilotAgent, int], name: str) -> None:
     _, port = agent
     status, answers = dig(port, name)
     assert status == "NOERROR", answers
@@ -85,12 +71,12 @@ def test_service_name_forms_answer_with_the_cluster_ip(agent: tuple[SidecarAgent
     assert all(a.split()[1] == "30" for a in answers), answers  # TTL 30
 
 
-def test_aaaa_for_ipv4_only_host_is_empty_noerror(agent: tuple[SidecarAgent, int]) -> None:
+def test_aaaa_for_ipv4_only_host_is_empty_noerror(agent: tuple[PilotAgent, int]) -> None:
     status, answers = dig(agent[1], "echo.default.svc.cluster.local", "AAAA")
     assert (status, answers) == ("NOERROR", [])
 
 
-def test_service_entry_hosts(agent: tuple[SidecarAgent, int]) -> None:
+def test_service_entry_hosts(agent: tuple[PilotAgent, int]) -> None:
     status, answers = dig(agent[1], "payments.example.test")
     assert status == "NOERROR"
     assert [a.split()[-1] for a in answers] == ["192.0.2.10"]
@@ -100,7 +86,7 @@ def test_service_entry_hosts(agent: tuple[SidecarAgent, int]) -> None:
     assert vip in ipaddress.ip_network("240.240.0.0/16")
 
 
-def test_ndsz_shows_the_table_the_proxy_serves(agent: tuple[SidecarAgent, int]) -> None:
+def test_ndsz_shows_the_table_the_proxy_serves(agent: tuple[PilotAgent, int]) -> None:
     status, body = http_request("127.0.0.1", 15020, "/debug/ndsz")
     assert status == 200
     table = json.loads(body)["table"]
@@ -108,7 +94,7 @@ def test_ndsz_shows_the_table_the_proxy_serves(agent: tuple[SidecarAgent, int]) 
     assert "payments.example.test" in table
 
 
-def test_readiness_and_metrics_count_local_answers(agent: tuple[SidecarAgent, int]) -> None:
+def test_readiness_and_metrics_count_local_answers(agent: tuple[PilotAgent, int]) -> None:
     dig(agent[1], "echo")
     status, body = http_request("127.0.0.1", 15020, "/stats/prometheus")
     assert status == 200

@@ -10,18 +10,16 @@ then reach the client's Envoy and carry traffic.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import yaml
+from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
 from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_URL, registry_yaml
-from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodSpec
 
 PY = sys.executable
@@ -49,17 +47,13 @@ def test_traffic_survives_an_istiod_restart_and_a_later_registry_change_reaches_
     need_root()
     for tool in ("ip", "setpriv", "iptables"):
         need_tool(tool)
-    base = Path(tempfile.mkdtemp(prefix="ia-restart-", dir="/tmp"))
-    base.chmod(0o755)
-    node = LocalNode(NodeOptions(workdir=base / "node", ready_timeout=60))
-    try:
-        node.create()
+    with local_node("ia-restart-", ready_timeout=60) as node:
         plans = node.plan_pods([
             PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}),
             PodSpec("echo-1", service_account="echo", labels={"app": "echo"},
                     app=[PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]),
         ])
-        node.registry.write_text(registry_yaml(plans, [ECHO_SERVICE]))
+        registry = RegistryFile(node.registry, registry_yaml(plans, [ECHO_SERVICE]))
         node.start_istiod()
         client, echo = (node.add_pod(plan) for plan in plans)
         node.wait_ready([client, echo], {"echo-1": 8080})
@@ -76,14 +70,11 @@ def test_traffic_survives_an_istiod_restart_and_a_later_registry_change_reaches_
 
         # Only after the restart: a new service, pushed over the reconnected streams.
         assert EXTRA_CLUSTER not in node.envoy_admin(client, "config_dump?resource=dynamic_active_clusters")
-        registry = yaml.safe_load(registry_yaml(plans, [ECHO_SERVICE]))
-        registry["services"].append(EXTRA_SERVICE)
-        node.registry.write_text(yaml.safe_dump(registry))
+        content = yaml.safe_load(registry_yaml(plans, [ECHO_SERVICE]))
+        content["services"].append(EXTRA_SERVICE)
+        registry.write(content)
         poll(lambda: EXTRA_CLUSTER in node.envoy_admin(client, "config_dump?resource=dynamic_active_clusters"),
              f"{EXTRA_CLUSTER} in the client's config_dump", timeout=45)
         answer = poll(lambda: (a := _get(node, client, f"http://{EXTRA_VIP}/")).get("status") == 200 and a,
                       "the new service to answer", timeout=45)
         assert _served_with_identity(answer) and answer["body"]["pod"] == "echo-1", answer
-    finally:
-        node.close()
-        shutil.rmtree(base, ignore_errors=True)

@@ -8,18 +8,15 @@ processes must die with it and the next node must sweep its namespaces.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from needs import need_root, need_tool
-from support import ROOT
+from support import ROOT, LineCollector, open_workdir, poll, stop_process
 
 from istio_agent.node.local_node import sweep_stale_namespaces
 from istio_agent.node.processes import netns_pids, pid_alive
@@ -30,10 +27,8 @@ def run_dir() -> Iterator[Path]:
     need_root()
     for tool in ("ip", "setpriv", "iptables"):
         need_tool(tool)
-    base = Path(tempfile.mkdtemp(prefix="ia-localmesh-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with open_workdir("ia-localmesh-") as base:
+        yield base
 
 
 def _ours(pid: int) -> list[str]:
@@ -41,25 +36,30 @@ def _ours(pid: int) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"ia-{pid}-")]
 
 
-def _start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "istio_agent.localmesh", "--dir", str(run_dir), *args],
+def _start(run_dir: Path, *args: str) -> tuple[subprocess.Popen[str], LineCollector]:
+    proc = subprocess.Popen([sys.executable, "-m", "istio_agent.localmesh", "--dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    return proc, LineCollector(proc.stdout)
 
 
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 90.0) -> str:
-    """Collect output until a line contains `marker` (fails with everything read if it never comes)."""
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if marker in line:
-            return "".join(seen)
-    proc.kill()
-    raise AssertionError(f"no {marker!r} in the output:\n{''.join(seen)}")
+def _read_until(proc: subprocess.Popen[str], out: LineCollector, marker: str, timeout: float = 90.0) -> None:
+    """Wait for a line containing `marker` (fails with everything read if it never comes)."""
+    def seen() -> bool:
+        if any(marker in line for line in list(out.lines)):
+            return True
+        if proc.poll() is not None:
+            out.join(5)
+            raise AssertionError(f"the runner exited with {proc.returncode} before {marker!r}:\n{out.text()}")
+        return False
+
+    poll(seen, f"{marker!r} in the runner's output", timeout, out.text)
+
+
+def _stop(proc: subprocess.Popen[str], out: LineCollector) -> None:
+    stop_process(proc)
+    out.join(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def test_once_shows_the_request_crossing_both_sidecars_and_leaves_nothing(run_dir: Path) -> None:
@@ -78,45 +78,41 @@ def test_once_shows_the_request_crossing_both_sidecars_and_leaves_nothing(run_di
 
 
 def test_ctrl_c_stops_every_process_and_removes_every_namespace(run_dir: Path) -> None:
-    proc = _start(run_dir)
+    proc, out = _start(run_dir)
     try:
-        _read_until(proc, "Ctrl-C stops everything")
+        _read_until(proc, out, "Ctrl-C stops everything")
         names = _ours(proc.pid)
         assert len(names) == 3, names  # node, client-1, echo-1
         pids = [pid for name in names for pid in netns_pids(name)]
         assert pids
         proc.send_signal(signal.SIGINT)
-        rest = proc.communicate(timeout=60)[0]
-        assert proc.returncode == 0, rest
-        assert "removed the node's namespaces" in rest
+        proc.wait(60)
+        out.join(10)
+        assert proc.returncode == 0, out.text()
+        assert "removed the node's namespaces" in out.text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc, out)
     assert _ours(proc.pid) == []
     assert not [pid for pid in pids if pid_alive(pid)]
 
 
 def test_after_sigkill_the_pods_die_with_the_runner_and_the_next_node_sweeps_its_namespaces(run_dir: Path) -> None:
-    proc = _start(run_dir)
+    proc, out = _start(run_dir)
     try:
-        _read_until(proc, "Ctrl-C stops everything")
+        _read_until(proc, out, "Ctrl-C stops everything")
         names = _ours(proc.pid)
         pids = [pid for name in names for pid in netns_pids(name)]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 30
-        while [pid for pid in pids if pid_alive(pid)] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if pid_alive(pid)]  # setpriv --pdeathsig took them down
+        # setpriv --pdeathsig takes them down
+        poll(lambda: not [pid for pid in pids if pid_alive(pid)], "the pods' processes to die with the runner", 30,
+             lambda: f"alive: {[pid for pid in pids if pid_alive(pid)]}")
         # Only the namespaces are left, until a later node sweeps them (a concurrent run on this
         # machine may do it first: the end state is the same).
         assert set(_ours(proc.pid)) <= set(names)
         sweep_stale_namespaces()
         assert _ours(proc.pid) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc, out)
         for name in _ours(proc.pid):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)

@@ -9,19 +9,17 @@ behind service `echo` at 10.96.0.20:80) and `plain-1`, a pod outside the mesh
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
 from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml
-from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodPlan, PodSpec
 
 PY = sys.executable
@@ -40,7 +38,7 @@ class Mesh:
         return answer
 
     def set_mtls(self, mode: str) -> None:
-        self.node.registry.write_text(registry_yaml(self.plans, [ECHO_SERVICE], mode))
+        RegistryFile(self.node.registry).write(registry_yaml(self.plans, [ECHO_SERVICE], mode))
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +46,17 @@ def mesh() -> Iterator[Mesh]:
     need_root()
     for tool in ("ip", "setpriv", "iptables"):
         need_tool(tool)
-    base = Path(tempfile.mkdtemp(prefix="ia-mesh-", dir="/tmp"))
-    base.chmod(0o755)
-    node = LocalNode(NodeOptions(workdir=base / "node", ready_timeout=60, proxy_config=STATS))
-    try:
-        node.create()
+    with local_node("ia-mesh-", ready_timeout=60, proxy_config=STATS) as node:
         plans = node.plan_pods([
             PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}, dns_capture=True),
             PodSpec("echo-1", service_account="echo", labels={"app": "echo"}, app=ECHO_APP),
             PodSpec("plain-1", service_account="plain", sidecar=False),
         ])
-        node.registry.write_text(registry_yaml(plans, [ECHO_SERVICE], "STRICT"))
+        RegistryFile(node.registry).write(registry_yaml(plans, [ECHO_SERVICE], "STRICT"))
         node.start_istiod()
         pods = {plan.name: node.add_pod(plan) for plan in plans}
         node.wait_ready(pods.values(), {"echo-1": 8080})
         yield Mesh(node, pods, plans)
-    finally:
-        node.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _stat(mesh: Mesh, pod: str, name: str) -> int:

@@ -29,13 +29,13 @@ from typing import Any
 
 import grpc
 import pytest
-from support import VENV_BIN, LineCollector, free_port, serving_addresses, stop_process
+from launchers import IstiodLocal, RegistryFile
+from support import LineCollector, free_port, stop_process
 
 from istio_agent.controlplane.state import load_or_create_state
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
 
-ISTIOD_LOCAL = str(VENV_BIN / "istiod-local")
 SERVICE_PORT = 50051
 TARGET = f"xds:///greeter.default.svc.cluster.local:{SERVICE_PORT}"
 METHOD = "/test.Greeter/Hello"
@@ -128,16 +128,11 @@ def _bootstrap(path: Path, xds_address: str, node_id: str, certs: dict[str, str]
 
 
 class Mesh:
-    def __init__(self, tmp: Path, mode: str) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        registry = tmp / "mesh.yaml"
-        registry.write_text(REGISTRY.format(service_port=SERVICE_PORT, port=self.port, mode=mode))
-        self.state = load_or_create_state(tmp / "state", "cluster.local", time.time())
+    def __init__(self, tmp: Path, istiod: IstiodLocal, port: int) -> None:
+        self.tmp, self.istiod, self.port = tmp, istiod, port
+        self.state = load_or_create_state(istiod.state_dir, "cluster.local", time.time())
         self.processes: list[Process] = []
-        self.istiod = self._start([ISTIOD_LOCAL, "serve", "--state-dir", str(tmp / "state"), "--grpc-addr",
-                                   "127.0.0.1:0", "--secure-grpc-addr", "127.0.0.1:0", "--registry", str(registry)])
-        self.xds, _ = serving_addresses(self.istiod.proc, self.istiod.err)
+        self.xds = istiod.plaintext
 
     def _start(self, argv: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(argv, env)
@@ -164,7 +159,7 @@ class Mesh:
             client.proc.wait(RPC_DEADLINE + 10)
         finally:
             client.stop()
-        assert client.proc.returncode == 0, f"client failed:\n{client.stderr()}\nistiod:\n{self.istiod.stderr()}"
+        assert client.proc.returncode == 0, f"client failed:\n{client.stderr()}\nistiod:\n{self.istiod.log.tail(60)}"
         result: dict[str, Any] = json.loads(out)
         return result
 
@@ -179,7 +174,7 @@ class Mesh:
         return None
 
     def nacks(self) -> list[str]:
-        return [line for line in self.istiod.err.lines if "NACK" in line]
+        return [line for line in self.istiod.lines if "NACK" in line]
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -187,15 +182,28 @@ class Mesh:
 
 
 @pytest.fixture
-def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mesh]:
-    running = Mesh(tmp_path, request.param)
+def server_port() -> int:
+    """The greeter's real port: the registry's targetPort, reached only through xDS."""
+    return free_port()
+
+
+@pytest.fixture
+def registry(tmp_path: Path, mode: str, server_port: int) -> RegistryFile:
+    """The greeter service in PeerAuthentication `mode` (the test's parameter), served by the `istiod` fixture."""
+    return RegistryFile(tmp_path / "mesh.yaml", REGISTRY.format(service_port=SERVICE_PORT, port=server_port,
+                                                                mode=mode))
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, istiod: IstiodLocal, server_port: int) -> Iterator[Mesh]:
+    running = Mesh(tmp_path, istiod, server_port)
     try:
         yield running
     finally:
         running.stop()
 
 
-@pytest.mark.parametrize("mesh", ["STRICT", "PERMISSIVE"], indirect=True)
+@pytest.mark.parametrize("mode", ["STRICT", "PERMISSIVE"])
 def test_rpc_over_mtls_shows_the_client_identity_and_plaintext_is_refused(mesh: Mesh) -> None:
     server = mesh.start_server()
     seen = mesh.call()
@@ -210,7 +218,7 @@ def test_rpc_over_mtls_shows_the_client_identity_and_plaintext_is_refused(mesh: 
     assert mesh.nacks() == []
 
 
-@pytest.mark.parametrize("mesh", ["DISABLE"], indirect=True)
+@pytest.mark.parametrize("mode", ["DISABLE"])
 def test_disable_means_plaintext_both_ways(mesh: Mesh) -> None:
     mesh.start_server()
     seen = mesh.call()

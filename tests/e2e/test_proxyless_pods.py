@@ -27,21 +27,19 @@ in their bootstrap is the agent's.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
+from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
-from support import VENV_BIN
+from support import VENV_BIN, poll
 
 from istio_agent.localmesh import registry_yaml
-from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodSpec
 
 PY = sys.executable
@@ -77,17 +75,6 @@ def _pods() -> list[PodSpec]:
     ]
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-        time.sleep(0.1)
-
-
 class Mesh:
     def __init__(self, node: LocalNode, pods: dict[str, Pod]) -> None:
         self.node, self.pods = node, pods
@@ -121,24 +108,17 @@ def mesh() -> Iterator[Mesh]:
     need_root()
     for tool in ("ip", "setpriv", "unshare", "mount"):
         need_tool(tool)
-    base = Path(tempfile.mkdtemp(prefix="ia-proxyless-", dir="/tmp"))
-    base.chmod(0o755)
-    node = LocalNode(NodeOptions(workdir=base / "node", ready_timeout=60))
-    try:
-        node.create()
+    with local_node("ia-proxyless-", ready_timeout=60) as node:
         plans = node.plan_pods(_pods())
-        node.registry.write_text(registry_yaml(plans, SERVICES, "STRICT"))
+        RegistryFile(node.registry).write(registry_yaml(plans, SERVICES, "STRICT"))
         node.start_istiod()
         pods = {pod.name: pod for pod in node.add_pods(plans)}
         node.wait_ready(pods.values(), {name: GRPC_PORT for name in ("greeter-1", "greeter-r")})
         yield Mesh(node, pods)
-    finally:
-        node.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_rpc_over_mtls_shows_the_client_spiffe_id(mesh: Mesh) -> None:
-    result = eventually(lambda: (r := mesh.call("sleep-1", GREETER))["ok"] and r, "an RPC to the greeter")
+    result = poll(lambda: (r := mesh.call("sleep-1", GREETER))["ok"] and r, "an RPC to the greeter")
     reply = result["reply"]
     assert reply["pod"] == "greeter-1"
     assert reply["identities"] == [SLEEP_ID], reply
@@ -156,7 +136,7 @@ def test_rpc_over_mtls_shows_the_client_spiffe_id(mesh: Mesh) -> None:
 
 
 def test_strict_refuses_a_plaintext_client(mesh: Mesh) -> None:
-    eventually(lambda: mesh.call("sleep-1", GREETER)["ok"], "the greeter to serve mesh clients")
+    poll(lambda: mesh.call("sleep-1", GREETER)["ok"], "the greeter to serve mesh clients")
     refused = mesh.run_app("plain-1", "call", "--plain", "--target", f"{mesh.pods['greeter-1'].ip}:{GRPC_PORT}")
     assert refused["ok"] is False and refused["code"] == "UNAVAILABLE", refused
     # The server is unharmed and still serves the mesh client.
@@ -204,10 +184,10 @@ def test_new_connections_present_rotated_certificates_without_app_restarts(mesh:
         result = mesh.call("sleep-r", GREETER_ROT)
         return served, result["reply"]["peer_serial"] if result["ok"] else ""
 
-    eventually(lambda: all(presented()), "RPCs between the rotating pods")
+    poll(lambda: all(presented()), "RPCs between the rotating pods")
     first = (mesh.cert_serial("greeter-r"), mesh.cert_serial("sleep-r"))
     # The agents rotate both certificates in OUTPUT_CERTS...
-    eventually(lambda: mesh.cert_serial("greeter-r") != first[0] and mesh.cert_serial("sleep-r") != first[1],
+    poll(lambda: mesh.cert_serial("greeter-r") != first[0] and mesh.cert_serial("sleep-r") != first[1],
                "both agents to rotate their certificates")
 
     # ...and new connections, in both directions, then carry certificates the agents wrote after that.
@@ -216,5 +196,5 @@ def test_new_connections_present_rotated_certificates_without_app_restarts(mesh:
         seen = presented()
         return seen == files and not set(seen) & set(first)
 
-    eventually(current, "new connections to present the rotated certificates")
+    poll(current, "new connections to present the rotated certificates")
     assert (server.app.pid, client.app.pid) == pids and server.app.running() and client.app.running()

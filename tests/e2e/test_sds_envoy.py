@@ -26,89 +26,51 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from support import free_port, stop_process
+from launchers import IstiodLocal
+from needs import need_file
+from support import ENVOY, eventually, free_port, stop_process
 
 from istio_agent.pki import certs, keys
 from istio_agent.security.ca_client import CaClient
 from istio_agent.security.identity import WorkloadIdentity
 from istio_agent.security.options import SecurityOptions
 
-ROOT = Path(__file__).resolve().parents[2]
-ENVOY = ROOT / ".venv" / "bin" / "envoy"
-ISTIOD_LOCAL = ROOT / ".venv" / "bin" / "istiod-local"
 SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"
 CLIENT_SPIFFE = "spiffe://cluster.local/ns/default/sa/client"
 DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited: {log.read_text()}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}: {log.read_text()}")
-
-
-class Istiod:
-    """`istiod-local serve` on fixed free ports, restartable at the same address."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.plain_port, self.secure_port = free_port(), free_port()
-        self.log = state.parent / "istiod.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [str(ISTIOD_LOCAL), "serve", "--state-dir", str(self.state),
-                 "--grpc-addr", f"127.0.0.1:{self.plain_port}", "--secure-grpc-addr", f"127.0.0.1:{self.secure_port}"],
-                stdout=subprocess.DEVNULL, stderr=log,
-            )
-        wait_for_port(self.secure_port, self.proc, self.log)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-
-    def pod_files(self, pod: Path, service_account: str) -> None:
-        subprocess.run([str(ISTIOD_LOCAL), "pod-files", "--state-dir", str(self.state), "--namespace", "default",
-                        "--service-account", service_account, "--out", str(pod)],
-                       check=True, capture_output=True, timeout=60)
+@pytest.fixture
+def registry() -> None:
+    """istiod-local's CA alone: these tests need certificates, not xDS."""
+    return None
 
 
 @dataclass
 class Mesh:
     workdir: Path
-    istiod: Istiod
+    istiod: IstiodLocal
     pod: Path
     client_dir: Path
 
 
 @pytest.fixture
-def mesh() -> Iterator[Mesh]:
+def mesh(istiod: IstiodLocal) -> Iterator[Mesh]:
+    need_file(ENVOY)
     # A short directory: Envoy's pipe address must fit in a Unix socket path.
     workdir = Path(tempfile.mkdtemp(prefix="sds-e2e-", dir="/tmp"))
-    istiod = Istiod(workdir / "state")
     try:
-        istiod.start()
-        pod, client_dir = workdir / "pod", workdir / "client"
-        istiod.pod_files(pod, "sleep")
-        istiod.pod_files(client_dir, "client")
+        pod = istiod.pod_files(workdir / "pod", service_account="sleep")
+        client_dir = istiod.pod_files(workdir / "client", service_account="client")
         yield Mesh(workdir, istiod, pod, client_dir)
     finally:
-        istiod.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def issue_client_cert(mesh: Mesh) -> tuple[Path, Path, Path]:
     """A client certificate for another service account, obtained from istiod-local like a peer would."""
     options = SecurityOptions(workdir=mesh.client_dir, namespace="default", service_account="client",
-                              ca_address=f"localhost:{mesh.istiod.secure_port}")
+                              ca_address=mesh.istiod.secure_address)
     key = keys.generate_key("ECDSA")
     client = CaClient(options)
     try:
@@ -237,34 +199,32 @@ def handshake(port: int, client: tuple[Path, Path, Path]) -> x509.Certificate:
 async def served_certificate(envoy: RunningEnvoy, client: tuple[Path, Path, Path],
                              timeout: float = 30.0) -> x509.Certificate:
     """Poll until Envoy's listener completes an mTLS handshake (it waits for both SDS secrets)."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    async def handshaken() -> x509.Certificate:
         if envoy.proc.poll() is not None:
             raise AssertionError(f"envoy exited: {envoy.log.read_text()}")
-        try:
-            return await asyncio.to_thread(handshake, envoy.port, client)
-        except (OSError, ssl.SSLError) as exc:
-            last = exc
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"no mTLS handshake with envoy: {last}; log: {envoy.log.read_text()}")
+        return await asyncio.to_thread(handshake, envoy.port, client)
+
+    certificate: x509.Certificate = await eventually(
+        handshaken, "an mTLS handshake with Envoy", timeout, envoy.log.read_text, interval=0.1,
+        retry_on=(OSError, ssl.SSLError))
+    return certificate
 
 
-async def until_new_serial(envoy: RunningEnvoy, client: tuple[Path, Path, Path], old: int,
-                           timeout: float = 30.0) -> x509.Certificate:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+async def until_serial_changes(envoy: RunningEnvoy, client: tuple[Path, Path, Path], old: int,
+                               timeout: float = 30.0) -> x509.Certificate:
+    async def changed() -> x509.Certificate | None:
         cert = await served_certificate(envoy, client)
-        if cert.serial_number != old:
-            return cert
-        await asyncio.sleep(0.2)
-    raise AssertionError("Envoy kept serving the old certificate")
+        return cert if cert.serial_number != old else None
+
+    certificate: x509.Certificate = await eventually(changed, "Envoy to serve a new certificate", timeout,
+                                                     interval=0.2)
+    return certificate
 
 
 def identity_options(mesh: Mesh, **overrides: object) -> SecurityOptions:
     values: dict[str, object] = dict(
         workdir=mesh.pod, namespace="default", service_account="sleep",
-        ca_address=f"localhost:{mesh.istiod.secure_port}", key_algorithm="ECDSA", grace_period_ratio_jitter=0.0,
+        ca_address=mesh.istiod.secure_address, key_algorithm="ECDSA", grace_period_ratio_jitter=0.0,
         retry_initial=0.1, retry_max=0.5,
     )
     values.update(overrides)
@@ -288,10 +248,13 @@ async def test_envoy_serves_sds_certificate_and_picks_up_rotation(
         with pytest.raises((OSError, AssertionError)):
             await asyncio.to_thread(handshake, envoy.port, stranger)
 
-        rotated = await until_new_serial(envoy, client, first.serial_number)
+        rotated = await until_serial_changes(envoy, client, first.serial_number)
         assert certs.uri_sans(rotated) == [SPIFFE]
         assert envoy.proc.poll() is None, "same Envoy process: rotated without a restart"
-        assert time.time() < certs.not_after(first), "rotated before the first certificate expired"
+        # Read from the certificates, not the clock: the served one was issued (notBefore is backdated by
+        # BACKDATE) while the first was still valid, i.e. rotated at the grace period, not at expiry.
+        issued = certs.not_before(rotated) + certs.BACKDATE.total_seconds()
+        assert issued < certs.not_after(first), "rotated only once the first certificate had expired"
     finally:
         await identity.stop()
 
@@ -300,25 +263,28 @@ async def test_envoy_keeps_its_certificate_while_the_ca_is_down(
     mesh: Mesh, envoy_for: list[RunningEnvoy], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="istio_agent.security")
-    identity = WorkloadIdentity(identity_options(mesh, secret_ttl=12.0, grace_period_ratio=0.8))
+    # Rotation is due 3 s after issue (1 % of 300 s), while the certificate stays valid for minutes: longer than
+    # the whole test, so "still valid" holds at every check below without looking at the clock.
+    identity = WorkloadIdentity(identity_options(mesh, secret_ttl=300.0, grace_period_ratio=0.99))
     await identity.start()
     try:
         client = await issue_client_cert(mesh)
         envoy = start_envoy(mesh, identity.options.sds_socket_path)
         envoy_for.append(envoy)
-        first = await served_certificate(envoy, client)
+        await served_certificate(envoy, client)
 
         mesh.istiod.stop()
-        deadline = time.monotonic() + 30
-        while not any("keeping the current certificate" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, "no failed rotation while the CA was down"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: any("keeping the current certificate" in r.getMessage() for r in caplog.records),
+                         "a failed rotation while the CA is down", 30)
+        # What the agent holds now (the first certificate, or its rotation if that beat the outage) stays.
+        kept = identity.cache.current_workload()
+        assert kept is not None, "the cached certificate was dropped while the CA is down"
+        kept_serial = certs.load_pem_chain(kept.cert_chain)[0].serial_number
         during = await served_certificate(envoy, client)
-        if time.time() < certs.not_after(first) - 1:
-            assert during.serial_number == first.serial_number, "Envoy keeps its certificate during the outage"
+        assert during.serial_number == kept_serial, "Envoy keeps its certificate during the outage"
 
         mesh.istiod.start()
-        rotated = await until_new_serial(envoy, client, first.serial_number)
+        rotated = await until_serial_changes(envoy, client, kept_serial)
         assert certs.uri_sans(rotated) == [SPIFFE]
         assert envoy.proc.poll() is None
     finally:

@@ -22,23 +22,19 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from sidecar_harness import (
-    ENVOY,
-    PILOT_AGENT,
+from launchers import (
     IstiodLocal,
-    SidecarAgent,
-    active_secret,
-    config_dump,
+    PilotAgent,
+    RegistryFile,
+    agent_environment,
+    echo_registry,
     host_sidecar_ports,
-    http_request,
-    inline_bytes,
-    need_sidecar_binaries,
-    poll,
+    pilot_agent_cli,
     port_in_use,
-    registry_yaml,
-    write_pod_files,
 )
-from support import free_port, stop_process
+from needs import need_sidecar_binaries
+from sidecar_harness import active_secret, config_dump, inline_bytes
+from support import ENVOY, HTTP_NOT_YET, free_port, http_request, poll, stop_process
 
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
@@ -52,14 +48,14 @@ SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Sec
 
 @dataclass
 class Pod:
-    agent: SidecarAgent
+    agent: PilotAgent
     default_serial: str
     root_serial: str
     root_bundle: bytes
 
 
-def secrets_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PILOT_AGENT), "secrets", *args], capture_output=True, text=True, timeout=timeout)
+def secrets_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return pilot_agent_cli("secrets", *args, timeout=30)
 
 
 def envoy_serials() -> tuple[str, str, bytes] | None:
@@ -77,26 +73,18 @@ def envoy_serials() -> tuple[str, str, bytes] | None:
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     need_sidecar_binaries()
     base = tmp_path_factory.mktemp("secrets-cli")
-    registry = base / "mesh.yaml"
-    registry.write_text(registry_yaml())
-    istiod = IstiodLocal(base / "state", registry)
-    agent: SidecarAgent | None = None
+    registry = RegistryFile(base / "mesh.yaml", echo_registry())
     # The agent needs the host's 15000/15001/15006/15020/15021/15090: take the shared lock, then wait for them.
-    with host_sidecar_ports():
+    with host_sidecar_ports(), IstiodLocal(base / "state", registry=registry) as istiod:
+        agent = PilotAgent(istiod.pod_files(base / "pod", pod="echo-1"),
+                           agent_environment(discovery=istiod.secure_address))
         try:
-            pod_dir = base / "pod"
-            pod_dir.mkdir()
-            write_pod_files(base / "state", pod_dir)
-            agent = SidecarAgent(pod_dir, f"localhost:{istiod.secure_port}")
-            agent.start()
-            agent.wait_ready()
+            agent.start().wait_ready()
             default_serial, root_serial, bundle = poll(envoy_serials, "Envoy to hold default and ROOTCA", 20,
-                                                       agent.output)
+                                                       agent.output, retry_on=HTTP_NOT_YET)
             yield Pod(agent, default_serial, root_serial, bundle)
         finally:
-            if agent is not None:
-                agent.kill()
-            istiod.stop()
+            agent.kill()
 
 
 def rows(table: str) -> dict[str, list[str]]:
@@ -213,7 +201,7 @@ def stale_envoy(pod: Pod, tmp_path: Path) -> Iterator[tuple[int, str]]:
             return port_in_use(admin_port) and b'"default"' in http_request(
                 "127.0.0.1", admin_port, "/config_dump?mask=dynamic_active_secrets")[1]
 
-        poll(holds_default, "the second Envoy to load its secrets", 20)
+        poll(holds_default, "the second Envoy to load its secrets", 20, retry_on=HTTP_NOT_YET)
         yield admin_port, format(leaf.serial_number, "x")
     finally:
         stop_process(proc)

@@ -25,16 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sidecar_harness import (
-    IstiodLocal,
-    Netns,
-    SidecarAgent,
-    need_sidecar_binaries,
-    poll,
-    registry_yaml,
-    write_pod_files,
-)
-from support import LineCollector, stop_process
+from fixtures import AgentStarter
+from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, echo_registry
+from sidecar_harness import Netns, netns_prefix
+from support import LineCollector, poll, stop_process
 
 WORKERS = 4
 SLOW = 2
@@ -47,46 +41,47 @@ HOLD_AFTER_SIGTERM = 2.5
 @dataclass
 class Pod:
     netns: Netns
-    agent: SidecarAgent
+    agent: PilotAgent
     app: subprocess.Popen[str]
 
 
 @pytest.fixture
-def pod(tmp_path: Path) -> Iterator[Pod]:
+def registry(tmp_path: Path) -> RegistryFile:
+    """echo-1 at the pod's address."""
+    return RegistryFile(tmp_path / "mesh.yaml", echo_registry(workload_ip=Netns.POD_IP))
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[Netns]:
     Netns.check_prerequisites()
-    need_sidecar_binaries()
     netns = Netns()
-    processes: list[subprocess.Popen[str]] = []
-    istiod: IstiodLocal | None = None
-    agent: SidecarAgent | None = None
     try:
         netns.create()
-        registry = tmp_path / "mesh.yaml"
-        registry.write_text(registry_yaml(workload_ip=Netns.POD_IP))
-        state, pod_dir = tmp_path / "state", tmp_path / "pod"
-        istiod = IstiodLocal(state, registry, netns=netns.pod)
-        pod_dir.mkdir()
-        write_pod_files(state, pod_dir)
-        app = netns.exec_python(netns.pod, "app", "8080", stdin=subprocess.PIPE)
-        processes.append(app)
-        assert app.stdout is not None and app.stdout.readline().strip() == "READY"
-        agent = SidecarAgent(
-            pod_dir, f"localhost:{istiod.secure_port}", netns=netns.pod, instance_ip=Netns.POD_IP,
-            proxy_config={"terminationDrainDuration": "1s"},
-            extra_env={"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true", "MINIMUM_DRAIN_DURATION": "1s"})
-        agent.start()
-        poll(lambda: netns.http(netns.pod, "http://127.0.0.1:15021/healthz/ready")[0] == 200,
-             "the agent in the pod to be ready", 30, agent.output)
-        yield Pod(netns, agent, app)
+        yield netns
     finally:
-        if agent is not None:
-            agent.kill()
-        for proc in processes:
-            proc.kill()
-            proc.wait()
-        if istiod is not None:
-            istiod.stop()
         netns.destroy()
+
+
+@pytest.fixture
+def pod(tmp_path: Path, registry: RegistryFile, pod_netns: Netns, start_agent: AgentStarter) -> Iterator[Pod]:
+    netns = pod_netns
+    with IstiodLocal(tmp_path / "state", registry=registry, prefix=netns_prefix(netns.pod)) as istiod:
+        pod_dir = istiod.pod_files(tmp_path / "pod", pod="echo-1")
+        app = netns.exec_python(netns.pod, "app", "8080", stdin=subprocess.PIPE)
+        try:
+            assert app.stdout is not None and app.stdout.readline().strip() == "READY"
+            agent = start_agent(pod_dir, agent_environment(
+                discovery=istiod.secure_address, instance_ip=Netns.POD_IP,
+                proxy_config={"terminationDrainDuration": "1s"},
+                EXIT_ON_ZERO_ACTIVE_CONNECTIONS="true", MINIMUM_DRAIN_DURATION="1s"), prefix=netns_prefix(netns.pod))
+            poll(lambda: netns.http(netns.pod, "http://127.0.0.1:15021/healthz/ready")[0] == 200,
+                 "the agent in the pod to be ready", 30, agent.output)
+            yield Pod(netns, agent, app)
+        finally:  # the agent goes with `start_agent`, before the namespaces
+            stop_process(app, grace=2)
+            for stream in (app.stdin, app.stdout, app.stderr):
+                if stream is not None:
+                    stream.close()
 
 
 def test_lifecycle_endpoints_refuse_other_hosts(pod: Pod) -> None:
@@ -122,6 +117,7 @@ def test_sigterm_under_load_fails_no_request_and_exits_zero(pod: Pod) -> None:
         pod.app.stdin.write("release\n")
         pod.app.stdin.flush()
         load.wait(30)
+        out.join(10)  # every line it wrote has been read
         summary = json.loads(out.lines[-1])
         assert summary["failed"] == 0, summary
         assert summary["not_proxied"] == 0, "requests bypassed the sidecar"

@@ -17,101 +17,52 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
-from sidecar_harness import (
-    PILOT_AGENT,
-    SPIFFE_ECHO,
+from fixtures import AgentStarter
+from launchers import (
     IstiodLocal,
-    SidecarAgent,
+    PilotAgent,
+    RegistryFile,
+    agent_environment,
+    echo_registry,
+    pilot_agent_cli,
+    pod_files,
+)
+from sidecar_harness import (
+    SPIFFE_ECHO,
     active_listener_names,
     active_secret,
     config_dump,
     dump_section,
-    host_sidecar_ports,
-    http_request,
     inline_bytes,
-    need_sidecar_binaries,
-    pid_alive,
-    poll,
-    registry_yaml,
     stats,
-    wait_sidecar_ports_free,
-    write_pod_files,
 )
-from support import free_port
+from support import HTTP_NOT_YET, free_port, http_request, pid_alive, poll, port_accepts
 
 # How long the agent gets beyond its configured drain before a test calls it stuck.
 EXIT_MARGIN = 15.0
 
-
-@dataclass
-class Mesh:
-    state: Path
-    registry: Path
-    istiod: IstiodLocal
-
-
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    need_sidecar_binaries()
-    base = tmp_path_factory.mktemp("sidecar-mesh")
-    registry = base / "mesh.yaml"
-    registry.write_text(registry_yaml())
-    istiod = IstiodLocal(base / "state", registry)
-    try:
-        yield Mesh(base / "state", registry, istiod)
-    finally:
-        istiod.stop()
-
-
-AgentFactory = Callable[..., SidecarAgent]
+SidecarStarter = Callable[..., PilotAgent]
 
 
 @pytest.fixture
-def start_agent(tmp_path: Path) -> Iterator[AgentFactory]:
-    """Start agents in fresh pod dirs (pod files written from `state`); every one is killed afterwards."""
-    agents: list[SidecarAgent] = []
+def sidecar(tmp_path: Path, start_agent: AgentStarter) -> SidecarStarter:
+    """Start `echo-1`'s sidecar in a fresh pod directory, pod files made from istiod-local's `state`."""
+    def start(state: Path, discovery: str, proxy_config: dict[str, Any] | None = None) -> PilotAgent:
+        pod_dir = pod_files(state, tmp_path / "pod", pod="echo-1")
+        return start_agent(pod_dir, agent_environment(discovery=discovery, proxy_config=proxy_config))
 
-    def start(state: Path, discovery: str, **kwargs: Any) -> SidecarAgent:
-        pod_dir = tmp_path / f"pod{len(agents)}"
-        pod_dir.mkdir()
-        write_pod_files(state, pod_dir)
-        if agents:
-            agents[-1].kill()
-        wait_sidecar_ports_free()
-        agent = SidecarAgent(pod_dir, discovery, **kwargs)
-        agents.append(agent)
-        agent.start()
-        return agent
-
-    with host_sidecar_ports():
-        try:
-            yield start
-        finally:
-            for agent in agents:
-                agent.kill()
+    return start
 
 
-def discovery_of(mesh: Mesh) -> str:
-    return f"localhost:{mesh.istiod.secure_port}"
-
-
-def accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(mesh: Mesh, start_agent: AgentFactory) -> None:
-    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"terminationDrainDuration": "1s"})
+def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(istiod: IstiodLocal,
+                                                                    sidecar: SidecarStarter) -> None:
+    agent = sidecar(istiod.state_dir, istiod.secure_address, proxy_config={"terminationDrainDuration": "1s"})
     agent.wait_ready()
     assert http_request("127.0.0.1", 15020, "/healthz/ready")[0] == 200
 
@@ -130,12 +81,10 @@ def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(mesh: Mesh, 
     assert pod_root in trusted
 
     # The injector's hooks talk to Envoy's admin through `pilot-agent request`.
-    info = subprocess.run([str(PILOT_AGENT), "request", "GET", "server_info"], capture_output=True, text=True,
-                          timeout=30)
+    info = pilot_agent_cli("request", "GET", "server_info", timeout=30)
     assert info.returncode == 0, info.stderr
     assert json.loads(info.stdout)["state"] == "LIVE"
-    refused = subprocess.run([str(PILOT_AGENT), "request", "GET", "server_info", "--debug-port", "15001"],
-                             capture_output=True, text=True, timeout=30)
+    refused = pilot_agent_cli("request", "GET", "server_info", "--debug-port", "15001", timeout=30)
     assert refused.returncode != 0 and "15001" in refused.stderr
 
     envoy = agent.envoy_pid()
@@ -146,8 +95,8 @@ def test_demo_ready_with_config_and_secrets_then_sigterm_exits_zero(mesh: Mesh, 
     assert "termination drain duration elapsed" in agent.output()
 
 
-def test_quitquitquit_takes_post_only_and_stops_the_agent(mesh: Mesh, start_agent: AgentFactory) -> None:
-    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"terminationDrainDuration": "1s"})
+def test_quitquitquit_takes_post_only_and_stops_the_agent(istiod: IstiodLocal, sidecar: SidecarStarter) -> None:
+    agent = sidecar(istiod.state_dir, istiod.secure_address, proxy_config={"terminationDrainDuration": "1s"})
     agent.wait_ready()
     envoy = agent.envoy_pid()
     assert envoy is not None
@@ -159,24 +108,24 @@ def test_quitquitquit_takes_post_only_and_stops_the_agent(mesh: Mesh, start_agen
     assert not pid_alive(envoy)
 
 
-def test_drain_endpoint_drains_the_inbound_listener_only(mesh: Mesh, start_agent: AgentFactory) -> None:
+def test_drain_endpoint_drains_the_inbound_listener_only(istiod: IstiodLocal, sidecar: SidecarStarter) -> None:
     # drainDuration is Envoy's --drain-time-s: after it, drained listeners close their sockets.
-    agent = start_agent(mesh.state, discovery_of(mesh), proxy_config={"drainDuration": "1s"})
+    agent = sidecar(istiod.state_dir, istiod.secure_address, proxy_config={"drainDuration": "1s"})
     agent.wait_ready()
-    assert accepts(15006) and accepts(15001)
+    assert port_accepts(15006) and port_accepts(15001)
     stopped_before = stats().get("listener_manager.listener_stopped", 0)
 
     assert http_request("127.0.0.1", 15020, "/drain")[0] == 405
     assert http_request("127.0.0.1", 15020, "/drain", method="POST")[0] == 200
     poll(lambda: stats().get("listener_manager.listener_stopped", 0) > stopped_before,
-         "Envoy to stop the drained listener", 15, agent.output)
-    poll(lambda: not accepts(15006), "virtualInbound (15006) to stop accepting", 10, agent.output)
-    assert accepts(15001), "outbound listener drained although the sidecar drains inbound only"
+         "Envoy to stop the drained listener", 15, agent.output, retry_on=HTTP_NOT_YET)
+    poll(lambda: not port_accepts(15006), "virtualInbound (15006) to stop accepting", 10, agent.output)
+    assert port_accepts(15001), "outbound listener drained although the sidecar drains inbound only"
     assert agent.alive(), "/drain must not stop the agent"
 
 
-def test_envoy_killed_takes_the_agent_down_non_zero(mesh: Mesh, start_agent: AgentFactory) -> None:
-    agent = start_agent(mesh.state, discovery_of(mesh))
+def test_envoy_killed_takes_the_agent_down_non_zero(istiod: IstiodLocal, sidecar: SidecarStarter) -> None:
+    agent = sidecar(istiod.state_dir, istiod.secure_address)
     agent.wait_ready()
     envoy = agent.envoy_pid()
     assert envoy is not None
@@ -186,14 +135,12 @@ def test_envoy_killed_takes_the_agent_down_non_zero(mesh: Mesh, start_agent: Age
     assert "Envoy exited" in agent.output()
 
 
-def test_readiness_503_before_config_and_while_draining(tmp_path: Path, start_agent: AgentFactory) -> None:
-    need_sidecar_binaries()
-    registry = tmp_path / "mesh.yaml"
-    registry.write_text(registry_yaml())
+def test_readiness_503_before_config_and_while_draining(tmp_path: Path, registry: RegistryFile,
+                                                         sidecar: SidecarStarter) -> None:
     state = tmp_path / "state"
     port = free_port()
     # No istiod yet: pod files create the state (root, token key) istiod-local will serve from later.
-    agent = start_agent(state, f"localhost:{port}", proxy_config={"terminationDrainDuration": "3s"})
+    agent = sidecar(state, f"localhost:{port}", proxy_config={"terminationDrainDuration": "3s"})
 
     # Envoy's own 15021 listener only opens once Envoy has initialized (after its first config),
     # so before config it is the status server that answers, with the reason.
@@ -203,11 +150,11 @@ def test_readiness_503_before_config_and_while_draining(tmp_path: Path, start_ag
         assert status != 200, "ready without any istiod"
         return b"config not received" in body
 
-    poll(not_ready_for_config, "the status server to report 503: no config yet", 20, agent.output)
+    poll(not_ready_for_config, "the status server to report 503: no config yet", 20, agent.output,
+         retry_on=HTTP_NOT_YET)
     assert http_request("127.0.0.1", 15020, "/healthz/ready")[0] == 503
 
-    istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
-    try:
+    with IstiodLocal(state, registry=registry, secure_addr=f"127.0.0.1:{port}"):
         agent.wait_ready(timeout=30)
         agent.signal(signal.SIGTERM)
         seen: list[tuple[int, bytes]] = []
@@ -218,12 +165,10 @@ def test_readiness_503_before_config_and_while_draining(tmp_path: Path, start_ag
             seen.append(http_request("127.0.0.1", 15020, "/healthz/ready", timeout=1))
             return seen[-1][0] == 503
 
-        poll(unready_while_draining, "readiness to go 503 while draining", 10, agent.output)
+        poll(unready_while_draining, "readiness to go 503 while draining", 10, agent.output, retry_on=HTTP_NOT_YET)
         assert b"DRAINING" in seen[-1][1]
         assert agent.alive()
         assert agent.wait_exit(3 + EXIT_MARGIN) == 0, agent.output()
-    finally:
-        istiod.stop()
 
 
 def active_cluster_names() -> set[str]:
@@ -231,31 +176,23 @@ def active_cluster_names() -> set[str]:
     return {item["cluster"]["name"] for item in clusters}
 
 
-def test_istiod_restart_then_registry_change_reaches_envoy(tmp_path: Path, start_agent: AgentFactory) -> None:
-    need_sidecar_binaries()
-    registry = tmp_path / "mesh.yaml"
-    registry.write_text(registry_yaml())
-    state = tmp_path / "state"
-    port = free_port()
-    write_pod_files(state, tmp_path)  # creates the state istiod-local serves from
-    istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
-    try:
-        agent = start_agent(state, f"localhost:{port}")
-        agent.wait_ready()
-        envoy = agent.envoy_pid()
-        istiod.stop()
-        # Envoy keeps its config and the agent stays ready (latched) while istiod is away.
-        assert http_request("127.0.0.1", 15021, "/healthz/ready")[0] == 200
-        istiod = IstiodLocal(state, registry, secure_addr=f"127.0.0.1:{port}")
-        poll(lambda: "ADS: new" in istiod.log.text(), "Envoy's stream to come back through the agent", 30,
-             agent.output)
+def test_istiod_restart_then_registry_change_reaches_envoy(istiod: IstiodLocal, registry: RegistryFile,
+                                                           sidecar: SidecarStarter) -> None:
+    agent = sidecar(istiod.state_dir, istiod.secure_address)
+    agent.wait_ready()
+    envoy = agent.envoy_pid()
+    istiod.stop()
+    # Envoy keeps its config and the agent stays ready (latched) while istiod is away.
+    assert http_request("127.0.0.1", 15021, "/healthz/ready")[0] == 200
+    istiod.start()  # the same state and ports
+    poll(lambda: "ADS: new" in istiod.log_text(), "Envoy's stream to come back through the agent", 30,
+         agent.output)
 
-        extra = "outbound|9000||extra.default.svc.cluster.local"
-        assert extra not in active_cluster_names()
-        registry.write_text(registry_yaml(extra_services=(
-            "- {name: extra, namespace: default, selector: {app: extra},"
-            " ports: [{name: tcp, port: 9000, targetPort: 9000, protocol: TCP}]}\n")))
-        poll(lambda: extra in active_cluster_names(), "the registry change to reach Envoy", 30, agent.output)
-        assert agent.alive() and agent.envoy_pid() == envoy, "the agent or Envoy restarted"
-    finally:
-        istiod.stop()
+    extra = "outbound|9000||extra.default.svc.cluster.local"
+    assert extra not in active_cluster_names()
+    registry.write(echo_registry(extra_services=(
+        "- {name: extra, namespace: default, selector: {app: extra},"
+        " ports: [{name: tcp, port: 9000, targetPort: 9000, protocol: TCP}]}\n")))
+    poll(lambda: extra in active_cluster_names(), "the registry change to reach Envoy", 30, agent.output,
+         retry_on=HTTP_NOT_YET)
+    assert agent.alive() and agent.envoy_pid() == envoy, "the agent or Envoy restarted"

@@ -8,17 +8,16 @@ of Envoy's process, and whether recorded pids still run after teardown.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
+from support import open_workdir, poll
 
 from istio_agent.node.local_node import LocalNode, NodeOptions, sweep_stale_namespaces
 from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
@@ -63,20 +62,14 @@ def _in(netns: str, *argv: str) -> str:
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     """A work directory Envoy (uid 1337) can reach: pytest's own tmp_path sits under a 0700 directory."""
-    path = Path(tempfile.mkdtemp(prefix="ia-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path / "node"
-    shutil.rmtree(path, ignore_errors=True)
+    with open_workdir("ia-test-") as path:
+        yield path / "node"
 
 
 @pytest.fixture
-def node(workdir: Path) -> Iterator[LocalNode]:
-    local = LocalNode(NodeOptions(workdir=workdir, ready_timeout=30))
-    try:
-        local.create()
+def node() -> Iterator[LocalNode]:
+    with local_node("ia-test-", ready_timeout=30) as local:
         yield local
-    finally:
-        local.close()
 
 
 def test_node_and_plain_pod_are_built_and_removed_without_leftovers(workdir: Path) -> None:
@@ -110,7 +103,7 @@ def test_node_and_plain_pod_are_built_and_removed_without_leftovers(workdir: Pat
 
 def test_sidecar_pod_gets_capture_rules_and_envoy_runs_as_1337(node: LocalNode) -> None:
     echo_plan, = node.plan_pods([PodSpec("echo-1", service_account="echo", labels={"app": "echo"}, app=ECHO)])
-    node.registry.write_text(_registry([echo_plan]))
+    RegistryFile(node.registry, _registry([echo_plan]))
     node.start_istiod()
     echo = node.add_pod(echo_plan)
     node.wait_ready([echo], {"echo-1": 8080})
@@ -195,10 +188,7 @@ def test_namespaces_of_a_dead_owner_are_swept_with_their_processes() -> None:
         subprocess.run(["ip", "netns", "add", name], check=True)
     orphan = subprocess.Popen(["ip", "netns", "exec", names[1], *SLEEPER])
     try:
-        deadline = time.monotonic() + 10
-        while orphan.pid not in netns_pids(names[1]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert orphan.pid in netns_pids(names[1])
+        poll(lambda: orphan.pid in netns_pids(names[1]), "the orphan to run in its namespace", 10)
         sweep_stale_namespaces()  # (another test run on this machine may sweep them first: same end state)
         assert not set(names) & _netns()
         assert orphan.wait(10) != 0  # killed by the sweep
