@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -30,10 +29,7 @@ from test_status_metrics_peers import (
     prometheus_client_app,
 )
 
-from istio_agent.config import env
-from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.status.metrics_handler import ENVOY_PROMETHEUS_PORT, MergedMetricsHandler, MetricsOptions
+from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
 from istio_agent.status.metrics_merge import MAX_SOURCE_BYTES, ScrapeTarget
 
 FAILURES = "istio_agent_scrape_failures_total"
@@ -243,23 +239,3 @@ async def test_concurrent_scrapes(peer: Peer) -> None:
     for status, ctype, body, _ in results:
         assert status == 200
         assert {"envoy_server_live", "app_requests_total"} <= names(parse(body, ctype))
-
-
-# --- options from the agent's configuration ----------------------------------------------------------------------
-
-
-def config(tmp_path: Path, proxy_type: str = "sidecar", **environ: str):  # type: ignore[no-untyped-def]
-    base = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "INSTANCE_IP": "10.1.1.5"}
-    return load_agent_config(env.Environment({**base, **environ}), tmp_path, proxy_type=proxy_type)
-
-
-def test_options_from_config(tmp_path: Path) -> None:
-    annotations = '{"scrape":"true","port":"9090","path":"/m"}'
-    options = MetricsOptions.from_config(config(tmp_path, ISTIO_PROMETHEUS_ANNOTATIONS=annotations))
-    assert options.envoy_port == ENVOY_PROMETHEUS_PORT and options.app_targets == (ScrapeTarget(9090, "/m"),)
-    assert MetricsOptions.from_config(config(tmp_path, PILOT_AGENT_MERGE_ENVOY_STATS="false")).envoy_port is None
-    assert MetricsOptions.from_config(config(tmp_path, DISABLE_ENVOY="true")).envoy_port is None
-    gateway = MetricsOptions.from_config(config(tmp_path, "router", ISTIO_PROMETHEUS_ANNOTATIONS=annotations))
-    assert gateway.app_targets == ()  # 15020 is exposed on gateways: no app scraping, as upstream
-    with pytest.raises(ConfigError, match="15090 is reserved"):
-        MetricsOptions.from_config(config(tmp_path, ISTIO_PROMETHEUS_ANNOTATIONS='{"port":"15090"}'))

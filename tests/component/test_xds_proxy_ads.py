@@ -25,7 +25,7 @@ from google.protobuf import message as pb_message
 from support import eventually
 
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds import XdsProxy, XdsProxyOptions, routing
+from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions, routing
 from istio_agent.xds.upstream import UpstreamSettings
 
 SOTW, DELTA = False, True
@@ -265,16 +265,20 @@ async def harness(tmp_path: Path, **options: Any) -> AsyncIterator[Harness]:
         f"127.0.0.1:{port}", workdir=tmp_path, insecure=True, cluster_id="cluster-7",
         headers=(("x-tenant", "blue"),), dial_timeout=options.pop("dial_timeout", 5.0),
     )
+    hooks = XdsProxyHooks(
+        on_name_table=options.pop("on_name_table", tables.append),
+        on_trust_bundle=options.pop("on_trust_bundle", bundles.append),
+        node_hook=options.pop("node_hook", None),
+        on_event=options.pop("on_event", None),
+    )
     proxy_options = XdsProxyOptions(
         socket_path=tmp_path / "etc/istio/proxy/XDS",
         upstream=settings,
         dns_enabled=options.pop("dns_enabled", True),
         pcds_enabled=options.pop("pcds_enabled", False),
-        on_name_table=options.pop("on_name_table", tables.append),
-        on_trust_bundle=options.pop("on_trust_bundle", bundles.append),
         **options,
     )
-    proxy = XdsProxy(proxy_options)
+    proxy = XdsProxy(proxy_options, hooks)
     await proxy.start()
     h = Harness(ads, proxy, proxy_options.socket_path, tables, bundles, tmp_path)
     try:

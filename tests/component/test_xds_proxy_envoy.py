@@ -28,7 +28,7 @@ from support import VENV_BIN, eventually, stop_process
 from test_xds_proxy_ads import NODE, FakeAds, clusters, name_table
 
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds import XdsProxy, XdsProxyOptions
+from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 ENVOY = VENV_BIN / "envoy"
@@ -149,8 +149,8 @@ async def envoy_through_proxy(tmp_path: Path, delta: bool) -> AsyncIterator[tupl
             socket_path=socket,
             upstream=UpstreamSettings(f"127.0.0.1:{port}", workdir=tmp_path, insecure=True, dial_timeout=1.0),
             dns_enabled=True,
-            on_name_table=tables.append,
-        )
+        ),
+        XdsProxyHooks(on_name_table=tables.append),
     )
     await proxy.start()
     envoy = Envoy(tmp_path, _bootstrap(socket, delta))

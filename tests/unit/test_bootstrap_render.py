@@ -11,9 +11,10 @@ from google.protobuf import json_format
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.envoy.bootstrap import render_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, bootstrap_options
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
 
 # Every typed_config the renderer can emit, so Envoy's own protos can parse the result.
 _TYPES = [
@@ -44,11 +45,19 @@ def as_envoy_proto(bootstrap: dict[str, Any]) -> Any:
 
 def options(pc: dict[str, Any] | None = None, environ: dict[str, str] | None = None,
             annotations: dict[str, str] | None = None, ips: tuple[str, ...] = ("10.1.1.1",),
-            node_id: str = "sidecar~10.1.1.1~p.ns~ns.svc.cluster.local", **kwargs: Any) -> BootstrapOptions:
+            node_id: str = "sidecar~10.1.1.1~p.ns~ns.svc.cluster.local", outlier_log_path: str = "",
+            **kwargs: Any) -> BootstrapOptions:
+    """As pilot-agent builds them: node metadata from the environment and annotations, then the bootstrap's inputs."""
     config = ProxyConfig()
     config.values.update(pc or {})
-    return bootstrap_options(env.Environment(environ or {}), config, node_id, list(ips), {}, annotations or {},
-                             **kwargs)
+    environment = env.Environment(environ or {})
+    metadata = node_metadata(MetadataOptions(
+        environment, config.to_json(), instance_ips=ips, annotations=annotations or {},
+        outlier_log_path=outlier_log_path,
+        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+    ))
+    return BootstrapOptions(node_id, config.to_json(), metadata, instance_ips=tuple(dict.fromkeys(ips)),
+                            delta_xds=environment.get(env.ISTIO_DELTA_XDS), **kwargs)
 
 
 def clusters(b: dict[str, Any]) -> dict[str, dict[str, Any]]:

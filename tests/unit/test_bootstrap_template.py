@@ -10,6 +10,7 @@ import pytest
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.envoy.bootstrap import (
     DEFAULT_TEMPLATE_PATH,
@@ -18,7 +19,7 @@ from istio_agent.envoy.bootstrap import (
     render_bootstrap,
     write_bootstrap,
 )
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, bootstrap_options
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
 from istio_agent.envoy.bootstrap_params import template_params
 from istio_agent.envoy.bootstrap_template import TemplateError, go_json, render_template
 
@@ -71,8 +72,11 @@ def test_template_errors_name_the_problem(text: str, message: str) -> None:
 def options(pc: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> BootstrapOptions:
     config = ProxyConfig()
     config.values.update(pc or {})
-    return bootstrap_options(env.Environment(environ or {}), config, "sidecar~10.1.1.1~p.ns~ns.svc.cluster.local",
-                             ["10.1.1.1"], {}, {}, pilot_san=["spiffe://cluster.local/ns/istio-system/sa/istiod"])
+    environment = env.Environment(environ or {})
+    metadata = node_metadata(MetadataOptions(environment, config.to_json(), instance_ips=("10.1.1.1",),
+                                             pilot_san=("spiffe://cluster.local/ns/istio-system/sa/istiod",)))
+    return BootstrapOptions("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local", config.to_json(), metadata,
+                            instance_ips=("10.1.1.1",), delta_xds=environment.get(env.ISTIO_DELTA_XDS))
 
 
 # A small custom template in the style users write, using upstream's parameter names.

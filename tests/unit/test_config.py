@@ -12,6 +12,7 @@ from istio_agent.config.durations import format_duration, parse_duration
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import load_agent_config
 from istio_agent.config.node import instance_ips, node_id
+from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.config.proxyconfig import build_proxy_config, parse_annotations
 
 
@@ -154,10 +155,11 @@ def test_load_agent_config_from_pod_files(tmp_path: Path) -> None:
     assert config.proxy_config.discovery_address == "localhost:15012"
     # proxyMetadata fills the environment, so DNS capture turns on.
     assert config.environment.get(env.ISTIO_META_DNS_CAPTURE) is True
-    assert config.metadata["FOO"] == "bar"
-    assert config.metadata["K"] == {"x": 1}
-    assert config.metadata["LABELS"] == {"app": "echo"}
-    assert config.metadata["DNS_PROXY_ADDR"] == "localhost:15053"
+    metadata = resolve_agent_options(config, AgentFlags(), HostFacts()).metadata
+    assert metadata["FOO"] == "bar"
+    assert metadata["K"] == {"x": 1}
+    assert metadata["LABELS"] == {"app": "echo"}
+    assert metadata["DNS_PROXY_ADDR"] == "localhost:15053"
 
 
 def test_proxy_metadata_never_overrides_container_env(tmp_path: Path) -> None:

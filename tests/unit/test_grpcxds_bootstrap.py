@@ -10,13 +10,12 @@ import pytest
 
 from istio_agent.config import env
 from istio_agent.config.loader import load_agent_config
-from istio_agent.config.node import pilot_sans
-from istio_agent.config.proxyconfig import build_proxy_config
+from istio_agent.config.node import node_metadata, pilot_sans
+from istio_agent.config.options import AgentFlags, HostFacts, metadata_options, resolve_agent_options
 from istio_agent.grpcxds.bootstrap import (
     GrpcBootstrapOptions,
     build_bootstrap,
     certificate_files,
-    grpc_node_metadata,
     render_bootstrap,
 )
 from istio_agent.grpcxds.metadata import typed_metadata
@@ -106,12 +105,14 @@ def test_pilot_san() -> None:
     assert pilot_sans("istiod.istio-system.svc:15010", "NONE") == []
 
 
-def test_pilot_san_only_with_mutual_tls() -> None:
-    mtls = build_proxy_config(None, '{"discoveryAddress": "localhost:15012"}', {})
-    plain = build_proxy_config(None, '{"discoveryAddress": "localhost:15010", "controlPlaneAuthPolicy": "NONE"}', {})
-    assert grpc_node_metadata(env.Environment({}), mtls, ["1.2.3.4"], {}, {})["PILOT_SAN"] == [
-        "istiod.istio-system.svc"]
-    assert "PILOT_SAN" not in grpc_node_metadata(env.Environment({}), plain, ["1.2.3.4"], {}, {})
+def test_pilot_san_only_with_mutual_tls(tmp_path: Path) -> None:
+    def metadata(proxy_config: str, tmp_path: Path) -> dict[str, Any]:
+        config = load_agent_config(env.Environment({"PROXY_CONFIG": proxy_config}), tmp_path)
+        return node_metadata(metadata_options(config, AgentFlags()))
+
+    assert metadata('{"discoveryAddress": "localhost:15012"}', tmp_path)["PILOT_SAN"] == ["istiod.istio-system.svc"]
+    plain = '{"discoveryAddress": "localhost:15010", "controlPlaneAuthPolicy": "NONE"}'
+    assert "PILOT_SAN" not in metadata(plain, tmp_path)
 
 
 def test_from_agent_config(tmp_path: Path) -> None:
@@ -123,7 +124,10 @@ def test_from_agent_config(tmp_path: Path) -> None:
     (tmp_path / "etc/istio/pod").mkdir(parents=True)
     (tmp_path / "etc/istio/pod/labels").write_text('app="echo"\nistio-locality="us.east.a"\n')
     config = load_agent_config(environment, tmp_path)
-    options = GrpcBootstrapOptions.from_config(config, Path("etc/istio/proxy/XDS"))
+    resolved = resolve_agent_options(config, AgentFlags(), HostFacts())
+    assert resolved.grpc_bootstrap is not None
+    assert resolved.grpc_bootstrap.path == tmp_path / "etc/istio/proxy/grpc-bootstrap.json"
+    options = resolved.grpc_bootstrap.content
     assert options.xds_uds_path == str(tmp_path / "etc/istio/proxy/XDS")
     assert options.cert_dir == "/var/lib/istio/data"
     assert options.locality == {"region": "us", "zone": "east", "sub_zone": "a"}

@@ -1,4 +1,4 @@
-"""SecurityOptions built from the env registry, ProxyConfig and node identity."""
+"""SecurityOptions as the options resolver builds them from the env registry, ProxyConfig and node identity."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ import pytest
 
 from istio_agent.config.env import Environment
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import identity_from_env
-from istio_agent.config.proxyconfig import ProxyConfig
+from istio_agent.config.loader import load_agent_config
+from istio_agent.config.options import security_options
 from istio_agent.security.options import SecurityOptions
 
 
 def build(values: dict[str, str], tmp_path: Path) -> SecurityOptions:
-    environment = Environment(values)
-    node = identity_from_env(environment, "sidecar", None)
-    return SecurityOptions.from_parts(environment, ProxyConfig(), node, workdir=tmp_path)
+    return security_options(load_agent_config(Environment(values), tmp_path))
 
 
 def test_defaults(tmp_path: Path) -> None:

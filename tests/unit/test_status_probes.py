@@ -13,6 +13,7 @@ import pytest
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import load_agent_config
+from istio_agent.config.options import probe_options
 from istio_agent.status.probes import (
     MAX_REQUESTS,
     PROBE_USER_AGENT,
@@ -22,7 +23,6 @@ from istio_agent.status.probes import (
     Follow,
     GrpcAction,
     HttpGetAction,
-    ProbeOptions,
     TcpSocketAction,
     next_step,
     parse_app_probers,
@@ -127,14 +127,14 @@ def test_options_from_agent_config(tmp_path: Path) -> None:
     probers = {LIVEZ: {"httpGet": {"port": 8080}}}
     environment = env.Environment({"INSTANCE_IP": "10.1.2.3", "POD_NAMESPACE": "default",
                                    "ISTIO_KUBE_APP_PROBERS": json.dumps(probers)})
-    options = ProbeOptions.from_config(load_agent_config(environment, tmp_path))
+    options = probe_options(load_agent_config(environment, tmp_path))
     assert options.pod_ip == "10.1.2.3"
     assert options.status_port == 15020
     assert options.probers[LIVEZ].action == HttpGetAction(port=8080)
 
     bad = env.Environment({"ISTIO_KUBE_APP_PROBERS": json.dumps({LIVEZ: {"httpGet": {"port": "x"}}})})
     with pytest.raises(ConfigError, match=r"httpGet\.port"):
-        ProbeOptions.from_config(load_agent_config(bad, tmp_path))
+        probe_options(load_agent_config(bad, tmp_path))
 
 
 # ---- requests --------------------------------------------------------------------------------------------

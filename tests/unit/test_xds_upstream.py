@@ -8,8 +8,9 @@ import pytest
 
 from istio_agent.config import env
 from istio_agent.config.loader import load_agent_config
+from istio_agent.config.options import xds_options
 from istio_agent.protos import typeurls
-from istio_agent.xds.options import XdsProxyOptions
+from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import (
     UpstreamError,
     UpstreamSettings,
@@ -78,7 +79,7 @@ def test_options_from_agent_config(tmp_path: Path) -> None:
         }
     )
     config = load_agent_config(environment, tmp_path)
-    options = XdsProxyOptions.from_config(config, on_name_table=lambda table: None)
+    options = xds_options(config)
     assert options.socket_path == tmp_path / "etc/istio/proxy/XDS"
     up = options.upstream
     assert (up.address, up.cluster_id, up.root_ca, up.istiod_san) == (
@@ -93,10 +94,10 @@ def test_consumed_types_follow_options(tmp_path: Path) -> None:
     from istio_agent.xds.proxy import XdsProxy
 
     up = UpstreamSettings("localhost:15010")
-    both = XdsProxy(
-        XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=True, pcds_enabled=True,
-                        on_name_table=lambda t: None, on_trust_bundle=lambda b: None)
-    )
+    hooks = XdsProxyHooks(on_name_table=lambda t: None, on_trust_bundle=lambda b: None)
+    both = XdsProxy(XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=True, pcds_enabled=True), hooks)
     assert both.consumed == {typeurls.NAME_TABLE, typeurls.PROXY_CONFIG}
-    no_dns = XdsProxy(XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=False, on_name_table=lambda t: None))
+    no_hooks = XdsProxy(XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=True, pcds_enabled=True))
+    assert no_hooks.consumed == frozenset(), "no handler: consumed types are dropped as upstream does"
+    no_dns = XdsProxy(XdsProxyOptions(tmp_path / "XDS", up, dns_enabled=False), hooks)
     assert no_dns.consumed == frozenset()

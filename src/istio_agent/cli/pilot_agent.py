@@ -68,7 +68,8 @@ def main() -> None:
 def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     """Run the agent: identity (SDS), XDS proxy, DNS, status server, and Envoy."""
     configure_logging(flags["log_output_level"], flags["log_as_json"])
-    from istio_agent.agent import AgentFlags, run
+    from istio_agent.agent import run
+    from istio_agent.config.options import AgentFlags
 
     if ctx.args:
         click.echo(f"ignoring unknown arguments: {' '.join(ctx.args)}", err=True)

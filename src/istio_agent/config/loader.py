@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import NodeIdentity, identity_from_env, node_metadata
+from istio_agent.config.node import NodeIdentity, identity_from_env
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
 
 DEFAULT_MESH_CONFIG = "./etc/istio/config/mesh"
@@ -24,7 +23,10 @@ POD_ANNOTATIONS_FILE = "./etc/istio/pod/annotations"
 
 @dataclass
 class AgentConfig:
-    """The agent's start-up facts; components take what they need from here."""
+    """The agent's start-up facts, before resolution: the layered ProxyConfig, the environment it filled, the pod.
+
+    `config.options.resolve_agent_options()` turns this into per-component options.
+    """
 
     workdir: Path
     environment: env.Environment
@@ -32,7 +34,6 @@ class AgentConfig:
     identity: NodeIdentity
     labels: dict[str, str]
     annotations: dict[str, str]
-    metadata: dict[str, Any]
 
     def path(self, relative: str) -> Path:
         """A pod path (`./etc/...`) resolved against the agent's working directory."""
@@ -68,13 +69,7 @@ def load_agent_config(
     _apply_flags_and_annotations(proxy_config, proxy_type, concurrency, service_cluster, annotations)
     environment = environment.overlay(proxy_config.proxy_metadata)
     identity = identity_from_env(environment, proxy_type, domain)
-    from istio_agent.version import ISTIO_COMPAT_VERSION
-
-    metadata = node_metadata(
-        environment, labels, annotations, proxy_config.to_json(), list(identity.ips),
-        istio_version=environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
-    )
-    return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations, metadata)
+    return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations)
 
 
 DISCOVERY_ADDRESS_ANNOTATION = "sidecar.istio.io/discoveryAddress"

@@ -12,7 +12,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from istio_agent.config import env
@@ -100,35 +100,46 @@ _STRING_BOOL_KEYS = (
 _LOCALITY_LABEL = "istio-locality"
 
 
-def node_metadata(
-    environment: env.Environment,
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    proxy_config_json: Mapping[str, Any],
-    ips: list[str],
-    *,
-    pilot_san: list[str] | None = None,
-    outlier_log_path: str = "",
-    envoy_status_port: int = 15021,
-    envoy_prometheus_port: int = 15090,
-    workload_identity_socket_file: str | None = None,
-    metadata_discovery: bool = False,
-    exit_on_zero_active_connections: bool = False,
-    sts_port: int = 0,
-    istio_version: str | None = None,
-    credential_socket_exists: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MetadataOptions:
+    """What node metadata is made of (upstream's `bootstrap.MetadataOptions`).
+
+    `environment` supplies the `ISTIO_META_*` / `ISTIO_METAJSON_*` layers and the
+    pod's name, namespace and service account; everything decided elsewhere (the
+    DNS proxy's address when it runs, PILOT_SAN, the Istio version) comes in as a
+    value, so this function makes no policy of its own.
+    """
+
+    environment: env.Environment
+    proxy_config: Mapping[str, Any]  # ProxyConfig in protojson shape
+    instance_ips: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)  # the pod-labels file (empty when absent)
+    annotations: Mapping[str, str] = field(default_factory=dict)  # the pod-annotations file
+    pilot_san: tuple[str, ...] = ()
+    outlier_log_path: str = ""
+    envoy_status_port: int = 15021
+    envoy_prometheus_port: int = 15090
+    workload_identity_socket_file: str = "socket"
+    metadata_discovery: bool = False
+    exit_on_zero_active_connections: bool = False
+    sts_port: int = 0
+    istio_version: str = ""
+    credential_socket_exists: bool = False
+    dns_proxy_addr: str = ""  # set only when the agent runs its DNS proxy
+
+
+def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     """Node metadata as upstream's bootstrap writes it (and sends it to istiod).
 
     Two layers, as upstream keeps them: the raw map (`ISTIO_META_*` values, then
     every `ISTIO_METAJSON_*` object merged into the top level) and the typed
     fields (PROXY_CONFIG, LABELS, ANNOTATIONS, INSTANCE_IPS, ports, ...). A typed
     field wins over a raw key of the same name; every other raw key is kept.
-    `labels` are the pod-labels file (empty when absent); `istio-locality` in the
-    labels is rewritten from `a.b.c` to `a/b/c`.
+    `istio-locality` in the labels is rewritten from `a.b.c` to `a/b/c`.
     """
+    environment = options.environment
     raw: dict[str, Any] = {}
-    for key, value in dict(proxy_config_json.get("proxyMetadata") or {}).items():
+    for key, value in dict(options.proxy_config.get("proxyMetadata") or {}).items():
         if key.startswith(env.ISTIO_META_PREFIX):
             raw[key[len(env.ISTIO_META_PREFIX):]] = value
     for key, value in environment.with_prefix(env.ISTIO_META_PREFIX):
@@ -147,23 +158,21 @@ def node_metadata(
     for key in _STRING_BOOL_KEYS:
         if key in raw and _string_bool(key, raw[key]):
             typed[key] = "true"
-    if "ISTIO_VERSION" not in typed:
-        version = istio_version if istio_version is not None else environment.get(env.ISTIO_VERSION)
-        if version:
-            typed["ISTIO_VERSION"] = version
-    unique_ips = list(dict.fromkeys(ips))
+    if "ISTIO_VERSION" not in typed and options.istio_version:
+        typed["ISTIO_VERSION"] = options.istio_version
+    unique_ips = list(dict.fromkeys(options.instance_ips))
     if unique_ips:
         typed["INSTANCE_IPS"] = ",".join(unique_ips)
-    if sts_port:
-        typed["STS_PORT"] = str(sts_port)
-    if envoy_status_port:
-        typed["ENVOY_STATUS_PORT"] = envoy_status_port
-    if envoy_prometheus_port:
-        typed["ENVOY_PROMETHEUS_PORT"] = envoy_prometheus_port
-    if exit_on_zero_active_connections:
+    if options.sts_port:
+        typed["STS_PORT"] = str(options.sts_port)
+    if options.envoy_status_port:
+        typed["ENVOY_STATUS_PORT"] = options.envoy_status_port
+    if options.envoy_prometheus_port:
+        typed["ENVOY_PROMETHEUS_PORT"] = options.envoy_prometheus_port
+    if options.exit_on_zero_active_connections:
         typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
-    typed["METADATA_DISCOVERY"] = "true" if metadata_discovery else "false"
-    typed["PROXY_CONFIG"] = dict(proxy_config_json)
+    typed["METADATA_DISCOVERY"] = "true" if options.metadata_discovery else "false"
+    typed["PROXY_CONFIG"] = dict(options.proxy_config)
     pod_vars = ((env.POD_NAME, "NAME"), (env.POD_NAMESPACE, "NAMESPACE"), (env.SERVICE_ACCOUNT, "SERVICE_ACCOUNT"))
     for var, key in pod_vars:
         if environment.get(var):
@@ -171,7 +180,7 @@ def node_metadata(
 
     if not static_labels and isinstance(raw.get("LABELS"), dict):
         static_labels = {str(k): str(v) for k, v in raw["LABELS"].items()}
-    pod_labels = {k: v for k, v in labels.items() if k != "pod-template-hash"}
+    pod_labels = {k: v for k, v in options.labels.items() if k != "pod-template-hash"}
     # Upstream's LABELS and STATIC_LABELS are one map unless a pod-labels file exists,
     # so the locality rewrite below shows in both.
     all_labels = {**static_labels, **pod_labels} if pod_labels else static_labels
@@ -182,22 +191,19 @@ def node_metadata(
     if static_labels:
         typed["STATIC_LABELS"] = static_labels
     all_annotations = dict(raw["ANNOTATIONS"]) if isinstance(raw.get("ANNOTATIONS"), dict) else {}
-    all_annotations.update(annotations)
+    all_annotations.update(options.annotations)
     if all_annotations:
         typed["ANNOTATIONS"] = all_annotations
-    if pilot_san:
-        typed["PILOT_SAN"] = list(pilot_san)
-    if outlier_log_path:
-        typed["OUTLIER_LOG_PATH"] = outlier_log_path
-    socket_file = workload_identity_socket_file
-    if socket_file is None:
-        socket_file = environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE)
-    if socket_file:
-        typed["WORKLOAD_IDENTITY_SOCKET_FILE"] = socket_file
-    if credential_socket_exists:
+    if options.pilot_san:
+        typed["PILOT_SAN"] = list(options.pilot_san)
+    if options.outlier_log_path:
+        typed["OUTLIER_LOG_PATH"] = options.outlier_log_path
+    if options.workload_identity_socket_file:
+        typed["WORKLOAD_IDENTITY_SOCKET_FILE"] = options.workload_identity_socket_file
+    if options.credential_socket_exists:
         raw["CREDENTIAL_SOCKET_EXISTS"] = "true"
-    if environment.get(env.ISTIO_META_DNS_CAPTURE) or environment.get(env.ISTIO_META_ENABLE_DNS_SERVER):
-        raw.setdefault("DNS_PROXY_ADDR", environment.get(env.DNS_PROXY_ADDR))
+    if options.dns_proxy_addr:
+        raw.setdefault("DNS_PROXY_ADDR", options.dns_proxy_addr)
 
     meta = dict(typed)
     for key, value in raw.items():

@@ -1,10 +1,12 @@
 """Everything the bootstrap renderer needs, in one value, and how it is derived.
 
 `BootstrapOptions` holds the inputs (node id, ProxyConfig in protojson shape,
-node metadata, pod IPs, a few process-wide switches); the small pure functions
-below derive what upstream computes from them (service cluster, locality,
-address family, runtime flags, the downstream connection limit). The renderer
-and the custom-template parameters both read these, so the two paths agree.
+node metadata, pod IPs, a few process-wide switches); the options resolver
+(`config/options.py`) builds it from the environment, and tests build it
+directly. The small pure functions below derive what upstream computes from
+it (service cluster, locality, address family, runtime flags, the downstream
+connection limit). The renderer and the custom-template parameters both read
+these, so the two paths agree.
 """
 
 from __future__ import annotations
@@ -14,10 +16,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from istio_agent.config import env
-from istio_agent.config.node import node_metadata
-from istio_agent.config.proxyconfig import ProxyConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +28,7 @@ LIGHTSTEP_TOKEN_FILE = "lightstep_access_token.txt"  # beside the bootstrap, whe
 
 @dataclass(frozen=True)
 class BootstrapOptions:
-    """The inputs of one bootstrap rendering; see `bootstrap_options()` for the usual way to build one."""
+    """The inputs of one bootstrap rendering (`metadata` from `config.node.node_metadata`)."""
 
     node_id: str
     proxy_config: Mapping[str, Any]
@@ -91,60 +89,6 @@ class BootstrapOptions:
             log.warning("metadata discovery needs delta xDS; disabled")
             return False
         return wanted
-
-
-def bootstrap_options(
-    environment: env.Environment,
-    proxy_config: ProxyConfig,
-    node_id: str,
-    ips: Sequence[str],
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    *,
-    pilot_san: Sequence[str] = (),
-    outlier_log_path: str = "",
-    envoy_status_port: int = 15021,
-    envoy_prometheus_port: int = 15090,
-    istio_version: str | None = None,
-    workload_identity_socket_file: str | None = None,
-    metadata_discovery: bool = False,
-    sts_port: int = 0,
-    dual_stack: bool = False,
-    log_as_json: bool = False,
-    compliance_policy: str = "",
-    strip_fragment: bool = True,
-    host_ip: str = "",
-) -> BootstrapOptions:
-    """Build the options as pilot-agent does from its environment, ProxyConfig and pod files.
-
-    Switches the environment registry does not hold yet (dual stack, compliance policy,
-    HOST_IP, fragment stripping) are plain arguments.
-    """
-    config_json = proxy_config.to_json()
-    metadata = node_metadata(
-        environment, labels, annotations, config_json, list(ips),
-        pilot_san=list(pilot_san),
-        outlier_log_path=outlier_log_path,
-        envoy_status_port=envoy_status_port,
-        envoy_prometheus_port=envoy_prometheus_port,
-        metadata_discovery=metadata_discovery,
-        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
-        sts_port=sts_port,
-        istio_version=istio_version,
-        workload_identity_socket_file=workload_identity_socket_file,
-    )
-    return BootstrapOptions(
-        node_id=node_id,
-        proxy_config=config_json,
-        metadata=metadata,
-        instance_ips=tuple(dict.fromkeys(ips)),
-        delta_xds=environment.get(env.ISTIO_DELTA_XDS),
-        dual_stack=dual_stack,
-        log_as_json=log_as_json,
-        compliance_policy=compliance_policy,
-        strip_fragment=strip_fragment,
-        host_ip=host_ip,
-    )
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ agent start; `readiness` says when the pod may be ready (bootstrap loads,
 certificate files exist).
 """
 
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapOptions, build_bootstrap, render_bootstrap
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, build_bootstrap, render_bootstrap
 from istio_agent.grpcxds.readiness import BootstrapProbe
 from istio_agent.grpcxds.writer import BootstrapWriter, write_bootstrap_file
 
-__all__ = ["BootstrapProbe", "BootstrapWriter", "GrpcBootstrapOptions", "build_bootstrap", "render_bootstrap",
-           "write_bootstrap_file"]
+__all__ = ["BootstrapProbe", "BootstrapWriter", "GrpcBootstrapFile", "GrpcBootstrapOptions", "build_bootstrap",
+           "render_bootstrap", "write_bootstrap_file"]

@@ -13,18 +13,13 @@ of Go's encoder (`"UserAgentVersionType": null`, `"locality": {}`), and
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from istio_agent.config import env
 from istio_agent.grpcxds import gojson
 from istio_agent.grpcxds.metadata import sorted_json, typed_metadata
-
-if TYPE_CHECKING:
-    from istio_agent.config.loader import AgentConfig
-    from istio_agent.config.proxyconfig import ProxyConfig
 
 SERVER_LISTENER_NAME_PREFIX = "xds.istio.io/grpc/lds/inbound/"
 SERVER_LISTENER_NAME_TEMPLATE = SERVER_LISTENER_NAME_PREFIX + "%s"
@@ -35,14 +30,11 @@ KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 REFRESH_INTERVAL = "900s"  # upstream: 15 minutes, as protojson writes a Duration
 GRPC_GENERATOR = "grpc"
-# Upstream fills these from ENVOY_STATUS_PORT / ENVOY_PROMETHEUS_PORT even without Envoy.
-ENVOY_STATUS_PORT = 15021
-ENVOY_PROMETHEUS_PORT = 15090
 
 
 @dataclass(frozen=True)
 class GrpcBootstrapOptions:
-    """Inputs of one bootstrap; `from_config()` derives them the way pilot-agent does.
+    """Inputs of one bootstrap; the options resolver derives them the way pilot-agent does.
 
     `xds_uds_path` is the absolute path of the XDS proxy's socket; when empty,
     the app would talk to `discovery_address` directly (upstream's fallback).
@@ -58,53 +50,13 @@ class GrpcBootstrapOptions:
     discovery_address: str = ""
     cert_dir: str = ""
 
-    @classmethod
-    def from_config(cls, config: AgentConfig, xds_uds_path: Path | str, *,
-                    outlier_log_path: str = "") -> GrpcBootstrapOptions:
-        from istio_agent.envoy.bootstrap_options import locality
 
-        environment = config.environment
-        metadata = grpc_node_metadata(
-            environment, config.proxy_config, list(config.identity.ips), config.labels, config.annotations,
-            outlier_log_path=outlier_log_path,
-        )
-        return cls(
-            node_id=config.identity.id,
-            metadata=metadata,
-            xds_uds_path=os.path.abspath(config.path(str(xds_uds_path))),
-            locality=locality(metadata),
-            discovery_address=config.proxy_config.discovery_address,
-            cert_dir=environment.get(env.OUTPUT_CERTS),
-        )
+@dataclass(frozen=True)
+class GrpcBootstrapFile:
+    """Where the agent writes the gRPC bootstrap (GRPC_XDS_BOOTSTRAP, resolved) and what goes in it."""
 
-
-def grpc_node_metadata(
-    environment: env.Environment,
-    proxy_config: ProxyConfig,
-    ips: Sequence[str],
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    *,
-    outlier_log_path: str = "",
-    envoy_status_port: int = ENVOY_STATUS_PORT,
-    envoy_prometheus_port: int = ENVOY_PROMETHEUS_PORT,
-    istio_version: str | None = None,
-) -> dict[str, Any]:
-    """Node metadata as upstream's generateNodeMetadata: PILOT_SAN only under MUTUAL_TLS control-plane auth."""
-    from istio_agent.config.node import node_metadata, pilot_sans
-    from istio_agent.version import ISTIO_COMPAT_VERSION
-
-    sans = pilot_sans(proxy_config.discovery_address, str(proxy_config.get("controlPlaneAuthPolicy", "")))
-    return node_metadata(
-        environment, labels, annotations, proxy_config.to_json(), list(ips),
-        pilot_san=sans,
-        outlier_log_path=outlier_log_path,
-        envoy_status_port=envoy_status_port,
-        envoy_prometheus_port=envoy_prometheus_port,
-        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
-        istio_version=istio_version if istio_version is not None
-        else environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION,
-    )
+    path: Path
+    content: GrpcBootstrapOptions
 
 
 def certificate_files(cert_dir: str) -> list[str]:

@@ -110,6 +110,7 @@ class SecretCache:
         self._request_task: asyncio.Task[None] | None = None
         self._timer: Cancellable | None = None
         self._maintained = False
+        self._issued_event = asyncio.Event()  # set whenever a CA-issued certificate arrives
         self._served_files: dict[str, SecretItem] = {}
         self._watcher = FileWatcher(options.file_poll_interval, self._on_files_changed)
         self._retry_handles: dict[str, Cancellable] = {}
@@ -184,6 +185,15 @@ class SecretCache:
         """The cached CA-issued certificate if it is still valid, without generating one."""
         return self._lifecycle.valid(self._clock.now())
 
+    async def wait_for_workload(self) -> SecretItem:
+        """Wait (without asking the CA) until a valid CA-issued certificate is held."""
+        while True:
+            item = self.current_workload()
+            if item is not None:
+                return item
+            self._issued_event.clear()
+            await self._issued_event.wait()
+
     def snapshot(self) -> list[SecretItem]:
         """The secrets currently held (valid workload cert, its bundle, file secrets served), for diagnostics."""
         items: list[SecretItem] = []
@@ -254,6 +264,7 @@ class SecretCache:
             elif isinstance(action, Write):
                 self._log_issued(action.item)
                 self._write_output(action.item)
+                self._issued_event.set()
             elif isinstance(action, Push):
                 if action.name == ROOT_RESOURCE:
                     log.info("root certificate changed: pushing ROOTCA")

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 class WorkloadIdentity:
     """Component with `start()`/`stop()`; exposes `.cache` for the XDS proxy (trust bundles) and status server."""
 
+    name = "identity"
+
     def __init__(self, options: SecurityOptions, *, signer: CertificateSigner | None = None) -> None:
         self.options = options
         self._signer_override = signer
@@ -79,12 +81,31 @@ class WorkloadIdentity:
         """Wait until a valid workload certificate is available (for readiness and the proxyless path)."""
         if not self.cache.uses_ca:
             return await asyncio.wait_for(self.cache.get(WORKLOAD_RESOURCE), timeout)
+        return await asyncio.wait_for(self.cache.wait_for_workload(), timeout)
 
-        async def poll() -> SecretItem:
-            while True:
-                item = self.cache.current_workload()
-                if item is not None:
-                    return item
-                await asyncio.sleep(0.05)
 
-        return await asyncio.wait_for(poll(), timeout)
+class FirstCertificateWait:
+    """A start-up step, not a service: give the first CSR a bounded head start before the rest loads.
+
+    Envoy cannot serve before it has a certificate anyway, and loading the other
+    components blocks the event loop for a moment; so the agent waits up to
+    `timeout` for the first certificate, and a slow or absent CA delays start-up
+    by no more than that.
+    """
+
+    name = "first-certificate"
+
+    def __init__(self, identity: WorkloadIdentity, timeout: float) -> None:
+        self.identity = identity
+        self.timeout = timeout
+
+    async def start(self) -> None:
+        if not self.identity.cache.uses_ca:
+            return
+        try:
+            await self.identity.wait_for_certificate(self.timeout)
+        except (TimeoutError, Exception) as exc:
+            log.info("first certificate not there yet (%s); starting the other components", type(exc).__name__)
+
+    async def stop(self) -> None:
+        return None

@@ -30,71 +30,36 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from istio_agent.config import env
 from istio_agent.status.metrics_filter import (
     SourceError,
     SourceFilter,
     SourceTooLarge,
 )
 from istio_agent.status.metrics_merge import (
-    DEFAULT_SCRAPE_TIMEOUT,
     EOF_LINE,
-    MAX_SOURCE_BYTES,
     TEXT_OUTPUT,
     TIMEOUT_HEADER,
     Format,
+    MetricsOptions,
     OutputFormat,
-    ScrapeTarget,
     accepted_openmetrics,
     accepts_gzip,
     agent_exposition,
     output_format,
-    parse_scrape_annotations,
     scrape_budget,
     source_accept_header,
     source_format,
 )
 
-if TYPE_CHECKING:
-    from istio_agent.config.loader import AgentConfig
-
 log = logging.getLogger(__name__)
 
-ENVOY_PROMETHEUS_PORT = 15090  # upstream's EnvoyPrometheusPort: the bootstrap's 15090 listener
 HEADERS_SHARE = 0.8  # of the budget, for every source's response headers
 ENVOY, APPLICATION, AGENT = "envoy", "application", "agent"  # upstream's failure `type` labels
-
-
-@dataclass(frozen=True)
-class MetricsOptions:
-    """What the merged endpoint scrapes. `envoy_port=None` leaves Envoy's stats out."""
-
-    envoy_port: int | None = ENVOY_PROMETHEUS_PORT
-    app_targets: tuple[ScrapeTarget, ...] = ()
-    host: str = "localhost"  # upstream scrapes Envoy and the app on localhost
-    body_cap: int = MAX_SOURCE_BYTES
-    default_timeout: float = DEFAULT_SCRAPE_TIMEOUT
-
-    @classmethod
-    def from_config(cls, config: AgentConfig) -> MetricsOptions:
-        """From the agent's config; a bad `ISTIO_PROMETHEUS_ANNOTATIONS` raises ConfigError.
-
-        As upstream: Envoy's stats are merged unless `PILOT_AGENT_MERGE_ENVOY_STATS=false` or
-        there is no Envoy; app targets only for sidecars (15020 is exposed on gateways).
-        """
-        environment = config.environment
-        merge_envoy = environment.get(env.PILOT_AGENT_MERGE_ENVOY_STATS) and not environment.get(env.DISABLE_ENVOY)
-        targets: tuple[ScrapeTarget, ...] = ()
-        if config.identity.proxy_type == "sidecar":
-            targets = parse_scrape_annotations(
-                environment.get(env.ISTIO_PROMETHEUS_ANNOTATIONS), config.proxy_config.status_port)
-        return cls(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from prometheus_client.openmetrics import exposition as om_exposition
 from istio_agent.config.errors import ConfigError
 
 MAX_SOURCE_BYTES = 10 * 1024 * 1024  # upstream's per-target cap
+ENVOY_PROMETHEUS_PORT = 15090  # upstream's EnvoyPrometheusPort: the bootstrap's 15090 listener
 DEFAULT_SCRAPE_TIMEOUT = 10.0  # Prometheus' default scrape_timeout, used when the header is absent
 TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 
@@ -112,6 +113,22 @@ def _path(value: object, field: str) -> str:
     if not isinstance(value, str) or any(c in value for c in " \t\r\n?#"):
         raise ConfigError(f"ISTIO_PROMETHEUS_ANNOTATIONS: {field}: invalid path {value!r}")
     return value if value.startswith("/") else "/" + value
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """What the merged endpoint scrapes. `envoy_port=None` leaves Envoy's stats out.
+
+    The options resolver decides it, as upstream: Envoy's stats are merged unless
+    `PILOT_AGENT_MERGE_ENVOY_STATS=false` or there is no Envoy; app targets only for
+    sidecars (15020 is exposed on gateways).
+    """
+
+    envoy_port: int | None = ENVOY_PROMETHEUS_PORT
+    app_targets: tuple[ScrapeTarget, ...] = ()
+    host: str = "localhost"  # upstream scrapes Envoy and the app on localhost
+    body_cap: int = MAX_SOURCE_BYTES
+    default_timeout: float = DEFAULT_SCRAPE_TIMEOUT
 
 
 def parse_scrape_annotations(raw: str, status_port: int = 15020) -> tuple[ScrapeTarget, ...]:

@@ -21,14 +21,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from istio_agent.config.loader import AgentConfig
 
 ENV_NAME = env.ISTIO_KUBE_APP_PROBERS.name
 APP_PROBER_PATH = re.compile(r"^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$")
@@ -191,15 +188,6 @@ class ProbeOptions:
     status_port: int = 15020
     max_body_bytes: int = MAX_BODY_BYTES
     bind_probe_source: bool = True  # bind 127.0.0.6 / ::6 like upstream, so capture rules let probes through
-
-    @classmethod
-    def from_config(cls, config: AgentConfig) -> ProbeOptions:
-        """Read and validate ISTIO_KUBE_APP_PROBERS; ConfigError (naming path and field) fails agent start."""
-        return cls(
-            probers=parse_app_probers(config.environment.get(env.ISTIO_KUBE_APP_PROBERS)),
-            pod_ip=config.identity.ips[0] if config.identity.ips else "127.0.0.1",
-            status_port=config.proxy_config.status_port,
-        )
 
 
 # ---- requests -------------------------------------------------------------------------------------------

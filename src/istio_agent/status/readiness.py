@@ -1,10 +1,15 @@
 """Readiness rules for `/healthz/ready`, as upstream's probe applies them (sans-IO).
 
-Ready means: Envoy has received configuration (CDS and LDS each updated or
-rejected at least once), its server is LIVE (`server.state` 0) with workers
-started, and, when the DNS proxy is on, a NameTable has arrived. Once Envoy has
-been ready it stays ready (those stats never go back within one Envoy), so
-later probes do not hit the admin API; draining makes it unready again.
+With Envoy, ready means: Envoy has received configuration (CDS and LDS each
+updated or rejected at least once), its server is LIVE (`server.state` 0) with
+workers started, and, when the DNS proxy is on, a NameTable has arrived. Once
+Envoy has been ready it stays ready (those stats never go back within one
+Envoy), so later probes do not hit the admin API.
+
+Without Envoy (proxyless gRPC), Envoy's part is skipped. In both cases a gRPC
+bootstrap, when the agent writes one, must load and its certificate files must
+exist (upstream's gRPC probe); the caller runs that check and passes its
+result. Draining makes the agent unready again.
 """
 
 from __future__ import annotations
@@ -14,26 +19,36 @@ from dataclasses import dataclass, field
 SERVER_LIVE = 0
 
 
+DRAINING = "server is not live, current state is: DRAINING"
+
+
 @dataclass
 class ReadinessState:
     dns_enabled: bool = False
+    envoy_enabled: bool = True
     name_table_received: bool = False
     draining: bool = False
     envoy_ready_once: bool = False
     last_reason: str = field(default="not probed yet")
 
     def needs_envoy_stats(self) -> bool:
-        return not self.envoy_ready_once
+        return self.envoy_enabled and not self.envoy_ready_once and not self.draining
 
-    def evaluate(self, update_stats: dict[str, int] | None, ready_stats: dict[str, int] | None) -> str | None:
-        """None when ready, else the reason; stats are None when they could not be fetched."""
-        reason = self._reason(update_stats, ready_stats)
+    def evaluate(self, update_stats: dict[str, int] | None, ready_stats: dict[str, int] | None,
+                 bootstrap_problem: str | None = None) -> str | None:
+        """None when ready, else the reason; stats are None when they could not be fetched.
+
+        `bootstrap_problem` is the gRPC bootstrap check's answer (None: fine, or no bootstrap).
+        """
+        reason = self._reason(update_stats, ready_stats) or bootstrap_problem
         self.last_reason = reason or "ready"
         return reason
 
     def _reason(self, update_stats: dict[str, int] | None, ready_stats: dict[str, int] | None) -> str | None:
         if self.draining:
-            return "server is not live, current state is: DRAINING"
+            return DRAINING
+        if not self.envoy_enabled:
+            return None
         if not self.envoy_ready_once:
             if update_stats is None or ready_stats is None:
                 return "Envoy admin API not reachable yet"

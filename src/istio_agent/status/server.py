@@ -1,8 +1,16 @@
-"""The agent's status server on :15020 (readiness, quit and drain so far).
+"""The agent's status server on :15020: the HTTP edge of readiness, quit and drain, plus the routes parts add.
 
-Envoy's 15021 listener forwards `/healthz/ready` here. `/quitquitquit` and
-`/drain` change the pod's state, so they take POST only and only from
-localhost (upstream's rule): anything else gets 405 or 403.
+Envoy's 15021 listener forwards `/healthz/ready` here; the readiness rules
+themselves are the sans-IO `ReadinessState` (this server only fetches Envoy's
+stats through the agent's one admin client and runs the gRPC bootstrap check).
+`/quitquitquit` and `/drain` change the pod's state, so they take POST only and
+only from localhost (upstream's rule): anything else gets 405 or 403. The app
+probes (`/app-health/...`), merged metrics (`/stats/prometheus`, `/metrics`)
+and debug views (`/debug/ndsz`, `/debug/secrets`) are registered by their own
+modules through `routes`.
+
+As a component, `drain()` marks the agent as draining, so readiness fails from
+the moment a termination drain starts.
 """
 
 from __future__ import annotations
@@ -10,23 +18,21 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
+from istio_agent.status.options import StatusOptions
 from istio_agent.status.readiness import ReadinessState
+
+if TYPE_CHECKING:
+    from istio_agent.grpcxds.readiness import BootstrapProbe
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class StatusServerOptions:
-    port: int = 15020
-    host: str = "0.0.0.0"
-    admin_port: int = 15000
-    no_envoy: bool = False
+RouteAdder = Callable[[web.Application], None]
 
 
 def is_localhost(remote: str | None) -> bool:
@@ -41,27 +47,35 @@ def is_localhost(remote: str | None) -> bool:
     return addr.is_loopback
 
 
+async def _nothing_to_drain() -> None:
+    return None
+
+
 class StatusServer:
+    name = "status"
+
     def __init__(
         self,
-        options: StatusServerOptions,
+        options: StatusOptions,
         readiness: ReadinessState,
-        on_quit: Callable[[], None],
-        on_drain: Callable[[], Awaitable[None]],
-        extra_ready_check: Callable[[], str | None] | None = None,
-        extra_routes: Sequence[Callable[[web.Application], None]] = (),
+        *,
+        admin: EnvoyAdmin | None = None,
+        bootstrap_probe: BootstrapProbe | None = None,
+        on_quit: Callable[[], None] = lambda: None,
+        on_drain: Callable[[], Awaitable[None]] = _nothing_to_drain,
+        routes: Sequence[RouteAdder] = (),
     ) -> None:
         self.options = options
         self.readiness = readiness
-        self.admin = EnvoyAdmin(options.admin_port)
+        self.admin = admin
+        self.bootstrap_probe = bootstrap_probe
         self.on_quit = on_quit
         self.on_drain = on_drain
-        self.extra_ready_check = extra_ready_check
         self.app = web.Application()
         self.app.router.add_route("*", "/healthz/ready", self.handle_ready)
         self.app.router.add_route("*", "/quitquitquit", self.handle_quit)
         self.app.router.add_route("*", "/drain", self.handle_drain)
-        for add_routes in extra_routes:  # app probes, debug endpoints: each part registers its own routes
+        for add_routes in routes:  # app probes, metrics, debug endpoints: each part registers its own routes
             add_routes(self.app)
         self._runner: web.AppRunner | None = None
 
@@ -72,28 +86,25 @@ class StatusServer:
         await site.start()
         log.info("status server listening on %s:%d", self.options.host, self.options.port)
 
+    async def drain(self) -> None:
+        self.readiness.draining = True
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
 
     async def check_ready(self) -> str | None:
         """None when ready, else why not."""
-        if self.options.no_envoy:
-            if self.readiness.draining:
-                return "server is not live, current state is: DRAINING"
-            return self.extra_ready_check() if self.extra_ready_check else None
         update_stats = ready_stats = None
-        if self.readiness.needs_envoy_stats():
+        if self.readiness.needs_envoy_stats() and self.admin is not None:
             try:
                 update_stats = parse_stats(await self.admin.stats(UPDATE_STATS_FILTER))
                 ready_stats = parse_stats(await self.admin.stats(READY_STATS_FILTER))
             except AdminError as exc:
                 self.readiness.last_reason = str(exc)
                 return str(exc)
-        reason = self.readiness.evaluate(update_stats, ready_stats)
-        if reason is None and self.extra_ready_check:
-            reason = self.extra_ready_check()
-        return reason
+        problem = self.bootstrap_probe.check() if self.bootstrap_probe is not None else None
+        return self.readiness.evaluate(update_stats, ready_stats, problem)
 
     async def handle_ready(self, request: web.Request) -> web.Response:
         reason = await self.check_ready()

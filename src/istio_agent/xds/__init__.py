@@ -12,13 +12,14 @@ import importlib
 from typing import Any
 
 _LAZY = {
+    "XdsProxyHooks": "istio_agent.xds.options",
     "XdsProxyOptions": "istio_agent.xds.options",
     "ProxyStats": "istio_agent.xds.proxy",
     "XdsProxy": "istio_agent.xds.proxy",
     "UpstreamSettings": "istio_agent.xds.upstream",
 }
 
-__all__ = ["ProxyStats", "UpstreamSettings", "XdsProxy", "XdsProxyOptions"]
+__all__ = ["ProxyStats", "UpstreamSettings", "XdsProxy", "XdsProxyHooks", "XdsProxyOptions"]
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ import grpc.aio
 
 from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.xds import messages, routing, upstream
-from istio_agent.xds.options import XdsProxyOptions
+from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
 
 log = logging.getLogger(__name__)
@@ -71,17 +71,18 @@ class _End:
 class XdsProxy:
     """ADS server for Envoy that forwards to istiod and consumes Istio's own types."""
 
-    def __init__(self, options: XdsProxyOptions) -> None:
+    def __init__(self, options: XdsProxyOptions, hooks: XdsProxyHooks | None = None) -> None:
         self.options = options
+        self.hooks = hooks or XdsProxyHooks()
         self.stats = ProxyStats()
         self._server: grpc.aio.Server | None = None
         self._current: _ProxiedStream | None = None
         self._health: Health | None = None
         self._next_id = 0
         consumed: set[str] = set()
-        if options.dns_enabled and options.on_name_table is not None:
+        if options.dns_enabled and self.hooks.on_name_table is not None:
             consumed.add(typeurls.NAME_TABLE)
-        if options.pcds_enabled and options.on_trust_bundle is not None:
+        if options.pcds_enabled and self.hooks.on_trust_bundle is not None:
             consumed.add(typeurls.PROXY_CONFIG)
         self.consumed = frozenset(consumed)
 
@@ -155,19 +156,19 @@ class XdsProxy:
 
     def _event(self, kind: str, detail: str) -> None:
         """Tell the metrics hook, if any; a failing hook is logged, never fatal to the stream."""
-        if self.options.on_event is not None:
+        if self.hooks.on_event is not None:
             try:
-                self.options.on_event(kind, detail)
+                self.hooks.on_event(kind, detail)
             except Exception:
                 log.exception("XDS proxy: event hook failed")
 
     def _consume(self, item: Consume) -> str | None:
         """Hand a consumed resource to its callback; the error text for a NACK, or None to ACK."""
         try:
-            if item.type_url == typeurls.NAME_TABLE and self.options.on_name_table is not None:
-                self.options.on_name_table(nds_pb2.NameTable.FromString(item.value))
-            elif item.type_url == typeurls.PROXY_CONFIG and self.options.on_trust_bundle is not None:
-                self.options.on_trust_bundle(messages.trust_bundle(item.value))
+            if item.type_url == typeurls.NAME_TABLE and self.hooks.on_name_table is not None:
+                self.hooks.on_name_table(nds_pb2.NameTable.FromString(item.value))
+            elif item.type_url == typeurls.PROXY_CONFIG and self.hooks.on_trust_bundle is not None:
+                self.hooks.on_trust_bundle(messages.trust_bundle(item.value))
         except Exception as exc:
             log.warning("XDS proxy: rejecting %s: %s", typeurls.short(item.type_url), exc)
             return str(exc) or type(exc).__name__
@@ -246,7 +247,7 @@ class _ProxiedStream:
 
     async def _from_downstream(self) -> _End:
         """Envoy → outbox. Ends when Envoy half-closes, sends garbage, or goes away."""
-        hook = self.proxy.options.node_hook
+        hook = self.proxy.hooks.node_hook
         first = True
         while True:
             try:

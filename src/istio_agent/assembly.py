@@ -1,0 +1,180 @@
+"""Builds one agent from its resolved options: which components run, in which order, wired to which.
+
+Two stages, so that the first certificate is on its way before the heavier parts
+are even imported:
+
+1. identity (CA client, secret cache, SDS server) and the agent's metrics
+   registry, then a bounded wait for the first certificate;
+2. the heap trimmer, the DNS proxy (when on) with its NameTable feed, the XDS
+   proxy, the gRPC bootstrap (when written), the status server (when it has a
+   port) and Envoy (unless DISABLE_ENVOY), in that order.
+
+The wiring: the XDS proxy hands NameTables to the DNS proxy (compiled off the
+event loop, in arrival order; readiness waits for the first) and PCDS trust
+bundles to the secret cache; the status server reads readiness, the one Envoy
+admin client, the cache (`/debug/secrets`), the DNS proxy (`/debug/ndsz`) and the
+metrics registry; `/quitquitquit` asks the agent to stop and `/drain` drains
+Envoy's listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from istio_agent.agent import Agent, Component
+from istio_agent.config.options import AgentOptions
+
+if TYPE_CHECKING:
+    from istio_agent.dns.proxy import DnsProxy
+    from istio_agent.envoy.admin import EnvoyAdmin
+    from istio_agent.envoy.supervisor import EnvoySupervisor
+    from istio_agent.grpcxds.readiness import BootstrapProbe
+    from istio_agent.protos import nds_pb2
+    from istio_agent.security.identity import WorkloadIdentity
+    from istio_agent.status.agent_metrics import AgentMetrics
+    from istio_agent.status.readiness import ReadinessState
+
+log = logging.getLogger(__name__)
+
+
+class NameTableFeed:
+    """Compiles each NameTable from the XDS proxy into the DNS proxy, in order, off the event loop."""
+
+    name = "name-table-feed"
+
+    def __init__(self, dns: DnsProxy, readiness: ReadinessState) -> None:
+        self.dns = dns
+        self.readiness = readiness
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_name_table(self, table: nds_pb2.NameTable) -> None:
+        task = asyncio.get_running_loop().create_task(self._swap(table))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _swap(self, table: nds_pb2.NameTable) -> None:
+        async with self._lock:  # tables are applied in the order they arrived
+            try:
+                await self.dns.update_name_table_async(table)
+            except Exception:
+                log.exception("compiling the NameTable failed; the previous table stays in service")
+                return
+        self.readiness.name_table_received = True
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+class AgentAssembly:
+    """The composition root of one agent; `agent` is ready to run."""
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+        self.agent = Agent(self._identity_stage, self._rest_stage)
+        self.metrics: AgentMetrics | None = None
+        self.identity: WorkloadIdentity | None = None
+
+    def _identity_stage(self) -> list[Component]:
+        from prometheus_client import CollectorRegistry
+
+        from istio_agent.security.ca_client import CaClient
+        from istio_agent.security.identity import FirstCertificateWait, WorkloadIdentity
+        from istio_agent.status.agent_metrics import AgentMetrics
+
+        security = self.options.security
+        self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
+        # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
+        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)))
+        self.metrics.watch_secrets(self.identity.cache)
+        return [self.identity, FirstCertificateWait(self.identity, self.options.first_certificate_head_start)]
+
+    def _rest_stage(self) -> list[Component]:
+        from istio_agent.memory import MemoryTrimmer
+        from istio_agent.status.readiness import ReadinessState
+        from istio_agent.xds.options import XdsProxyHooks
+        from istio_agent.xds.proxy import XdsProxy
+
+        options, metrics, identity = self.options, self.metrics, self.identity
+        assert metrics is not None and identity is not None, "the identity stage runs first"
+        status = options.status
+        readiness = ReadinessState(dns_enabled=status.dns_enabled if status else False,
+                                   envoy_enabled=options.envoy is not None)
+        components: list[Component] = [MemoryTrimmer()]
+
+        dns: DnsProxy | None = None
+        feed: NameTableFeed | None = None
+        if options.dns is not None:
+            from istio_agent.dns.proxy import DnsProxy
+
+            dns = DnsProxy(options.dns, registry=metrics.registry)
+            feed = NameTableFeed(dns, readiness)
+            components += [dns, feed]
+
+        cache = identity.cache
+        xds = XdsProxy(options.xds, XdsProxyHooks(
+            on_name_table=feed.on_name_table if feed is not None else None,
+            on_trust_bundle=lambda pems: cache.set_extra_roots("pcds", pems),
+            on_event=metrics.xds_event,
+        ))
+        metrics.watch_xds(xds)
+        components.append(xds)
+
+        probe: BootstrapProbe | None = None
+        if options.grpc_bootstrap is not None:
+            from istio_agent.grpcxds import BootstrapProbe, BootstrapWriter
+
+            target = options.grpc_bootstrap
+            components.append(BootstrapWriter(target.path, target.content))  # before the status server
+            probe = BootstrapProbe(target.path, options.workdir)
+
+        envoy: EnvoySupervisor | None = None
+        admin: EnvoyAdmin | None = None
+        if options.envoy is not None:
+            from istio_agent.envoy.admin import EnvoyAdmin
+            from istio_agent.envoy.supervisor import EnvoySupervisor
+
+            admin = EnvoyAdmin(options.envoy.admin_port)
+            envoy = EnvoySupervisor(options.envoy, admin)
+
+        if status is not None:
+            components.append(self._status_server(readiness, admin, probe, dns, envoy))
+        if envoy is not None:
+            components.append(envoy)
+        return components
+
+    def _status_server(self, readiness: ReadinessState, admin: EnvoyAdmin | None, probe: BootstrapProbe | None,
+                       dns: DnsProxy | None, envoy: EnvoySupervisor | None) -> Component:
+        from istio_agent.status.metrics_handler import add_metrics_routes
+        from istio_agent.status.ndsz import add_ndsz_route
+        from istio_agent.status.probes_prober import add_probe_routes
+        from istio_agent.status.secrets_debug import add_secrets_debug_route
+        from istio_agent.status.server import StatusServer
+
+        options, metrics, identity = self.options, self.metrics, self.identity
+        assert options.status is not None and metrics is not None and identity is not None
+        status, registry, cache = options.status, metrics.registry, identity.cache
+        name_table = dns.name_table if dns is not None else (lambda: None)
+
+        async def drain_listeners() -> None:
+            if envoy is not None:
+                await envoy.drain_listeners()
+
+        return StatusServer(
+            status, readiness, admin=admin, bootstrap_probe=probe,
+            on_quit=lambda: self.agent.request_stop(0), on_drain=drain_listeners,
+            routes=[lambda app: add_probe_routes(app, status.probes), lambda app: add_secrets_debug_route(app, cache),
+                    lambda app: add_metrics_routes(app, status.metrics, registry),
+                    lambda app: add_ndsz_route(app, name_table)],
+        )
+
+
+def assemble(options: AgentOptions) -> Agent:
+    """The agent for these options, its components built stage by stage as it starts."""
+    return AgentAssembly(options).agent

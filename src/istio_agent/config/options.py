@@ -1,0 +1,370 @@
+"""The one options resolver: environment + flags + mesh config + ProxyConfig -> frozen options per component.
+
+Upstream builds its agent from `NewAgentOptions`, `NewSecurityOptions` and
+`envoy.ProxyConfig`; here `resolve_agent_options()` does all of it, once, at
+start. Components never read the environment: each gets its own frozen option
+object (`SecurityOptions`, `XdsProxyOptions`, `DnsProxyOptions`,
+`EnvoyOptions`, `StatusOptions`, `GrpcBootstrapFile`), and every rule that
+touches more than one of them is stated here, once:
+
+- the DNS proxy runs when `ISTIO_META_DNS_CAPTURE` or `ISTIO_META_ENABLE_DNS_SERVER`;
+- there is an Envoy unless `DISABLE_ENVOY` (and then no SDS server either);
+- readiness waits for a NameTable only when both the DNS proxy and Envoy run;
+- node metadata is computed once and shared by the Envoy and gRPC bootstraps;
+- istiod's client certificate is `PROV_CERT`, else the mounted certs with `FILE_MOUNTED_CERTS`;
+- the Istio version reported is `ISTIO_VERSION`, else the one this agent is compatible with.
+
+Only the option modules of the components are imported here (each is light);
+the components themselves load only when the agent starts them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from istio_agent.config import env
+from istio_agent.config.errors import ConfigError
+from istio_agent.config.loader import AgentConfig, load_agent_config
+from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
+from istio_agent.dns.options import ALT_RESOLV_CONF, DnsProxyOptions, port53_rules
+from istio_agent.envoy.argv import EnvoyLaunch, split_component_log
+from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality
+from istio_agent.envoy.drain import DrainPolicy
+from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions
+from istio_agent.security.options import SecurityOptions
+from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, MetricsOptions, parse_scrape_annotations
+from istio_agent.status.options import StatusOptions
+from istio_agent.status.probes import ProbeOptions, parse_app_probers
+from istio_agent.version import ISTIO_COMPAT_VERSION
+from istio_agent.xds.options import MOUNTED_CERTS_DIR, XDS_SOCKET_NAME, XdsProxyOptions
+from istio_agent.xds.upstream import UpstreamSettings
+
+ENVOY_STATUS_PORT = 15021  # upstream's default for the bootstrap's health listener
+FIRST_CERTIFICATE_HEAD_START = 2.0  # how long start-up waits for the first certificate before loading the rest
+
+
+@dataclass(frozen=True)
+class AgentFlags:
+    """`pilot-agent proxy` command-line flags, as upstream names them."""
+
+    proxy_type: str = "sidecar"
+    domain: str = ""
+    mesh_config: str = "./etc/istio/config/mesh"
+    service_cluster: str = "istio-proxy"
+    proxy_log_level: str = "warning,misc:error"
+    proxy_component_log_level: str = ""
+    concurrency: int = 0
+    template_file: str = ""
+    outlier_log_path: str = ""
+    log_as_json: bool = False
+    sts_port: int = 0
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the resolver must know about the machine (read by `load_agent_options`, given by tests)."""
+
+    euid: int = 0
+    alt_resolv_conf_exists: bool = False
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """Everything one agent runs with. A component that is off has None."""
+
+    workdir: Path
+    node: NodeIdentity
+    metadata: Mapping[str, Any]
+    security: SecurityOptions
+    xds: XdsProxyOptions
+    dns: DnsProxyOptions | None
+    envoy: EnvoyOptions | None
+    status: StatusOptions | None
+    grpc_bootstrap: GrpcBootstrapFile | None
+    first_certificate_head_start: float = FIRST_CERTIFICATE_HEAD_START
+    without_effect: tuple[env.EnvVar[Any], ...] = ()  # set variables this agent only accepts (warned at start)
+
+
+# --- the cross-cutting rules -------------------------------------------------------------------------------
+
+def dns_proxy_enabled(environment: env.Environment) -> bool:
+    return environment.get(env.ISTIO_META_DNS_CAPTURE) or environment.get(env.ISTIO_META_ENABLE_DNS_SERVER)
+
+
+def envoy_enabled(environment: env.Environment) -> bool:
+    return not environment.get(env.DISABLE_ENVOY)
+
+
+def istio_version(environment: env.Environment) -> str:
+    return environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION
+
+
+def client_cert_dir(environment: env.Environment) -> str:
+    """The key pair the agent presents to istiod and its CA: a provisioning cert, or the mounted certs."""
+    if environment.get(env.PROV_CERT):
+        return environment.get(env.PROV_CERT)
+    return MOUNTED_CERTS_DIR if environment.get(env.FILE_MOUNTED_CERTS) else ""
+
+
+def metadata_dns_proxy_addr(environment: env.Environment) -> str:
+    """DNS_PROXY_ADDR in node metadata: the variable when set (upstream's rule), else the default when DNS is on."""
+    explicit = environment.raw(env.DNS_PROXY_ADDR.name) or ""
+    if explicit:
+        return explicit
+    return env.DNS_PROXY_ADDR.default if dns_proxy_enabled(environment) else ""
+
+
+# --- per component ---------------------------------------------------------------------------------------
+
+def metadata_options(config: AgentConfig, flags: AgentFlags) -> MetadataOptions:
+    pc = config.proxy_config
+    environment = config.environment
+    return MetadataOptions(
+        environment=environment,
+        proxy_config=pc.to_json(),
+        instance_ips=tuple(config.identity.ips),
+        labels=config.labels,
+        annotations=config.annotations,
+        pilot_san=tuple(pilot_sans(pc.discovery_address, str(pc.get("controlPlaneAuthPolicy", "")))),
+        outlier_log_path=flags.outlier_log_path,
+        envoy_status_port=ENVOY_STATUS_PORT,
+        envoy_prometheus_port=ENVOY_PROMETHEUS_PORT,
+        workload_identity_socket_file=environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE),
+        exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+        sts_port=flags.sts_port,
+        istio_version=istio_version(environment),
+        dns_proxy_addr=metadata_dns_proxy_addr(environment),
+    )
+
+
+def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> SecurityOptions:
+    """The identity's options (upstream's NewSecurityOptions), every value validated."""
+    environment, node = config.environment, config.identity
+    ratio = environment.get(env.SECRET_GRACE_PERIOD_RATIO)
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"environment variable SECRET_GRACE_PERIOD_RATIO={ratio}: must be between 0 and 1")
+    jitter = environment.get(env.SECRET_GRACE_PERIOD_RATIO_JITTER)
+    if jitter < 0.0:
+        raise ConfigError(f"environment variable SECRET_GRACE_PERIOD_RATIO_JITTER={jitter}: must not be negative")
+    ttl = environment.get(env.SECRET_TTL)
+    if ttl <= 0:
+        raise ConfigError(f"environment variable SECRET_TTL={ttl}s: must be positive")
+    algorithm = environment.get(env.ECC_SIGNATURE_ALGORITHM).strip().upper()
+    if algorithm not in ("", "ECDSA"):
+        raise ConfigError(f"environment variable ECC_SIGNATURE_ALGORITHM={algorithm!r}: only ECDSA is supported")
+    curve = environment.get(env.ECC_CURVE).strip().upper() or "P256"
+    if curve not in ("P256", "P384"):
+        raise ConfigError(f"environment variable ECC_CURVE={curve!r}: expected P256 or P384")
+    rsa_bits = environment.get(env.WORKLOAD_RSA_KEY_SIZE)
+    if rsa_bits < 2048:
+        raise ConfigError(f"environment variable WORKLOAD_RSA_KEY_SIZE={rsa_bits}: at least 2048 bits")
+    socket_file = environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or "socket"
+    if Path(socket_file).name != socket_file or socket_file in (".", ".."):
+        raise ConfigError(
+            f"environment variable WORKLOAD_IDENTITY_SOCKET_FILE={socket_file!r}: must be a file name, not a path"
+        )
+    headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.CA_HEADER_PREFIX))
+    return SecurityOptions(
+        workdir=config.workdir,
+        trust_domain=node.trust_domain,
+        namespace=node.namespace,
+        service_account=node.service_account,
+        cluster_id=node.cluster_id,
+        ca_address=environment.get(env.CA_ADDR) or config.proxy_config.discovery_address,
+        ca_root_ca=environment.get(env.CA_ROOT_CA),
+        xds_root_ca=environment.get(env.XDS_ROOT_CA),
+        istiod_san=environment.get(env.ISTIOD_SAN),
+        prov_cert=environment.get(env.PROV_CERT),
+        ca_headers=headers,
+        cert_signer=environment.get(env.ISTIO_META_CERT_SIGNER),
+        secret_ttl=ttl,
+        grace_period_ratio=ratio,
+        grace_period_ratio_jitter=jitter,
+        key_algorithm="ECDSA" if algorithm == "ECDSA" else "RSA",
+        rsa_key_size=rsa_bits,
+        ecc_curve=curve,
+        output_certs=environment.get(env.OUTPUT_CERTS),
+        file_mounted_certs=environment.get(env.FILE_MOUNTED_CERTS),
+        run_sds_server=run_sds_server,
+        socket_file=socket_file,
+    )
+
+
+def xds_options(config: AgentConfig) -> XdsProxyOptions:
+    environment, pc = config.environment, config.proxy_config
+    headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.XDS_HEADER_PREFIX))
+    upstream = UpstreamSettings(
+        address=pc.discovery_address,
+        workdir=config.workdir,
+        root_ca=environment.get(env.XDS_ROOT_CA),
+        istiod_san=environment.get(env.ISTIOD_SAN),
+        send_token=environment.get(env.XDS_AUTH),
+        cluster_id=config.identity.cluster_id,
+        headers=headers,
+        client_cert_dir=client_cert_dir(environment),
+        insecure=pc.get("controlPlaneAuthPolicy") == "NONE",
+    )
+    return XdsProxyOptions(
+        socket_path=config.path(pc.config_path) / XDS_SOCKET_NAME,
+        upstream=upstream,
+        dns_enabled=dns_proxy_enabled(environment),
+        pcds_enabled=environment.get(env.PROXY_CONFIG_XDS_AGENT),
+    )
+
+
+def dns_options(config: AgentConfig, host: HostFacts) -> DnsProxyOptions | None:
+    environment = config.environment
+    if not dns_proxy_enabled(environment):
+        return None
+    options = DnsProxyOptions(
+        addr=environment.get(env.DNS_PROXY_ADDR),
+        namespace=config.identity.namespace,
+        domain=config.identity.domain,
+        forward_parallel=environment.get(env.DNS_FORWARD_PARALLEL),
+        upstream_timeout=environment.get(env.DNS_FORWARD_TIMEOUT),
+    )
+    return port53_rules(options, host.euid, host.alt_resolv_conf_exists)
+
+
+def bootstrap_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any]) -> BootstrapOptions:
+    environment = config.environment
+    return BootstrapOptions(
+        node_id=config.identity.id,
+        proxy_config=config.proxy_config.to_json(),
+        metadata=metadata,
+        instance_ips=tuple(dict.fromkeys(config.identity.ips)),
+        delta_xds=environment.get(env.ISTIO_DELTA_XDS),
+        dual_stack=environment.get(env.ISTIO_DUAL_STACK),
+        log_as_json=flags.log_as_json,
+        compliance_policy=environment.get(env.COMPLIANCE_POLICY),
+        strip_fragment=environment.get(env.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED),
+        host_ip=environment.get(env.HOST_IP),
+    )
+
+
+def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any]) -> EnvoyOptions | None:
+    environment, pc = config.environment, config.proxy_config
+    if not envoy_enabled(environment):
+        return None
+    level, components = split_component_log(flags.proxy_log_level)
+    launch = EnvoyLaunch(
+        config_file="",
+        drain_duration=pc.drain_duration,
+        node_ips=tuple(config.identity.ips),
+        log_level=level,
+        component_log_level=",".join(filter(None, [*components, flags.proxy_component_log_level])),
+        concurrency=pc.concurrency,
+        enable_core_dump=environment.get(env.ISTIO_ENVOY_ENABLE_CORE_DUMP),
+    )
+    uid = environment.get(env.ISTIO_AGENT_ENVOY_UID)
+    return EnvoyOptions(
+        bootstrap=bootstrap_options(config, flags, metadata),
+        source=BootstrapSource(
+            istio_bootstrap=environment.get(env.ISTIO_BOOTSTRAP),
+            template_file=flags.template_file,
+            override_path=environment.get(env.ISTIO_BOOTSTRAP_OVERRIDE),
+            host_ip=environment.get(env.HOST_IP),
+        ),
+        launch=launch,
+        workdir=config.workdir,
+        binary_path=pc.binary_path,
+        run_as=(uid, uid) if uid > 0 else None,
+        admin_port=pc.proxy_admin_port,
+        drain=DrainPolicy(
+            termination_drain_duration=pc.termination_drain_duration,
+            exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+            minimum_drain_duration=environment.get(env.MINIMUM_DRAIN_DURATION),
+        ),
+        drain_inbound_only=config.identity.proxy_type == "sidecar",
+    )
+
+
+def metrics_options(config: AgentConfig) -> MetricsOptions:
+    """What the merged scrape reads; a bad ISTIO_PROMETHEUS_ANNOTATIONS raises ConfigError."""
+    environment = config.environment
+    merge_envoy = environment.get(env.PILOT_AGENT_MERGE_ENVOY_STATS) and envoy_enabled(environment)
+    targets = parse_scrape_annotations(environment.get(env.ISTIO_PROMETHEUS_ANNOTATIONS),
+                                       config.proxy_config.status_port)
+    if config.identity.proxy_type != "sidecar":
+        targets = ()  # gateways expose 15020; they scrape no app
+    return MetricsOptions(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets)
+
+
+def probe_options(config: AgentConfig) -> ProbeOptions:
+    """ISTIO_KUBE_APP_PROBERS, validated (ConfigError naming the probe path and field fails the start)."""
+    return ProbeOptions(
+        probers=parse_app_probers(config.environment.get(env.ISTIO_KUBE_APP_PROBERS)),
+        pod_ip=config.identity.ips[0] if config.identity.ips else "127.0.0.1",
+        status_port=config.proxy_config.status_port,
+    )
+
+
+def status_options(config: AgentConfig) -> StatusOptions | None:
+    environment, pc = config.environment, config.proxy_config
+    probes, metrics = probe_options(config), metrics_options(config)  # validated even when the server is off
+    if pc.status_port <= 0:
+        return None
+    with_envoy = envoy_enabled(environment)
+    return StatusOptions(
+        port=pc.status_port,
+        envoy_enabled=with_envoy,
+        dns_enabled=dns_proxy_enabled(environment) and with_envoy,
+        probes=probes,
+        metrics=metrics,
+    )
+
+
+def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any], xds: XdsProxyOptions) -> GrpcBootstrapFile | None:
+    """GRPC_XDS_BOOTSTRAP for proxyless apps; upstream writes it whenever the path is set (default: always)."""
+    target = config.environment.get(env.GRPC_XDS_BOOTSTRAP)
+    if not target:
+        return None
+    content = GrpcBootstrapOptions(
+        node_id=config.identity.id,
+        metadata=metadata,
+        xds_uds_path=os.path.abspath(xds.socket_path),
+        locality=locality(metadata),
+        discovery_address=config.proxy_config.discovery_address,
+        cert_dir=config.environment.get(env.OUTPUT_CERTS),
+    )
+    return GrpcBootstrapFile(config.path(target), content)
+
+
+def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
+    """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
+    metadata = node_metadata(metadata_options(config, flags))
+    xds = xds_options(config)
+    with_envoy = envoy_enabled(config.environment)
+    return AgentOptions(
+        workdir=config.workdir,
+        node=config.identity,
+        metadata=metadata,
+        security=security_options(config, run_sds_server=with_envoy),
+        xds=xds,
+        dns=dns_options(config, host),
+        envoy=envoy_options(config, flags, metadata),
+        status=status_options(config),
+        grpc_bootstrap=grpc_bootstrap(config, metadata, xds),
+        without_effect=tuple(config.environment.without_effect()),
+    )
+
+
+def load_agent_options(flags: AgentFlags, environment: env.Environment | None = None,
+                       workdir: Path | None = None) -> AgentOptions:
+    """The I/O edge: read the process environment, the pod's files and host facts, then resolve."""
+    config = load_agent_config(
+        environment if environment is not None else env.Environment(),
+        workdir or Path.cwd(),
+        proxy_type=flags.proxy_type,
+        domain=flags.domain or None,
+        mesh_config_path=flags.mesh_config,
+        concurrency=flags.concurrency,
+        service_cluster=flags.service_cluster,
+    )
+    host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists())
+    return resolve_agent_options(config, flags, host)

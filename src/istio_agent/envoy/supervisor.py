@@ -1,0 +1,125 @@
+"""Envoy as one of the agent's components: start it, share its fate, drain it, stop it.
+
+- `start()` writes the bootstrap (built-in rendering or custom template), resolves
+  the binary, reads the bootstrap override, and starts Envoy as a child process.
+- `wait_exit()` returns when Envoy exits on its own, with the exit code the agent
+  must then exit with: 0 when Envoy exited cleanly, upstream's -1 (255) otherwise.
+- `drain()` is the SIGTERM path: POST `drain_listeners?graceful` (`&inboundonly`
+  for sidecars), then wait `terminationDrainDuration`, or with
+  `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` until no downstream connections are left
+  (after `MINIMUM_DRAIN_DURATION`), then stop Envoy. The decisions are the pure
+  `envoy.drain.next_step`; time comes from the clock.
+- `drain_listeners()` is what `/drain` on the status server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import Any
+
+from istio_agent.clock import Clock, SystemClock
+from istio_agent.envoy.admin import AdminError, EnvoyAdmin
+from istio_agent.envoy.argv import envoy_command, read_bootstrap_override
+from istio_agent.envoy.bootstrap import write_bootstrap
+from istio_agent.envoy.drain import next_step
+from istio_agent.envoy.options import EnvoyOptions
+from istio_agent.envoy.process import EnvoyProcess
+from istio_agent.envoy.stats import ACTIVE_CONNECTIONS_FILTER, active_downstream_connections, parse_stats
+
+log = logging.getLogger(__name__)
+
+# Upstream's pilot-agent exits with -1 (255) when Envoy fails.
+ENVOY_FAILED_EXIT_CODE = 255
+
+
+class EnvoySupervisor:
+    """The agent's Envoy; `admin` is the one admin client, shared with the status server."""
+
+    name = "envoy"
+
+    def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin, clock: Clock | None = None) -> None:
+        self.options = options
+        self.admin = admin
+        self._clock: Clock = clock or SystemClock()
+        self.process: EnvoyProcess | None = None
+        self._exited: asyncio.Future[int] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self._exited is not None and not self._exited.done()
+
+    async def start(self) -> None:
+        opts = self.options
+        source = opts.source
+        written = write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,
+                                  template_file=source.template_file)
+        override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
+        launch = replace(opts.launch, config_file=str(written.path), config_override_json=override)
+        self._exited = asyncio.get_running_loop().create_future()
+        self.process = EnvoyProcess(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
+                                    cwd=str(opts.workdir), preexec_user=opts.run_as)
+        await self.process.start()
+
+    def _on_exit(self, code: int) -> None:
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(ENVOY_FAILED_EXIT_CODE if code != 0 else 0)
+
+    async def wait_exit(self) -> int:
+        """Return when Envoy has exited on its own (not when the agent stopped it)."""
+        assert self._exited is not None, "start() first"
+        return await asyncio.shield(self._exited)
+
+    async def drain_listeners(self) -> None:
+        """Ask Envoy to drain its listeners gracefully (inbound only for sidecars), as `/drain` and SIGTERM do."""
+        if not self.running:
+            return
+        path = "/drain_listeners?graceful" + ("&inboundonly" if self.options.drain_inbound_only else "")
+        try:
+            await self.admin.post(path)
+        except AdminError as exc:
+            log.warning("draining Envoy failed: %s", exc)
+
+    async def drain(self) -> None:
+        """The termination drain: drain listeners, wait as the policy says, then stop Envoy."""
+        if not self.running:
+            return
+        policy = self.options.drain
+        log.info("draining Envoy (%s)", "until no active connections" if policy.exit_on_zero_active_connections
+                 else f"for {policy.termination_drain_duration:g}s")
+        await self.drain_listeners()
+        started = self._clock.now()
+        active: int | str | None = "unpolled"
+        while self.running:
+            step = next_step(policy, started, self._clock.now(), active)
+            if step.stop:
+                log.info("stopping Envoy: %s", step.reason)
+                break
+            if step.wait > 0:
+                await self._wait_or_exit(step.wait)
+            if step.poll_connections and self._clock.now() - started >= policy.minimum_drain_duration:
+                active = await self._active_connections()
+        await self.stop()
+
+    async def _wait_or_exit(self, seconds: float) -> None:
+        """Sleep `seconds`, or less if Envoy exits meanwhile."""
+        assert self._exited is not None
+        sleeper: asyncio.Future[None] = asyncio.ensure_future(self._clock.sleep(seconds))
+        exited: asyncio.Future[Any] = self._exited
+        try:
+            await asyncio.wait([sleeper, exited], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+
+    async def _active_connections(self) -> int | None:
+        try:
+            return active_downstream_connections(parse_stats(await self.admin.stats(ACTIVE_CONNECTIONS_FILTER)))
+        except AdminError as exc:
+            log.warning("reading active connections failed: %s", exc)
+            return None
+
+    async def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            await process.stop(self.options.stop_grace)
