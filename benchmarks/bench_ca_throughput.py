@@ -16,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from launchers import IstiodLocal
 from support import free_port
 
-BIN = Path(sys.executable).parent
 SLEEP_ID = "spiffe://cluster.local/ns/default/sa/sleep"
 WARMUP_S = 0.5
 CSR_POOL = {"ECDSA": 64, "RSA": 8}
@@ -39,18 +38,13 @@ def _cpus() -> tuple[set[int], set[int]]:
     return server, client
 
 
-def _start_server(state: Path, plain: int, secure: int, cpus: set[int]) -> subprocess.Popen[bytes]:
-    # Pin before exec so every thread the server ever makes stays on its core.
-    launcher = (
-        "import os, sys; os.sched_setaffinity(0, set(map(int, sys.argv[1].split(','))));"
-        " os.execv(sys.argv[2], sys.argv[2:])"
-    )
-    argv = [
-        sys.executable, "-c", launcher, ",".join(map(str, sorted(cpus))), str(BIN / "istiod-local"), "serve",
-        "--state-dir", str(state), "--grpc-addr", f"127.0.0.1:{plain}", "--secure-grpc-addr",
-        f"127.0.0.1:{secure}", "--log-level", "warning",
-    ]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _server(state: Path, plain: int, secure: int, cpus: set[int]) -> IstiodLocal:
+    """istiod-local at warning level (no log line per CSR), pinned before exec so that every thread it ever makes
+    stays on its core."""
+    launcher = "import os, sys; os.sched_setaffinity(0, set(map(int, sys.argv[1].split(',')))); " \
+               "os.execv(sys.argv[2], sys.argv[2:])"
+    return IstiodLocal(state, grpc_addr=f"127.0.0.1:{plain}", secure_addr=f"127.0.0.1:{secure}", quiet=True,
+                       prefix=[sys.executable, "-c", launcher, ",".join(map(str, sorted(cpus)))])
 
 
 async def _drive(address: str, root_pem: bytes, token: str, csrs: list[str], concurrency: int,
@@ -110,15 +104,13 @@ def measure_ca_throughput(concurrency: int, algorithm: str, seconds: float) -> f
         state = load_or_create_state(state_dir, "cluster.local", time.time())
         token = pod_token(state, "default", "sleep", "sleep-1", 3600, time.time())
         plain, secure = free_port(), free_port()
-        server = _start_server(state_dir, plain, secure, server_cpus)
-        try:
-            os.sched_setaffinity(0, client_cpus)
-            return asyncio.run(_drive(f"127.0.0.1:{secure}", state.root_cert_pem.encode(), token, csrs,
-                                      concurrency, seconds))
-        finally:
-            os.sched_setaffinity(0, saved_affinity)
-            server.terminate()
-            server.wait(timeout=20)
+        with _server(state_dir, plain, secure, server_cpus):
+            try:
+                os.sched_setaffinity(0, client_cpus)
+                return asyncio.run(_drive(f"127.0.0.1:{secure}", state.root_cert_pem.encode(), token, csrs,
+                                          concurrency, seconds))
+            finally:
+                os.sched_setaffinity(0, saved_affinity)
 
 
 def main() -> None:

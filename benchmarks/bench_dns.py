@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import free_udp_tcp_port, stop_process
+from support import free_udp_tcp_port, poll, stop_process
 
 FWD_DOMAIN = "fwd.test"
 LATENCY_RATE = 5_000  # offered queries/s for the p99 runs: well below both servers' capacity
@@ -68,17 +68,14 @@ def _query_wire(name: str, qid: int = 0xABCD) -> bytes:
 def _wait_udp(port: int, deadline_s: float = 10.0) -> None:
     # svc0.ns0.svc.cluster.local A: known to every server under test; the upstream answers REFUSED
     query = _query_wire(_known_names(1)[0][0])
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+
+    def answered() -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.settimeout(0.2)
-            try:
-                s.sendto(query, ("127.0.0.1", port))
-                s.recv(4096)
-                return
-            except OSError:
-                time.sleep(0.05)
-    raise TimeoutError(f"nothing answers on port {port}")
+            s.sendto(query, ("127.0.0.1", port))
+            return bool(s.recv(4096))
+
+    poll(answered, f"a DNS answer on port {port}", deadline_s, retry_on=(OSError,))
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,41 +23,31 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+from launchers import IstiodLocal, PilotAgent, agent_environment
 from support import free_port, poll
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 sys.path.insert(0, str(HERE))
 
 
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 def time_agent(pod: Path, address: str, algorithm: str, out: Path) -> float:
-    env = {
-        **os.environ, "POD_NAME": "sleep-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "sleep",
-        "INSTANCE_IP": "127.0.0.1", "CA_ADDR": address, "DISABLE_ENVOY": "true", "OUTPUT_CERTS": str(out),
-        "SECRET_TTL": "1h", "ECC_SIGNATURE_ALGORITHM": "ECDSA" if algorithm == "ECDSA" else "",
+    environment = agent_environment(
+        pod="sleep-1", service_account="sleep", discovery=address, DISABLE_ENVOY="true", OUTPUT_CERTS=str(out),
+        SECRET_TTL="1h", ECC_SIGNATURE_ALGORITHM="ECDSA" if algorithm == "ECDSA" else "",
         # A private status port, so a test or another agent on this host cannot make the run fail.
-        "PROXY_CONFIG": json.dumps({"statusPort": free_port()}),
-    }
+        PROXY_CONFIG=json.dumps({"statusPort": free_port()}))
     chain = out / "cert-chain.pem"
     start = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = PilotAgent(pod, environment).start()
     try:
         poll(lambda: chain.exists() and (out / "root-cert.pem").exists(), "the certificate files", 60,
-             interval=0.002)
+             agent.output, interval=0.002)
         elapsed = time.perf_counter() - start
+        agent.signal(signal.SIGTERM)
+        agent.wait_exit(20)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        agent.kill()
     return elapsed
 
 
@@ -74,17 +63,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        state, pod = base / "state", base / "pod"
-        plain, secure = free_port(), free_port()
-        server = subprocess.Popen(
-            [str(BIN / "istiod-local"), "serve", "--state-dir", str(state), "--grpc-addr", f"127.0.0.1:{plain}",
-             "--secure-grpc-addr", f"127.0.0.1:{secure}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            poll(lambda: port_open(secure), "istiod-local to listen", 30, interval=0.002)
-            subprocess.run([str(BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace",
-                            "default", "--service-account", "sleep", "--pod", "sleep-1", "--out", str(pod)],
-                           check=True)
-            address = f"localhost:{secure}"
+        with IstiodLocal(base / "state") as server:
+            pod = server.pod_files(base / "pod", service_account="sleep", pod="sleep-1")
+            address = server.secure_address
             results: dict[str, float] = {}
             for algorithm in ("ECDSA", "RSA"):
                 agent_times: list[float] = []
@@ -98,9 +79,6 @@ def main() -> None:
                 print(f"time to first cert {algorithm}: pilot-agent {agent_ms:.0f} ms, "
                       f"minimal client {minimal_ms:.0f} ms, ratio {ratio:.2f}")
                 results[f"time_to_cert_ratio_{algorithm.lower()}"] = round(ratio, 3)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
     for concurrency in (1, 50):
         rate = measure_ca_throughput(concurrency=concurrency, algorithm="ECDSA", seconds=3.0)
         print(f"istiod-local ECDSA CSRs/s with {concurrency} concurrent clients: {rate:.0f}")

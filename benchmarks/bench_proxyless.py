@@ -33,22 +33,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from istio_agent.localmesh import registry_yaml, ssl_handshakes
 from istio_agent.node import proxyless
-from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import rss_mb
+from launchers import RegistryFile, local_node
+from support import poll, rss_mb
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -118,11 +116,8 @@ def check_mtls(arms: Arms) -> None:
     seen = arms.proxyless("call", "--target", PROXYLESS_TARGET, "--timeout", "30")
     assert seen.get("ok") and seen["reply"]["transport_security_type"] == ["tls"], seen
     assert seen["reply"]["identities"] == ["spiffe://cluster.local/ns/default/sa/sleep"], seen
-    deadline = time.monotonic() + 60
-    while not (answer := arms.sidecar("call", "--plain", "--target", SIDECAR_TARGET, "--timeout", "5")).get("ok"):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the sidecar arm does not answer: {answer}")
-        time.sleep(0.5)
+    answer = poll(lambda: (a := arms.sidecar("call", "--plain", "--target", SIDECAR_TARGET, "--timeout", "5"))
+                  .get("ok") and a, "the sidecar arm to answer", 60, interval=0.5)
     assert answer["reply"]["transport_security_type"] != ["tls"], answer  # the server app sees its Envoy
     outbound = ssl_handshakes(arms.node, arms.pods["sc-client"], "outbound|7072||greeter-sc.default.svc.cluster.local")
     assert outbound >= 1, "the sidecar arm did not go through mTLS between the Envoys"
@@ -134,13 +129,9 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_proxyless needs root (network namespaces)", file=sys.stderr)
         return 2
-    base = Path(tempfile.mkdtemp(prefix="ia-bench-proxyless-", dir="/tmp"))
-    base.chmod(0o755)
-    node = LocalNode(NodeOptions(workdir=base / "node", ready_timeout=60, proxy_config=STATS))
-    try:
-        node.create()
+    with local_node("ia-bench-proxyless-", ready_timeout=60, proxy_config=STATS) as node:
         plans = node.plan_pods(pod_specs())
-        node.registry.write_text(registry_yaml(plans, SERVICES, "STRICT"))
+        RegistryFile(node.registry).write(registry_yaml(plans, SERVICES, "STRICT"))
         node.start_istiod()
         pods = {pod.name: pod for pod in node.add_pods(plans)}
         node.wait_ready(pods.values(), {"pl-server": 50051, "sc-server": 50052})
@@ -155,9 +146,6 @@ def main() -> int:
                 print(f"round {round_ + 1} {arm:9s}: p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, "
                       f"{result['rps']:.0f} RPC/s at {CONCURRENCY} in flight, errors {result['errors']}", flush=True)
         agents = {name: rss_mb(pod.agent.pid) for name, pod in pods.items() if pod.agent is not None}
-    finally:
-        node.close()
-        shutil.rmtree(base, ignore_errors=True)
 
     def median(arm: str, key: str) -> float:
         return statistics.median(r[key] for r in results[arm])

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import envoy_stats_bootstrap, free_port, rss_mb
+from support import HTTP_NOT_YET, envoy_stats_bootstrap, free_port, poll, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
@@ -47,12 +47,13 @@ PROMETHEUS_ACCEPT = (
 
 
 def wait_port_file(path: Path, process: subprocess.Popen[bytes], what: str) -> list[int]:
-    deadline = time.monotonic() + 60
-    while not path.exists() or not path.read_text().strip():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not start")
-        time.sleep(0.05)
-    return [int(p) for p in path.read_text().split()]
+    """The ports a child writes to `path` once it listens."""
+    def written() -> str:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited with {process.returncode} before it listened")
+        return path.read_text().strip() if path.exists() else ""
+
+    return [int(p) for p in poll(written, f"{what} to listen", 60).split()]
 
 
 # --- child processes ----------------------------------------------------------------------------------------
@@ -182,15 +183,13 @@ def main() -> None:
             app = subprocess.Popen([sys.executable, __file__, "--serve-app", str(SERIES), str(work / "app.port")])
             children.append(app)
             [app_port] = wait_port_file(work / "app.port", app, "the app")
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    envoy_series = series_count(stats_port)
-                    break
-                except OSError:
-                    if envoy.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("Envoy did not serve its stats") from None
-                    time.sleep(0.1)
+
+            def envoy_serving() -> int:
+                if envoy.poll() is not None:
+                    raise SystemExit(f"Envoy exited with {envoy.returncode}")
+                return series_count(stats_port)
+
+            envoy_series = poll(envoy_serving, "Envoy to serve its stats", 60, interval=0.1, retry_on=HTTP_NOT_YET)
             agent = subprocess.Popen([sys.executable, __file__, "--serve-merged", str(stats_port), str(app_port),
                                       str(work / "merged.port")])
             children.append(agent)

@@ -41,22 +41,19 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import poll as support_poll
-from support import rss_mb, stop_process
+from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, pod_files
+from support import HTTP_NOT_YET, poll, rss_mb, stop_process
 
 SERVICES = int(os.environ.get("BENCH_SERVICES", "1000"))
 PORTS = [("http", 80, "HTTP"), ("http2", 8081, "HTTP2"), ("grpc", 9090, "GRPC"), ("mysql", 3306, "TCP"),
          ("redis", 6379, "TCP")]
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
-BIN = Path(sys.executable).parent
 PUSH_LINE = re.compile(r"mesh version (\d+):")
 CLONE_NEWNET = 0x40000000
-T = TypeVar("T")
 
 
 # ---- registry ------------------------------------------------------------------------------------
@@ -86,38 +83,11 @@ def big_registry(services: int) -> str:
     return "".join(lines)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.rename(path)
-
-
 # ---- processes and namespaces --------------------------------------------------------------------
 
 
 def sh(*argv: str) -> None:
     subprocess.run(list(argv), check=True, capture_output=True, timeout=30)
-
-
-class Lines:
-    """Collects a child's output lines on a thread, with the monotonic time each was read."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: list[tuple[float, str]] = []
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append((time.monotonic(), line))
-
-    def text(self, last: int = 30) -> str:
-        return "".join(line for _, line in self.lines[-last:])
-
-
-def poll(check: Callable[[], T | None], what: str, timeout: float, interval: float = 0.02) -> T:
-    """`support.poll` where an admin endpoint that does not answer yet counts as "not yet"."""
-    return support_poll(check, what, timeout, interval=interval,
-                        retry_on=(OSError, http.client.HTTPException, ValueError))
 
 
 def enter_netns(name: str) -> None:
@@ -139,10 +109,11 @@ class Arm:
         self.netns = f"bx-{name}-{uuid.uuid4().hex[:6]}"
         self.dir = base / name
         self.dir.mkdir()
-        self.registry = self.dir / "mesh.yaml"
+        self.registry = RegistryFile(self.dir / "mesh.yaml")
         self.state = state
         self.procs: list[subprocess.Popen[str]] = []
-        self.istiod_log: Lines | None = None
+        self.istiod: IstiodLocal | None = None
+        self.agent: PilotAgent | None = None
         # Admin calls run on a thread that lives in the arm's namespace.
         self.admin_thread = concurrent.futures.ThreadPoolExecutor(1, initializer=enter_netns, initargs=(self.netns,))
         self.baseline = 0
@@ -155,24 +126,25 @@ class Arm:
 
     def spawn(self, argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
               stdout: Any = subprocess.PIPE) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], cwd=cwd, env=env, text=True,
+        proc = subprocess.Popen([*self.prefix(), *argv], cwd=cwd, env=env, text=True,
                                 stdout=stdout, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
 
     def start_istiod(self) -> None:
-        write_atomic(self.registry, small_registry())
-        proc = self.spawn([str(BIN / "istiod-local"), "serve", "--state-dir", str(self.state), "--grpc-addr",
-                           "127.0.0.1:15010", "--secure-grpc-addr", "127.0.0.1:15012", "--registry",
-                           str(self.registry)])
-        self.istiod_log = Lines(proc.stdout)
-        self.pids["istiod"] = proc.pid
-        poll(lambda: any("serving:" in line for _, line in self.istiod_log.lines) if self.istiod_log else None,
-             f"{self.name}: istiod-local to serve", 20)
+        self.registry.write(small_registry())
+        self.istiod = IstiodLocal(self.state, registry=self.registry, grpc_addr="127.0.0.1:15010",
+                                  secure_addr="127.0.0.1:15012", prefix=self.prefix()).start(timeout=20)
+        assert self.istiod.proc is not None
+        self.pids["istiod"] = self.istiod.proc.pid
+
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns]
 
     def pushes(self) -> list[float]:
-        assert self.istiod_log is not None
-        return [t for t, line in self.istiod_log.lines if PUSH_LINE.search(line)]
+        """When istiod-local logged each push of a new mesh version (monotonic clock)."""
+        assert self.istiod is not None
+        return [t for t, line in self.istiod.log.stamped() if PUSH_LINE.search(line)]
 
     def admin(self, path: str) -> bytes:
         def call() -> bytes:
@@ -209,6 +181,10 @@ class Arm:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             stop_process(proc)
+        if self.agent is not None:
+            self.agent.kill()
+        if self.istiod is not None:
+            self.istiod.stop()
         self.admin_thread.shutdown()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, timeout=30)
 
@@ -251,26 +227,12 @@ class RssSampler:
 # ---- the two arms ---------------------------------------------------------------------------------
 
 
-def start_agent(arm: Arm, pod: Path) -> subprocess.Popen[str]:
+def start_agent(arm: Arm, pod: Path) -> PilotAgent:
     extra = json.loads(os.environ.get("BENCH_AGENT_ENV", "{}"))  # e.g. allocator settings to try
-    environment = {**os.environ, **extra, "POD_NAME": "echo-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "echo",
-                   "INSTANCE_IP": "127.0.0.1", "CA_ADDR": "localhost:15012",
-                   "PROXY_CONFIG": json.dumps({"discoveryAddress": "localhost:15012",
-                                               "terminationDrainDuration": "1s"})}
-    log = (arm.dir / "agent.log").open("w")
-    return arm.spawn([str(BIN / "pilot-agent"), "proxy", "sidecar"], cwd=pod, env=environment, stdout=log)
-
-
-def envoy_pid_of(agent_pid: int) -> int:
-    """The agent's Envoy: its child process named `envoy`."""
-    def find() -> int | None:
-        for task in Path(f"/proc/{agent_pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                if Path(f"/proc/{child}/comm").read_text().strip() == "envoy":
-                    return int(child)
-        return None
-
-    return poll(find, "the agent's Envoy", 20)
+    environment = agent_environment(discovery="localhost:15012", proxy_config={"terminationDrainDuration": "1s"},
+                                    base={**os.environ, **extra})
+    arm.agent = PilotAgent(pod, environment, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
+    return arm.agent
 
 
 def direct_bootstrap(agent_bootstrap: Path, out: Path) -> None:
@@ -291,21 +253,23 @@ def push_once(arm: Arm, target: int) -> tuple[float, float]:
     before = len(arm.pushes())
     cpu_before = {name: cpu_seconds(pid) for name, pid in arm.pids.items()}
     written = time.monotonic()
-    write_atomic(arm.registry, big_registry(SERVICES))
-    poll(lambda: arm.active_clusters() >= target, f"{arm.name}: {target} active clusters", 120, 0.01)
+    arm.registry.write(big_registry(SERVICES))
+    poll(lambda: arm.active_clusters() >= target, f"{arm.name}: {target} active clusters", 120, interval=0.01,
+         retry_on=HTTP_NOT_YET)
     done = time.monotonic()
     for name, pid in arm.pids.items():
         arm.cpu.setdefault(name, []).append(cpu_seconds(pid) - cpu_before[name])
     pushes = arm.pushes()
     if len(pushes) <= before:
-        log = arm.istiod_log.text() if arm.istiod_log else ""
+        log = arm.istiod.log.tail(30) if arm.istiod else ""
         raise RuntimeError(f"{arm.name}: istiod-local logged no push:\n{log}")
     return done - pushes[before], done - written
 
 
 def shrink(arm: Arm) -> None:
-    write_atomic(arm.registry, small_registry())
-    poll(lambda: arm.settled(arm.baseline), f"{arm.name}: back to {arm.baseline} clusters", 60)
+    arm.registry.write(small_registry())
+    poll(lambda: arm.settled(arm.baseline), f"{arm.name}: back to {arm.baseline} clusters", 60,
+         retry_on=HTTP_NOT_YET)
 
 
 def main() -> None:
@@ -322,13 +286,12 @@ def main() -> None:
         for arm in (agent_arm, direct_arm):
             arm.create()
         # pod-files creates the shared state (root CA, token key) before either istiod starts.
-        sh(str(BIN / "istiod-local"), "pod-files", "--state-dir", str(state), "--namespace", "default",
-           "--service-account", "echo", "--pod", "echo-1", "--out", str(pod))
+        pod_files(state, pod, pod="echo-1")
         for arm in (agent_arm, direct_arm):
             arm.start_istiod()
         agent = start_agent(agent_arm, pod)
-        poll(agent_arm.settled, "the agent's Envoy", 30)
-        agent_envoy = envoy_pid_of(agent.pid)
+        poll(agent_arm.settled, "the agent's Envoy", 30, agent.output, retry_on=HTTP_NOT_YET)
+        agent_envoy = poll(agent.envoy_pid, "the agent's Envoy process", 20)
         agent_arm.pids.update(agent=agent.pid, envoy=agent_envoy)
         argv = Path(f"/proc/{agent_envoy}/cmdline").read_bytes().decode().split("\0")[:-1]
         bootstrap = direct_arm.dir / "envoy-direct.json"
@@ -337,7 +300,7 @@ def main() -> None:
         # cwd = the pod dir, so the relative SDS pipe path is the agent's SDS socket.
         direct_arm.pids["envoy"] = direct_arm.spawn(argv, cwd=pod, stdout=(direct_arm.dir / "envoy.log").open("w")).pid
         for arm in (agent_arm, direct_arm):
-            arm.baseline = poll(arm.settled, f"{arm.name}: Envoy's first config", 30)
+            arm.baseline = poll(arm.settled, f"{arm.name}: Envoy's first config", 30, retry_on=HTTP_NOT_YET)
         print(f"baseline clusters: agent {agent_arm.baseline}, direct {direct_arm.baseline}; "
               f"pushing {SERVICES} services x {len(PORTS)} ports = {SERVICES * len(PORTS)} clusters")
         target = agent_arm.baseline + SERVICES * len(PORTS)
@@ -363,7 +326,7 @@ def main() -> None:
         sampler.phase = "push"
         push_once(agent_arm, target)
         sampler.phase = "settle"
-        poll(lambda: agent_arm.settled(target), "the agent's Envoy to settle", 60)
+        poll(lambda: agent_arm.settled(target), "the agent's Envoy to settle", 60, retry_on=HTTP_NOT_YET)
         time.sleep(2.0)
         sampler.phase = "steady"
         time.sleep(2.0)

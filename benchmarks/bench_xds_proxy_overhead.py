@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from support import rss_mb
+from support import poll, rss_mb
 
 CLUSTERS = int(os.environ.get("BENCH_CLUSTERS", "5000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
@@ -181,11 +181,13 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _wait_file(path: Path, process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not (path.is_socket() or (path.is_file() and path.stat().st_size)):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start")
-        time.sleep(0.01)
+    """Until the child made `path` (its socket, or a file holding its port)."""
+    def made() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} before it started")
+        return path.is_socket() or (path.is_file() and path.stat().st_size > 0)
+
+    poll(made, what, 30, interval=0.01, retry_on=(FileNotFoundError,))
 
 
 async def main() -> None:
