@@ -62,9 +62,13 @@ def test_readiness_rules_and_latch() -> None:
     live = {"server.state": 0, "listener_manager.workers_started": 1}
     assert state.evaluate(None, None) is not None
     assert "config not received" in (state.evaluate(_updates(0, 1), live) or "")
-    # A rejected LDS still counts as configuration received.
-    assert state.evaluate(_updates(1, 0, rejected=1), {"server.state": 2,
-                                                       "listener_manager.workers_started": 1}) is not None
+    assert "config not received" in (state.evaluate(_updates(1, 0), live) or "")
+    # A rejected LDS, or a rejected CDS, still counts as configuration received: the next rule decides.
+    not_live = {"server.state": 2, "listener_manager.workers_started": 1}
+    assert state.evaluate(_updates(1, 0, rejected=1), not_live) == "server is not live, current state is: 2"
+    rejected_cds = {"cluster_manager.cds.update_rejected": 1, "listener_manager.lds.update_success": 1}
+    assert state.evaluate(rejected_cds, not_live) == "server is not live, current state is: 2"
+    assert ReadinessState().evaluate(_updates(1, 0, rejected=1), live) is None
     assert "workers" in (state.evaluate(_updates(1, 1), {"server.state": 0}) or "")
     assert state.evaluate(_updates(1, 1), live) is None
     assert not state.needs_envoy_stats()
