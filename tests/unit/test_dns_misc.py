@@ -125,17 +125,3 @@ async def test_forwarder_without_servers_fails_at_once(parallel: bool) -> None:
         assert await forwarder.query(b"\x12\x34" + b"\x01\x00" + b"\x00" * 8, tcp=True) is None
     finally:
         await forwarder.close()
-
-
-def test_options_module_imports_nothing_heavy() -> None:
-    """The options resolver imports dns.options at start-up: no sockets, threads, metrics or protobuf."""
-    import subprocess
-    import sys
-
-    probe = ("import sys; before = set(sys.modules); import istio_agent.dns.options; "
-             "print(' '.join(sorted(set(sys.modules) - before)))")
-    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                                check=True).stdout.split())
-    assert "istio_agent.dns.options" in loaded
-    heavy = {"socket", "threading", "asyncio", "prometheus_client", "google.protobuf", "istio_agent.dns.proxy"}
-    assert not loaded & heavy, loaded & heavy
