@@ -196,5 +196,8 @@ def nothing_rejected(envoy: EnvoyUnderTest) -> None:
     assert stats.get("cluster_manager.cds.update_rejected") == 0, stats
     assert stats.get("listener_manager.lds.update_success", 0) >= 1
     assert stats.get("cluster_manager.cds.update_success", 0) >= 1
-    for status in envoy.ads.connections():
+    connections = envoy.ads.connections()
+    assert connections, "Envoy holds no ADS stream to istiod-local"
+    for status in connections:
+        assert status["watches"], status
         assert all(not w["nacked"] for w in status["watches"].values()), status

@@ -75,8 +75,9 @@ def tools() -> Iterator[None]:
 
 
 def _app(envoy: EnvoyUnderTest, work: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(_in_netns(envoy, sys.executable, "-c", ECHO_APP), stdout=subprocess.DEVNULL,
-                            stderr=(work / "app.log").open("wb"))
+    with (work / "app.log").open("wb") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(_in_netns(envoy, sys.executable, "-c", ECHO_APP), stdout=subprocess.DEVNULL,
+                                stderr=log)
 
 
 def _get(envoy: EnvoyUnderTest, url: str) -> subprocess.CompletedProcess[str]:

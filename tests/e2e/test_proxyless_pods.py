@@ -36,7 +36,7 @@ import pytest
 from cryptography import x509
 from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
-from support import VENV_BIN, poll
+from support import PILOT_AGENT, poll
 
 from istio_agent.localmesh import registry_yaml
 from istio_agent.node.local_node import LocalNode, Pod
@@ -152,7 +152,7 @@ def test_pods_follow_the_grpc_agent_template(mesh: Mesh) -> None:
         assert pod.post_start == 0
         report = json.loads(next(line for line in mesh.app_log(name).splitlines() if line.startswith('{"bootstrap"')))
         assert report["bootstrap_present"] and report["cert_files_present"], report
-        done = mesh.node.exec(pod, [str(VENV_BIN / "pilot-agent"), "wait",
+        done = mesh.node.exec(pod, [str(PILOT_AGENT), "wait",
                                     "--url=http://localhost:15020/healthz/ready", "--timeoutSeconds=10"])
         assert done.returncode == 0, done.stdout + done.stderr
         # No istio-init: nothing is captured.
