@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from istio_agent.clock import Clock, SystemClock
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
@@ -34,16 +35,29 @@ log = logging.getLogger(__name__)
 ENVOY_FAILED_EXIT_CODE = 255
 
 
+class ChildProcess(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float = 5.0) -> None: ...
+
+
+class ProcessFactory(Protocol):
+    def __call__(self, argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
+                 preexec_user: tuple[int, int] | None) -> ChildProcess: ...
+
+
 class EnvoySupervisor:
     """The agent's Envoy; `admin` is the one admin client, shared with the status server."""
 
     name = "envoy"
 
-    def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin, clock: Clock | None = None) -> None:
+    def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin, clock: Clock | None = None,
+                 spawn: ProcessFactory = EnvoyProcess) -> None:
         self.options = options
         self.admin = admin
         self._clock: Clock = clock or SystemClock()
-        self.process: EnvoyProcess | None = None
+        self._spawn = spawn  # tests pass a stand-in for the child process
+        self.process: ChildProcess | None = None
         self._exited: asyncio.Future[int] | None = None
 
     @property
@@ -58,8 +72,8 @@ class EnvoySupervisor:
         override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
         launch = replace(opts.launch, config_file=str(written.path), config_override_json=override)
         self._exited = asyncio.get_running_loop().create_future()
-        self.process = EnvoyProcess(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
-                                    cwd=str(opts.workdir), preexec_user=opts.run_as)
+        self.process = self._spawn(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
+                                   cwd=str(opts.workdir), preexec_user=opts.run_as)
         await self.process.start()
 
     def _on_exit(self, code: int) -> None:

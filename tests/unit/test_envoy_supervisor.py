@@ -1,0 +1,172 @@
+"""Envoy's supervisor with a stand-in process and admin API, in virtual time: argv, fate, and every drain decision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from istio_agent.clock import VirtualClock
+from istio_agent.envoy.argv import EnvoyLaunch
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.drain import DrainPolicy
+from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
+from istio_agent.envoy.supervisor import ENVOY_FAILED_EXIT_CODE, EnvoySupervisor
+
+
+class FakeProcess:
+    def __init__(self, clock: VirtualClock, argv: Sequence[str], on_exit: Callable[[int], None]) -> None:
+        self.clock = clock
+        self.argv = list(argv)
+        self.on_exit = on_exit
+        self.stopped_at: float | None = None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self, grace: float = 5.0) -> None:
+        self.stopped_at = self.clock.elapsed()
+
+
+class FakeAdmin:
+    """Records POSTs; answers each stats poll with the next active-connection count (None: no such stats)."""
+
+    def __init__(self, clock: VirtualClock, active: Sequence[int | None] = ()) -> None:
+        self.clock = clock
+        self.active = list(active)
+        self.posts: list[tuple[float, str]] = []
+        self.polls: list[float] = []
+
+    async def post(self, path: str) -> None:
+        self.posts.append((self.clock.elapsed(), path))
+
+    async def stats(self, filter_regex: str) -> str:
+        self.polls.append(self.clock.elapsed())
+        count = self.active.pop(0) if self.active else 0
+        if count is None:
+            return "server.live: 1\n"
+        return f"listener.0.0.0.0_15006.downstream_cx_active: {count}\nlistener.admin.downstream_cx_active: 1\n"
+
+
+def envoy_options(tmp_path: Path, drain: DrainPolicy, *, inbound_only: bool = True) -> EnvoyOptions:
+    binary = tmp_path / "envoy"
+    binary.write_text("#!/bin/sh\n")
+    bootstrap = BootstrapOptions("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local",
+                                 {"configPath": str(tmp_path / "proxy")}, {})
+    return EnvoyOptions(bootstrap=bootstrap, source=BootstrapSource(), workdir=tmp_path, binary_path=str(binary),
+                        launch=EnvoyLaunch(config_file="", drain_duration=45.0, concurrency=2), drain=drain,
+                        drain_inbound_only=inbound_only)
+
+
+def supervised(tmp_path: Path, clock: VirtualClock, drain: DrainPolicy, admin: FakeAdmin,
+               **kwargs: Any) -> tuple[EnvoySupervisor, list[FakeProcess]]:
+    processes: list[FakeProcess] = []
+
+    def spawn(argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
+              preexec_user: tuple[int, int] | None) -> FakeProcess:
+        processes.append(FakeProcess(clock, argv, on_exit))
+        return processes[-1]
+
+    return EnvoySupervisor(envoy_options(tmp_path, drain, **kwargs), admin, clock, spawn), processes  # type: ignore[arg-type]
+
+
+def test_start_writes_the_bootstrap_and_runs_envoy_with_upstreams_argv(tmp_path: Path) -> None:
+    clock = VirtualClock()
+
+    async def scenario() -> list[str]:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), FakeAdmin(clock))
+        await supervisor.start()
+        return processes[0].argv
+
+    argv = clock.run(scenario())
+    config = tmp_path / "proxy/envoy-rev.json"
+    assert config.is_file()
+    assert argv[0] == str(tmp_path / "envoy")
+    assert argv[1:5] == ["-c", str(config), "--drain-time-s", "45"]
+    assert argv[-2:] == ["--concurrency", "2"]
+
+
+def test_termination_drain_waits_the_drain_duration_then_stops_envoy(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    admin = FakeAdmin(clock)
+
+    async def scenario() -> FakeProcess:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), admin)
+        await supervisor.start()
+        await clock.sleep(100)
+        await supervisor.drain()
+        return processes[0]
+
+    process = clock.run(scenario())
+    assert admin.posts == [(100, "/drain_listeners?graceful&inboundonly")]
+    assert process.stopped_at == 105
+    assert admin.polls == [], "the plain policy never reads connection counts"
+
+
+def test_exit_on_zero_connections_polls_after_the_minimum_and_stops_at_zero(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    admin = FakeAdmin(clock, active=[3, 1, 0])
+
+    async def scenario() -> FakeProcess:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(30.0, True, 5.0), admin, inbound_only=False)
+        await supervisor.start()
+        await supervisor.drain()
+        return processes[0]
+
+    process = clock.run(scenario())
+    assert admin.posts == [(0, "/drain_listeners?graceful")], "gateways drain every listener"
+    assert admin.polls == [5, 6, 7]  # after MINIMUM_DRAIN_DURATION, then every second; Istio's own listeners excluded
+    assert process.stopped_at == 7
+
+
+def test_exit_on_zero_connections_stops_when_envoy_has_no_such_stats(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    admin = FakeAdmin(clock, active=[None])
+
+    async def scenario() -> FakeProcess:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(30.0, True, 5.0), admin)
+        await supervisor.start()
+        await supervisor.drain()
+        return processes[0]
+
+    assert clock.run(scenario()).stopped_at == 5
+
+
+def test_envoy_exiting_mid_drain_ends_the_wait(tmp_path: Path) -> None:
+    clock = VirtualClock()
+
+    async def scenario() -> tuple[FakeProcess, int]:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(60.0, False, 5.0), FakeAdmin(clock))
+        await supervisor.start()
+        clock.call_at(clock.now() + 2, lambda: processes[0].on_exit(0))
+        await supervisor.drain()
+        return processes[0], await supervisor.wait_exit()
+
+    process, code = clock.run(scenario())
+    assert process.stopped_at == 2
+    assert code == 0
+
+
+def test_wait_exit_reports_upstreams_code_for_a_failed_envoy(tmp_path: Path) -> None:
+    clock = VirtualClock()
+
+    async def scenario() -> int:
+        supervisor, processes = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), FakeAdmin(clock))
+        await supervisor.start()
+        clock.call_at(clock.now() + 1, lambda: processes[0].on_exit(-11))
+        return await supervisor.wait_exit()
+
+    assert clock.run(scenario()) == ENVOY_FAILED_EXIT_CODE == 255
+
+
+def test_drain_listeners_does_nothing_before_envoy_runs(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    admin = FakeAdmin(clock)
+
+    async def scenario() -> None:
+        supervisor, _ = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), admin)
+        await supervisor.drain_listeners()
+        await supervisor.drain()
+
+    clock.run(scenario())
+    assert admin.posts == []
