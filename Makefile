@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl
 PYTEST_ARGS ?=
 
-.PHONY: setup debs test lint typecheck pytest run bench protos clean
+.PHONY: setup debs test lint typecheck pytest run bench protos docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ test: lint typecheck pytest
 
 protos: setup
 	$(PY) -m istio_agent.protos.generate
+
+# Generated reference tables (a test checks they are in sync with the code).
+docs: setup
+	$(PY) -m istio_agent.config.envtable docs/ENVIRONMENT.md
 
 run: setup
 	$(PY) -m istio_agent.localmesh

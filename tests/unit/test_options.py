@@ -1,0 +1,157 @@
+"""The options resolver: each cross-cutting rule once, each component's options from the same inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from istio_agent.config import env
+from istio_agent.config.errors import ConfigError
+from istio_agent.config.loader import load_agent_config
+from istio_agent.config.options import (
+    AgentFlags,
+    AgentOptions,
+    HostFacts,
+    metrics_options,
+    resolve_agent_options,
+)
+from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, ScrapeTarget
+
+POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app", "INSTANCE_IP": "10.1.1.5"}
+
+
+def resolve(tmp_path: Path, flags: AgentFlags | None = None, host: HostFacts | None = None,
+            **environ: str) -> AgentOptions:
+    flags = flags or AgentFlags()
+    config = load_agent_config(env.Environment({**POD, **environ}), tmp_path, proxy_type=flags.proxy_type)
+    return resolve_agent_options(config, flags, host or HostFacts())
+
+
+def test_a_sidecar_by_default(tmp_path: Path) -> None:
+    options = resolve(tmp_path)
+    assert options.node.id == "sidecar~10.1.1.5~app-1.default~default.svc.cluster.local"
+    assert options.dns is None and not options.xds.dns_enabled
+    assert options.envoy is not None and options.security.run_sds_server
+    assert options.status is not None and options.status.envoy_enabled and not options.status.dns_enabled
+    assert options.envoy.drain_inbound_only
+    assert options.envoy.launch.concurrency == 2 and options.envoy.launch.config_file == ""
+    assert options.grpc_bootstrap is not None  # upstream writes it whenever GRPC_XDS_BOOTSTRAP is set (default)
+    assert options.grpc_bootstrap.path == tmp_path / "etc/istio/proxy/grpc-bootstrap.json"
+    assert options.xds.socket_path == tmp_path / "etc/istio/proxy/XDS"
+    assert options.metadata["INSTANCE_IPS"] == "10.1.1.5"
+
+
+@pytest.mark.parametrize("variable", ["ISTIO_META_DNS_CAPTURE", "ISTIO_META_ENABLE_DNS_SERVER"])
+def test_dns_is_on_everywhere_it_matters_or_nowhere(tmp_path: Path, variable: str) -> None:
+    options = resolve(tmp_path, **{variable: "true"})
+    assert options.dns is not None and options.dns.addr == "localhost:15053"
+    assert options.xds.dns_enabled, "the XDS proxy consumes NDS for the DNS proxy"
+    assert options.status is not None and options.status.dns_enabled, "readiness waits for a NameTable"
+    assert options.metadata["DNS_PROXY_ADDR"] == "localhost:15053"
+    assert (options.dns.namespace, options.dns.domain) == ("default", "default.svc.cluster.local")
+
+
+def test_dns_forwarding_settings_and_the_port_53_rule(tmp_path: Path) -> None:
+    options = resolve(tmp_path, ISTIO_META_DNS_CAPTURE="true", DNS_FORWARD_PARALLEL="true", DNS_FORWARD_TIMEOUT="2s")
+    assert options.dns is not None and options.dns.forward_parallel and options.dns.upstream_timeout == 2.0
+    as_root = resolve(tmp_path, host=HostFacts(euid=0, alt_resolv_conf_exists=True), ISTIO_META_DNS_CAPTURE="true",
+                      DNS_PROXY_ADDR="127.0.0.1:53")
+    assert as_root.dns is not None and as_root.dns.respond_before_sync
+    assert as_root.dns.resolv_conf == "/var/lib/istio/resolv.conf"
+    not_root = resolve(tmp_path, host=HostFacts(euid=1337), ISTIO_META_DNS_CAPTURE="true",
+                       DNS_PROXY_ADDR="127.0.0.1:53")
+    assert not_root.dns is not None and not_root.dns.addr == "localhost:15053"
+
+
+def test_dns_proxy_addr_reaches_metadata_when_set_even_without_dns(tmp_path: Path) -> None:
+    assert resolve(tmp_path, DNS_PROXY_ADDR="127.0.0.1:5353").metadata["DNS_PROXY_ADDR"] == "127.0.0.1:5353"
+    assert "DNS_PROXY_ADDR" not in resolve(tmp_path).metadata
+
+
+def test_no_envoy_means_no_sds_server_no_envoy_and_gRPC_readiness(tmp_path: Path) -> None:
+    options = resolve(tmp_path, DISABLE_ENVOY="true", ISTIO_META_DNS_CAPTURE="true")
+    assert options.envoy is None and not options.security.run_sds_server
+    assert options.status is not None and not options.status.envoy_enabled
+    assert not options.status.dns_enabled, "without Envoy readiness does not wait for a NameTable"
+    assert options.status.metrics.envoy_port is None, "no Envoy stats to merge"
+
+
+def test_one_node_metadata_for_both_bootstraps(tmp_path: Path) -> None:
+    options = resolve(tmp_path, AgentFlags(outlier_log_path="/dev/stdout", sts_port=15463))
+    assert options.envoy is not None and options.grpc_bootstrap is not None
+    assert options.envoy.bootstrap.metadata is options.metadata
+    assert options.grpc_bootstrap.content.metadata is options.metadata
+    assert options.metadata["OUTLIER_LOG_PATH"] == "/dev/stdout" and options.metadata["STS_PORT"] == "15463"
+    assert options.metadata["PILOT_SAN"] == ["istiod.istio-system.svc"]
+
+
+def test_client_certificate_for_istiod(tmp_path: Path) -> None:
+    assert resolve(tmp_path).xds.upstream.client_cert_dir == ""
+    assert resolve(tmp_path, FILE_MOUNTED_CERTS="true").xds.upstream.client_cert_dir == "./etc/certs"
+    assert resolve(tmp_path, PROV_CERT="/etc/prov", FILE_MOUNTED_CERTS="true").xds.upstream.client_cert_dir == (
+        "/etc/prov")
+
+
+def test_envoy_launch_flags_and_drain(tmp_path: Path) -> None:
+    flags = AgentFlags(proxy_type="router", proxy_log_level="info,misc:error", proxy_component_log_level="rbac:debug",
+                       template_file="/t.json")
+    options = resolve(tmp_path, flags, ISTIO_ENVOY_ENABLE_CORE_DUMP="true", EXIT_ON_ZERO_ACTIVE_CONNECTIONS="true",
+                      MINIMUM_DRAIN_DURATION="7s", ISTIO_BOOTSTRAP_OVERRIDE="/o.yaml", HOST_IP="10.0.0.9",
+                      ISTIO_AGENT_ENVOY_UID="1337")
+    envoy = options.envoy
+    assert envoy is not None
+    assert (envoy.launch.log_level, envoy.launch.component_log_level) == ("info", "misc:error,rbac:debug")
+    assert envoy.launch.enable_core_dump and envoy.launch.concurrency is None, "gateways use every core"
+    assert not envoy.drain_inbound_only
+    assert envoy.drain.exit_on_zero_active_connections and envoy.drain.minimum_drain_duration == 7.0
+    assert (envoy.source.template_file, envoy.source.override_path, envoy.source.host_ip) == (
+        "/t.json", "/o.yaml", "10.0.0.9")
+    assert envoy.run_as == (1337, 1337)
+    assert envoy.bootstrap.host_ip == "10.0.0.9"
+
+
+def test_bootstrap_switches_from_the_environment(tmp_path: Path) -> None:
+    options = resolve(tmp_path, ISTIO_DELTA_XDS="false", ISTIO_DUAL_STACK="true", COMPLIANCE_POLICY="fips-140-2",
+                      HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED="false")
+    assert options.envoy is not None
+    bootstrap = options.envoy.bootstrap
+    assert (bootstrap.delta_xds, bootstrap.dual_stack, bootstrap.compliance_policy, bootstrap.strip_fragment) == (
+        False, True, "fips-140-2", False)
+
+
+def test_merged_metrics_options(tmp_path: Path) -> None:
+    annotations = '{"scrape":"true","port":"9090","path":"/m"}'
+
+    def metrics(proxy_type: str = "sidecar", **environ: str):  # type: ignore[no-untyped-def]
+        config = load_agent_config(env.Environment({**POD, **environ}), tmp_path, proxy_type=proxy_type)
+        return metrics_options(config)
+
+    options = metrics(ISTIO_PROMETHEUS_ANNOTATIONS=annotations)
+    assert options.envoy_port == ENVOY_PROMETHEUS_PORT and options.app_targets == (ScrapeTarget(9090, "/m"),)
+    assert metrics(PILOT_AGENT_MERGE_ENVOY_STATS="false").envoy_port is None
+    assert metrics(DISABLE_ENVOY="true").envoy_port is None
+    assert metrics("router", ISTIO_PROMETHEUS_ANNOTATIONS=annotations).app_targets == (), "no app scraping on gateways"
+    with pytest.raises(ConfigError, match="15090 is reserved"):
+        metrics(ISTIO_PROMETHEUS_ANNOTATIONS='{"port":"15090"}')
+
+
+def test_status_port_zero_means_no_status_server_but_probes_are_still_checked(tmp_path: Path) -> None:
+    assert resolve(tmp_path, PROXY_CONFIG='{"statusPort": 0}').status is None
+    with pytest.raises(ConfigError, match="ISTIO_KUBE_APP_PROBERS"):
+        resolve(tmp_path, PROXY_CONFIG='{"statusPort": 0}', ISTIO_KUBE_APP_PROBERS="{not json")
+
+
+def test_variables_without_effect_are_named(tmp_path: Path) -> None:
+    options = resolve(tmp_path, WASM_INSECURE_REGISTRIES="localhost:5000", CA_PROVIDER="Citadel",
+                      ENVOY_STATUS_PORT="15021")
+    assert [var.name for var in options.without_effect] == ["WASM_INSECURE_REGISTRIES"], (
+        "set to their defaults, CA_PROVIDER and ENVOY_STATUS_PORT change nothing anyway")
+    assert "Wasm" in options.without_effect[0].note
+
+
+def test_proxy_metadata_variables_count_as_set(tmp_path: Path) -> None:
+    options = resolve(tmp_path, PROXY_CONFIG='{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", '
+                                             '"PEER_METADATA_DISCOVERY": "true"}}')
+    assert options.dns is not None
+    assert [var.name for var in options.without_effect] == ["PEER_METADATA_DISCOVERY"]
