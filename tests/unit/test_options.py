@@ -23,6 +23,7 @@ POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app"
 
 def resolve(tmp_path: Path, flags: AgentFlags | None = None, host: HostFacts | None = None,
             **environ: str) -> AgentOptions:
+    """Options for a pod with POD's identity and `environ` on top."""
     flags = flags or AgentFlags()
     config = load_agent_config(env.Environment({**POD, **environ}), tmp_path, proxy_type=flags.proxy_type)
     return resolve_agent_options(config, flags, host or HostFacts())
@@ -44,7 +45,7 @@ def test_a_sidecar_by_default(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("variable", ["ISTIO_META_DNS_CAPTURE", "ISTIO_META_ENABLE_DNS_SERVER"])
 def test_dns_is_on_everywhere_it_matters_or_nowhere(tmp_path: Path, variable: str) -> None:
-    options = resolve(tmp_path, **{variable: "true"})
+    options = resolve(tmp_path, None, None, **{variable: "true"})
     assert options.dns is not None and options.dns.addr == "localhost:15053"
     assert options.xds.dns_enabled, "the XDS proxy consumes NDS for the DNS proxy"
     assert options.status is not None and options.status.dns_enabled, "readiness waits for a NameTable"
