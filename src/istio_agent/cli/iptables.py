@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
+from istio_agent.config.gobool import parse_bool
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -103,8 +105,6 @@ ENV_ONLY = (
     ("host_ipv4_loopback_cidr", "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32"),
 )
 
-_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _BY_LONG = {f[0]: f for f in FLAGS}
 _BY_SHORT = {f[1]: f for f in FLAGS if f[1]}
 
@@ -114,11 +114,10 @@ class UsageError(ValueError):
 
 
 def _parse_bool(value: str, where: str) -> bool:
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise UsageError(f"invalid boolean {value!r} for {where}")
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise UsageError(f"invalid boolean {value!r} for {where}") from None
 
 
 def describe_field(attr: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gobool import parse_bool
 
 T = TypeVar("T")
 
@@ -33,20 +34,6 @@ Support = Literal["honoured", "partial", "accepted"]
 HONOURED: Support = "honoured"
 PARTIAL: Support = "partial"
 ACCEPTED: Support = "accepted"
-
-# Exactly the spellings Go's strconv.ParseBool accepts, which is what upstream's env package uses.
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-
-
-def parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool: 1/t/T/TRUE/true/True and 0/f/F/FALSE/false/False, nothing else."""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"not a boolean (expected true or false): {text!r}")
-
 
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
