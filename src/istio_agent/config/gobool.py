@@ -15,3 +15,11 @@ def parse_bool(text: str) -> bool:
     if text in FALSE_SPELLINGS:
         return False
     raise ValueError(f"not a boolean (expected true or false): {text!r}")
+
+
+def is_true(value: object) -> bool:
+    """True only for a true spelling (how StringBool metadata reads); anything else, invalid too, is false."""
+    try:
+        return parse_bool(str(value))
+    except ValueError:
+        return False

@@ -93,10 +93,10 @@ def identity_from_env(environment: env.Environment, proxy_type: str, domain: str
 # Typed node-metadata keys whose values upstream parses as Go's StringBool: "true"
 # spellings come out as "true"; false is omitted from the typed form, so the raw
 # value stays.
-_STRING_BOOL_KEYS = (
+STRING_BOOL_KEYS = (
     "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS",
     "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE", "ENVOY_SKIP_DEPRECATED_LOGS",
-)
+)  # in upstream's struct order, which is the order node_metadata writes them
 _LOCALITY_LABEL = "istio-locality"
 
 
@@ -155,7 +155,7 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     for key in ("ISTIO_VERSION", "NAME", "NAMESPACE", "SERVICE_ACCOUNT"):
         if isinstance(raw.get(key), str) and raw[key]:
             typed[key] = raw[key]
-    for key in _STRING_BOOL_KEYS:
+    for key in STRING_BOOL_KEYS:
         if key in raw and _string_bool(key, raw[key]):
             typed[key] = "true"
     if "ISTIO_VERSION" not in typed and options.istio_version:

@@ -16,7 +16,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from istio_agent.config import env
+from istio_agent.config.gobool import is_true
+from istio_agent.config.node import STRING_BOOL_KEYS
 
 _STRING_KEYS = frozenset({
     "ISTIO_VERSION", "ISTIO_REVISION", "NAMESPACE", "NODE_NAME", "WORKLOAD_NAME", "INTERCEPTION_MODE",
@@ -29,12 +30,8 @@ _STRING_KEYS = frozenset({
     "INSTANCE_IPS", "REQUESTED_NETWORK_VIEW",
 })
 _STRING_MAP_KEYS = frozenset({"LABELS", "STATIC_LABELS", "ANNOTATIONS", "PLATFORM_METADATA"})
-_STRING_BOOL_KEYS = frozenset({
-    "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS",
-    "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE", "ENVOY_SKIP_DEPRECATED_LOGS",
-})
 _INT_KEYS = frozenset({"ENVOY_STATUS_PORT", "ENVOY_PROMETHEUS_PORT"})
-TYPED_KEYS = (_STRING_KEYS | _STRING_MAP_KEYS | _STRING_BOOL_KEYS | _INT_KEYS
+TYPED_KEYS = (_STRING_KEYS | _STRING_MAP_KEYS | frozenset(STRING_BOOL_KEYS) | _INT_KEYS
               | {"PROXY_CONFIG", "PILOT_SAN", "METADATA_DISCOVERY", "POD_PORTS"})
 
 
@@ -45,13 +42,6 @@ def sorted_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [sorted_json(item) for item in value]
     return value
-
-
-def _true(value: Any) -> bool:
-    try:
-        return env.parse_bool(str(value))
-    except ValueError:
-        return False
 
 
 def _int(value: Any) -> int:
@@ -93,14 +83,14 @@ def typed_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
         elif key in _STRING_MAP_KEYS:
             if isinstance(value, Mapping) and value:
                 out[key] = {str(k): str(v) for k, v in value.items()}
-        elif key in _STRING_BOOL_KEYS:
-            if _true(value):
+        elif key in STRING_BOOL_KEYS:
+            if is_true(value):
                 out[key] = "true"
         elif key in _INT_KEYS:
             if _int(value):
                 out[key] = _int(value)
         elif key == "METADATA_DISCOVERY":
-            out[key] = "true" if _true(value) else "false"
+            out[key] = "true" if is_true(value) else "false"
         elif key == "PILOT_SAN":
             if isinstance(value, list | tuple) and value:
                 out[key] = [str(item) for item in value]

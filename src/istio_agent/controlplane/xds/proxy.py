@@ -16,15 +16,13 @@ from typing import Any
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import json_format
 
+from istio_agent.config.gobool import is_true
+
 PROXY_TYPES = ("sidecar", "router")
 
 
 class ProxyError(ValueError):
     """The node cannot be served (malformed id); the message goes back to the client."""
-
-
-def _truthy(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "t", "yes")
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,11 @@ class Proxy:
 
     @property
     def dns_auto_allocate(self) -> bool:
-        return _truthy(self.metadata.get("DNS_AUTO_ALLOCATE", ""))
+        return is_true(self.metadata.get("DNS_AUTO_ALLOCATE", ""))
 
     @property
     def dns_capture(self) -> bool:
-        return _truthy(self.metadata.get("DNS_CAPTURE", ""))
+        return is_true(self.metadata.get("DNS_CAPTURE", ""))
 
     @property
     def ips(self) -> list[str]:
