@@ -62,12 +62,11 @@ class SystemClock:
 _REAL_WAIT = 0.05
 
 
-class _JumpingSelector(selectors.BaseSelector):
-    """Wraps the loop's selector: when nothing is ready and no thread is working, time jumps to the next timer."""
+class SelectorWrapper(selectors.BaseSelector):
+    """A selector that hands everything to `inner`; subclasses change `select()` (to measure or to jump time)."""
 
-    def __init__(self, inner: selectors.BaseSelector, loop: _VirtualTimeLoop) -> None:
-        self._inner = inner
-        self._loop = loop
+    def __init__(self, inner: selectors.BaseSelector | None = None) -> None:
+        self._inner = inner or selectors.DefaultSelector()
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._inner.register(fileobj, events, data)
@@ -88,6 +87,17 @@ class _JumpingSelector(selectors.BaseSelector):
         self._inner.close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        return self._inner.select(timeout)
+
+
+class _JumpingSelector(SelectorWrapper):
+    """When nothing is ready and no thread is working, time jumps to the next timer."""
+
+    def __init__(self, loop: _VirtualTimeLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = self._inner.select(0)
         if ready or timeout == 0:
             return ready
@@ -102,10 +112,9 @@ class _VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop whose `time()` is virtual and jumps over idle waits."""
 
     def __init__(self) -> None:
-        selector = selectors.DefaultSelector()
         self._virtual_now = 0.0
         self._busy = 0  # executor jobs whose results have not reached the loop yet (loop thread only)
-        super().__init__(_JumpingSelector(selector, self))
+        super().__init__(_JumpingSelector(self))
 
     def time(self) -> float:
         return self._virtual_now

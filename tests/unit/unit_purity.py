@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+from istio_agent.clock import SelectorWrapper
+
 REAL_SLEEP_LIMIT = 0.1  # seconds of real idle waiting a unit test may spend, in all
 
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.exec",
@@ -80,29 +82,8 @@ GUARD = Guard()
 sys.addaudithook(GUARD.audit)
 
 
-class IdleTimingSelector(selectors.BaseSelector):
+class IdleTimingSelector(SelectorWrapper):
     """The loop's selector, measuring the time it waits and wakes with nothing to do (a timer: a real sleep)."""
-
-    def __init__(self) -> None:
-        self._inner = selectors.DefaultSelector()
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._inner.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._inner.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._inner.modify(fileobj, events, data)
-
-    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._inner.get_key(fileobj)
-
-    def get_map(self) -> Any:
-        return self._inner.get_map()
-
-    def close(self) -> None:
-        self._inner.close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         started = time.monotonic()
