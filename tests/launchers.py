@@ -171,6 +171,7 @@ class IstiodLocal:
     def start(self, timeout: float = 30.0) -> IstiodLocal:
         """Start serving and return once it does (AssertionError, with its log, when it exits or stays silent)."""
         assert not self.running, "istiod-local is already running"
+        self.stop()  # reap (and close the pipe of) a previous run that ended on its own
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=None if self.env is None else dict(self.env))
         self._log = LineCollector(self.proc.stderr)
