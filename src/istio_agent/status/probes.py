@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 
-ENV_NAME = env.ISTIO_KUBE_APP_PROBERS.name
+ENV_NAME = "ISTIO_KUBE_APP_PROBERS"  # named in errors; the options resolver reads the variable
 APP_PROBER_PATH = re.compile(r"^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$")
 PROBE_USER_AGENT = "istio-probe/1.0"
 MAX_BODY_BYTES = 10 * 1024  # what upstream passes back of the app's answer
