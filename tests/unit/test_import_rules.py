@@ -59,7 +59,7 @@ def test_separate_programs_and_plain_libraries_never_import_the_agent_runtime(pa
 @pytest.mark.parametrize("package", COMPONENTS)
 def test_components_never_read_the_environment_nor_resolve_options(package: str) -> None:
     """Components get their options passed in; only config/ (the resolver) and cli/ read the environment."""
-    assert offending(sources(package), ENVIRONMENT_READERS + ("istio_agent.agent", "istio_agent.assembly")) == []
+    assert offending(sources(package), (*ENVIRONMENT_READERS, "istio_agent.agent", "istio_agent.assembly")) == []
 
 
 def test_config_imports_only_option_modules_of_the_components() -> None:
