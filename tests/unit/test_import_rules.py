@@ -91,3 +91,10 @@ def test_the_environment_is_read_only_in_config_and_cli() -> None:
         if "os.environ" in text or "getenv(" in text:
             readers.append(relative)
     assert readers == []
+
+
+def test_the_architecture_document_names_every_package_and_top_level_module() -> None:
+    text = (SRC.parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    packages = [p.parent.name + "/" for p in SRC.glob("*/__init__.py")]
+    modules = [p.name for p in SRC.glob("*.py") if p.name != "__init__.py"]
+    assert [name for name in sorted(packages + modules) if f"`{name}`" not in text] == []
