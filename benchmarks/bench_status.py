@@ -96,12 +96,9 @@ def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
         port_file.write_text(" ".join(map(str, ports)))
         await asyncio.Event().wait()
 
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+    from istio_agent.eventloop import run
+
+    run(main())
 
 
 # --- the scraper --------------------------------------------------------------------------------------------

@@ -252,12 +252,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-ads":
         asyncio.run(serve_ads(Path(sys.argv[2])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve-proxy":
-        # The agent runs on uvloop when it is installed (agent.py); so does the proxy here.
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(serve_proxy(Path(sys.argv[2]), int(sys.argv[3])))
-        else:
-            uvloop.run(serve_proxy(Path(sys.argv[2]), int(sys.argv[3])))
+        # The agent runs on the loop eventloop.py gives it (uvloop when installed); so does the proxy here.
+        from istio_agent.eventloop import run
+
+        run(serve_proxy(Path(sys.argv[2]), int(sys.argv[3])))
     else:
         asyncio.run(main())

@@ -8,6 +8,10 @@ choice and its fallback are made in one place.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def new_event_loop(prefer_uvloop: bool = True) -> asyncio.AbstractEventLoop:
@@ -20,3 +24,9 @@ def new_event_loop(prefer_uvloop: bool = True) -> asyncio.AbstractEventLoop:
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a loop from `new_event_loop()` (the benchmarks' stand-ins run like the agent)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)

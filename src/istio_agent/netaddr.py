@@ -72,3 +72,10 @@ def split_host_optional_port(address: str) -> tuple[str, int | None]:
     if address.startswith("[") and address.endswith("]") and address.count("[") == 1 and address.count("]") == 1:
         return address[1:-1], None
     return address, None
+
+
+def join_host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 literal bracketed (Go's `net.JoinHostPort`; an already bracketed host stays as is)."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"

@@ -74,3 +74,12 @@ def test_split_host_port_refuses_naming_the_address(address: str, reason: str) -
 )
 def test_split_host_optional_port(address: str, expected: tuple[str, int | None]) -> None:
     assert split_host_optional_port(address) == expected
+
+
+def test_join_host_port_brackets_ipv6_once() -> None:
+    from istio_agent.netaddr import join_host_port
+
+    assert join_host_port("10.0.0.1", 80) == "10.0.0.1:80"
+    assert join_host_port("greeter.default.svc.cluster.local", 7070) == "greeter.default.svc.cluster.local:7070"
+    assert join_host_port("fd00::1", 8080) == "[fd00::1]:8080"
+    assert join_host_port("[fd00::1]", 8080) == "[fd00::1]:8080"

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from istio_agent.config.errors import ConfigError
+from istio_agent.netaddr import join_host_port
 
 ENV_NAME = "ISTIO_KUBE_APP_PROBERS"  # named in errors; the options resolver reads the variable
 APP_PROBER_PATH = re.compile(r"^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$")
@@ -192,11 +193,6 @@ class ProbeOptions:
 # ---- requests -------------------------------------------------------------------------------------------
 
 
-def host_port(host: str, port: int) -> str:
-    """`host:port`, with brackets around an IPv6 literal."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
 def target_host(action: HttpGetAction | TcpSocketAction, pod_ip: str) -> str:
     """Where the probe goes: its own `host` when set (kubelet semantics), else the pod IP."""
     return action.host or pod_ip
@@ -204,7 +200,7 @@ def target_host(action: HttpGetAction | TcpSocketAction, pod_ip: str) -> str:
 
 def probe_url(action: HttpGetAction, pod_ip: str) -> str:
     scheme = "https" if action.scheme == "HTTPS" else "http"
-    return f"{scheme}://{host_port(target_host(action, pod_ip), action.port)}{action.path}"
+    return f"{scheme}://{join_host_port(target_host(action, pod_ip), action.port)}{action.path}"
 
 
 def source_address(destination: str, pod_ip: str) -> str | None:

@@ -23,6 +23,7 @@ import grpc
 from aiohttp import web
 from yarl import URL
 
+from istio_agent.netaddr import join_host_port
 from istio_agent.status.probes import (
     PROBE_SOURCE_V6,
     PROBE_USER_AGENT,
@@ -34,7 +35,6 @@ from istio_agent.status.probes import (
     HttpGetAction,
     ProbeOptions,
     TcpSocketAction,
-    host_port,
     next_step,
     probe_url,
     request_headers,
@@ -143,7 +143,7 @@ class AppProber:
             _, writer = await asyncio.open_connection(
                 host.strip("[]"), action.port, local_addr=(source, 0) if source else None)
         except OSError as exc:
-            log.info("tcp probe of %s failed: %s", host_port(host, action.port), exc)
+            log.info("tcp probe of %s failed: %s", join_host_port(host, action.port), exc)
             return ProbeResult(500)
         writer.close()
         try:
@@ -158,7 +158,7 @@ class AppProber:
         # on a grpcio at least as new as the one it was generated with.
         from grpc_health.v1 import health_pb2
 
-        target = host_port(self.options.pod_ip, action.port)
+        target = join_host_port(self.options.pod_ip, action.port)
         options = [("grpc.primary_user_agent", PROBE_USER_AGENT), ("grpc.enable_retries", 0)]
         async with grpc.aio.insecure_channel(target, options=options) as channel:
             check = channel.unary_unary(

@@ -24,10 +24,11 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from istio_agent.controlplane.xds.generators import grpc_tls, tls
 from istio_agent.controlplane.xds.generators.base import ProxyContext, Resources
 from istio_agent.controlplane.xds.generators.envoy import duration, outbound_cluster_name, pack
-from istio_agent.controlplane.xds.generators.grpc_names import join_host_port, parse_cluster_key
+from istio_agent.controlplane.xds.generators.grpc_names import parse_cluster_key
 from istio_agent.controlplane.xds.generators.routes import alt_hosts, service_addresses
 from istio_agent.controlplane.xds.mesh import MeshSnapshot, ServiceView
 from istio_agent.controlplane.xds.registry import ServicePort
+from istio_agent.netaddr import join_host_port
 
 
 def ads_source() -> config_source_pb2.ConfigSource:

@@ -33,12 +33,12 @@ from istio_agent.controlplane.xds.generators.grpc_clusters import ads_source
 from istio_agent.controlplane.xds.generators.grpc_names import (
     HostRequest,
     ListenerRequests,
-    join_host_port,
     listener_requests,
     parse_server_listener,
 )
 from istio_agent.controlplane.xds.generators.routes import service_addresses
 from istio_agent.controlplane.xds.mesh import InboundTarget, ServiceView
+from istio_agent.netaddr import join_host_port
 
 log = logging.getLogger("istio_agent.controlplane.grpcgen")
 

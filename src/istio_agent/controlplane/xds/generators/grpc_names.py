@@ -26,10 +26,6 @@ from istio_agent.netaddr import split_host_optional_port
 SERVER_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
 
 
-def join_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def expand_short_name(name: str, proxy: Proxy) -> str:
     """The FQDN a short service name stands for, seen from `proxy`; "" when it is not a short form."""
     domain = proxy.dns_domain
