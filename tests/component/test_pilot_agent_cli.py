@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import http.server
+import json
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from launchers import pilot_agent_cli
+from launchers import PilotAgent, agent_environment, pilot_agent_cli
+from support import free_port, poll
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -94,3 +98,19 @@ def test_version_and_unknown_flags() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().count(".") == 2
     assert "BuildInfo" in pilot_agent_cli("version").stdout
+
+
+def test_proxy_names_set_variables_that_have_no_effect(tmp_path: Path) -> None:
+    """A variable upstream honours but this agent only accepts is named in a warning at start, with the reason."""
+    environment = agent_environment(
+        discovery="127.0.0.1:1", DISABLE_ENVOY="true", WASM_INSECURE_REGISTRIES="localhost:5000",
+        PROXY_CONFIG=json.dumps({"statusPort": free_port(), "discoveryAddress": "127.0.0.1:1"}))
+    agent = PilotAgent(tmp_path, environment).start()
+    try:
+        poll(lambda: "WASM_INSECURE_REGISTRIES is set but has no effect" in agent.output(200), "the warning", 30,
+             agent.output)
+        assert "Wasm" in agent.output(200)
+        agent.signal(signal.SIGTERM)
+        assert agent.wait_exit(20) == 0
+    finally:
+        agent.kill()
