@@ -120,9 +120,12 @@ class Proxyless:
 def start_proxyless(start_agent: AgentStarter, pod: Path, ca_address: str) -> Proxyless:
     status_port = free_port()
     output_certs = pod / "var/lib/istio/data"
-    # The grpc-agent injection template's environment.
+    # The grpc-agent injection template's environment. The app here runs on the host, not in a container that
+    # sees the pod's volume at /etc/istio/proxy, so configPath is the pod directory's absolute path (the
+    # bootstrap's server URI is `unix:///` + configPath/XDS, as upstream joins it).
+    proxy_config = {"statusPort": status_port, "configPath": str(pod / "etc/istio/proxy")}
     environment = agent_environment(
-        pod="sleep-1", service_account="sleep", discovery=ca_address, proxy_config={"statusPort": status_port},
+        pod="sleep-1", service_account="sleep", discovery=ca_address, proxy_config=proxy_config,
         base=base_env(), ISTIO_META_GENERATOR="grpc", DISABLE_ENVOY="true", OUTPUT_CERTS=str(output_certs),
         PILOT_CERT_PROVIDER="istiod", ISTIO_META_CLUSTER_ID="Kubernetes", TRUST_DOMAIN="cluster.local")
     return Proxyless(start_agent(pod, environment, args=TEMPLATE_ARGS), status_port, output_certs)

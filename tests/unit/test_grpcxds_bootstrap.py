@@ -128,7 +128,7 @@ def test_from_agent_config(tmp_path: Path) -> None:
     assert resolved.grpc_bootstrap is not None
     assert resolved.grpc_bootstrap.path == tmp_path / "etc/istio/proxy/grpc-bootstrap.json"
     options = resolved.grpc_bootstrap.content
-    assert options.xds_uds_path == str(tmp_path / "etc/istio/proxy/XDS")
+    assert options.xds_uds_path == "etc/istio/proxy/XDS"  # upstream's filepath.Join of configPath and XDS
     assert options.cert_dir == "/var/lib/istio/data"
     assert options.locality == {"region": "us", "zone": "east", "sub_zone": "a"}
     doc = json.loads(render_bootstrap(build_bootstrap(options)))
@@ -149,3 +149,16 @@ def test_rendered_bytes_are_utf8_without_html_characters(metadata: dict[str, Any
     text = data.decode("utf-8")
     assert "<" not in text and not text.endswith("\n")
     assert json.loads(text)["node"]["metadata"] | {"GENERATOR": "grpc"} == {**metadata, "GENERATOR": "grpc"}
+
+
+@pytest.mark.parametrize(("config_path", "uri"), [
+    ("./etc/istio/proxy", "unix:///etc/istio/proxy/XDS"),  # the default: where an app container sees the volume
+    ("/etc/istio/proxy", "unix:////etc/istio/proxy/XDS"),
+    ("/var/run/istio/", "unix:////var/run/istio/XDS"),
+    ("etc/../proxy", "unix:///proxy/XDS"),
+])
+def test_server_uri_joins_the_config_path_as_upstream(config_path: str, uri: str, tmp_path: Path) -> None:
+    environment = env.Environment({"PROXY_CONFIG": json.dumps({"configPath": config_path})})
+    resolved = resolve_agent_options(load_agent_config(environment, tmp_path), AgentFlags(), HostFacts())
+    assert resolved.grpc_bootstrap is not None
+    assert build_bootstrap(resolved.grpc_bootstrap.content)["xds_servers"][0]["server_uri"] == uri

@@ -35,7 +35,7 @@ from istio_agent.envoy.argv import EnvoyLaunch, split_component_log
 from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, xds_socket_for_bootstrap
 from istio_agent.security.options import SecurityOptions
 from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, MetricsOptions, parse_scrape_annotations
 from istio_agent.status.options import StatusOptions
@@ -319,7 +319,7 @@ def status_options(config: AgentConfig) -> StatusOptions | None:
     )
 
 
-def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any], xds: XdsProxyOptions) -> GrpcBootstrapFile | None:
+def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBootstrapFile | None:
     """GRPC_XDS_BOOTSTRAP for proxyless apps; upstream writes it whenever the path is set (default: always)."""
     target = config.environment.get(env.GRPC_XDS_BOOTSTRAP)
     if not target:
@@ -327,7 +327,7 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any], xds: XdsPro
     content = GrpcBootstrapOptions(
         node_id=config.identity.id,
         metadata=metadata,
-        xds_uds_path=os.path.abspath(xds.socket_path),
+        xds_uds_path=xds_socket_for_bootstrap(config.proxy_config.config_path),
         locality=locality(metadata),
         discovery_address=config.proxy_config.discovery_address,
         cert_dir=config.environment.get(env.OUTPUT_CERTS),
@@ -349,7 +349,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         dns=dns_options(config, host),
         envoy=envoy_options(config, flags, metadata),
         status=status_options(config),
-        grpc_bootstrap=grpc_bootstrap(config, metadata, xds),
+        grpc_bootstrap=grpc_bootstrap(config, metadata),
         without_effect=tuple(config.environment.without_effect()),
     )
 

@@ -36,8 +36,10 @@ GRPC_GENERATOR = "grpc"
 class GrpcBootstrapOptions:
     """Inputs of one bootstrap; the options resolver derives them the way pilot-agent does.
 
-    `xds_uds_path` is the absolute path of the XDS proxy's socket; when empty,
-    the app would talk to `discovery_address` directly (upstream's fallback).
+    `xds_uds_path` is the XDS proxy's socket as upstream names it
+    (`xds_socket_for_bootstrap`: the ProxyConfig configPath joined with `XDS`,
+    not resolved against the agent's working directory); when empty, the app
+    would talk to `discovery_address` directly (upstream's fallback).
     `cert_dir` is OUTPUT_CERTS, written as given; empty leaves out the
     certificate provider. `metadata` is the agent's full node metadata: only
     upstream's typed keys are kept and GENERATOR is forced to `grpc`.
@@ -59,9 +61,24 @@ class GrpcBootstrapFile:
     content: GrpcBootstrapOptions
 
 
+def go_join(*parts: str) -> str:
+    """Go's filepath.Join: join, then clean (`./etc/istio/proxy` + `XDS` is `etc/istio/proxy/XDS`)."""
+    joined = os.path.normpath(os.path.join(*parts))
+    return "/" + joined.lstrip("/") if joined.startswith("//") else joined  # Clean leaves one leading slash
+
+
+def xds_socket_for_bootstrap(config_path: str) -> str:
+    """The XDS socket as upstream names it in the bootstrap: `filepath.Join(configPath, "XDS")`, unresolved.
+
+    With the default `./etc/istio/proxy` that is `etc/istio/proxy/XDS`, so the server URI is
+    `unix:///etc/istio/proxy/XDS`: the path an app container sees the shared volume at.
+    """
+    return go_join(config_path, "XDS")
+
+
 def certificate_files(cert_dir: str) -> list[str]:
     """Chain, key and root paths under `cert_dir`, joined as Go's path.Join (relative stays relative)."""
-    return [os.path.normpath(os.path.join(cert_dir, name)) for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)]
+    return [go_join(cert_dir, name) for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)]
 
 
 def build_bootstrap(options: GrpcBootstrapOptions) -> dict[str, Any]:
