@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import http.client
 import inspect
+import os
 import re
 import shutil
 import socket
@@ -29,7 +30,9 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-CONFORMANCE = SHARED / "conformance"
+# ISTIO_AGENT_CONFORMANCE_DIR points the conformance tier at another copy of the kit (same layout),
+# e.g. one built from more of upstream's cases; by default it is ../shared/conformance.
+CONFORMANCE = Path(os.environ.get("ISTIO_AGENT_CONFORMANCE_DIR") or SHARED / "conformance")
 VENV_BIN = ROOT / ".venv" / "bin"
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"
 PILOT_AGENT = VENV_BIN / "pilot-agent"
