@@ -91,7 +91,9 @@ def test_mtls_mode_falls_back_to_root_namespace_then_permissive() -> None:
     ("services:\n- {name: a, ports: [{port: 1}]}\n- {name: a, ports: [{port: 2}]}\n", 3, "services[1].name",
      "already defined"),
     ("workloads: {a: 1}\n", 1, "workloads", "must be a list"),
-    ("workloads:\n- {name: w, ip: 10.0.0.1}\n- {name: v, ip: 10.0.0.1}\n", 3, "workloads[1].ip", "already used"),
+    ("workloads:\n- {name: w, ip: 10.0.0.1}\n- {name: w, ip: 10.0.0.2}\n", 3, "workloads[1].name",
+     "workload default/w is already defined at workloads[0]"),
+    ("workloads:\n- {name: w}\n- name: v\n  ip: 10.0.0.256\n", 4, "workloads[1].ip", "must be an IP address"),
     ("workloads:\n- name: w\n  labels: {app: [x]}\n", 3, "workloads[0].labels.app", "must be a string"),
     ("peerAuthentication: {default: MUTUAL}\n", 1, "peerAuthentication.default", "PERMISSIVE, STRICT"),
     ("serviceEntries:\n- hosts: [api.example.com]\n  ports: [{number: 443}]\n  resolution: STATIC\n", 4,
@@ -112,6 +114,14 @@ def test_errors_name_line_and_field(text: str, line: int, field: str, words: str
     assert (err.line, err.field) == (line, field), str(err)
     assert words in str(err)
     assert str(err).startswith(f"mesh.yaml:{line}: ")
+
+
+def test_workloads_may_share_an_ip_but_not_a_name() -> None:
+    """hostNetwork pods and the workloads of one VM share their host's address, as in a cluster."""
+    registry = parse_registry("workloads:\n- {name: a, ip: 127.0.0.1}\n- {name: b, ip: 127.0.0.1}\n"
+                              "- {name: a, namespace: other, ip: 127.0.0.1}\n")
+    assert [(w.namespace, w.name, w.ip) for w in registry.workloads] == [
+        ("default", "a", "127.0.0.1"), ("default", "b", "127.0.0.1"), ("other", "a", "127.0.0.1")]
 
 
 def test_allocated_cluster_ips_are_stable_and_order_independent() -> None:

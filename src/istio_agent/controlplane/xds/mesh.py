@@ -6,6 +6,12 @@ kubelet would report a pod IP. A proxy whose pod is not in the registry at
 all still counts as a workload (its labels and service account come from its
 node metadata), so a selector can pick it up like a Kubernetes pod.
 
+Workloads may share an address (hostNetwork pods, several workloads on one
+VM), so a proxy is matched to its workload by the pod name and namespace of
+its node id; its IP is only a fallback for a proxy whose name is not in the
+registry, and only when it points at exactly one workload of that namespace
+(`WorkloadIndex`). A shared address never makes two endpoints of one port.
+
 `MeshSnapshot` is immutable and versioned: generators read it, the ADS server
 swaps in a new one on every change. Its `memo` dict lets generators cache
 proxy-independent output (clusters, endpoints) once per version.
@@ -13,9 +19,9 @@ proxy-independent output (clusters, endpoints) once per version.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from istio_agent.controlplane.xds.proxy import Proxy
 from istio_agent.controlplane.xds.registry import Registry, Service, ServiceEntry, ServicePort
@@ -110,17 +116,60 @@ class InboundTarget:
     port: ServicePort
 
 
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def ip(self) -> str: ...
+
+
+W = TypeVar("W", bound=_Named)
+
+
+class WorkloadIndex(Generic[W]):
+    """Workloads by (namespace, name) and by (namespace, ip): how a proxy's own workload is found.
+
+    `match` takes the workload named like the proxy's pod; failing that, the one workload of
+    the namespace at one of the proxy's IPs. Several there (a shared address) is ambiguous:
+    no match, rather than another workload's identity and inbound config.
+    """
+
+    def __init__(self, workloads: Iterable[W]) -> None:
+        self._by_key: dict[tuple[str, str], W] = {}
+        self._by_ip: dict[tuple[str, str], list[W]] = {}
+        for w in workloads:
+            self._by_key.setdefault((w.namespace, w.name), w)
+            if w.ip:
+                self._by_ip.setdefault((w.namespace, w.ip), []).append(w)
+
+    def by_name(self, namespace: str, name: str) -> W | None:
+        return self._by_key.get((namespace, name))
+
+    def match(self, namespace: str, name: str, ips: Iterable[str]) -> W | None:
+        named = self._by_key.get((namespace, name))
+        if named is not None:
+            return named
+        at_ips = {id(w): w for ip in dict.fromkeys(ips) for w in self._by_ip.get((namespace, ip), ())}
+        return next(iter(at_ips.values())) if len(at_ips) == 1 else None
+
+
 def effective_workloads(registry: Registry,
                         connected: Mapping[tuple[str, str], ConnectedPod]) -> tuple[MeshWorkload, ...]:
+    """The registry's workloads (addresses learned from their connected pods), then connected pods of their own.
+
+    A connected pod whose name is not registered but whose IP matches exactly one registered
+    workload is that workload (a VM whose agent names itself after its host), not a second one.
+    """
     out = []
-    seen = set()
+    index = WorkloadIndex(registry.workloads)
     for w in registry.workloads:
         pod = connected.get((w.namespace, w.name))
         out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else "")))
-        seen.add((w.namespace, w.name))
     for key in sorted(connected):
-        if key not in seen:
-            pod = connected[key]
+        pod = connected[key]
+        if index.match(pod.namespace, pod.name, [pod.ip]) is None:
             out.append(MeshWorkload(pod.name, pod.namespace, pod.service_account, dict(pod.labels), pod.ip, False))
     return tuple(out)
 
@@ -155,6 +204,8 @@ class MeshSnapshot:
         for index, w in enumerate(self.workloads):
             for key, value in w.labels.items():
                 self._by_label.setdefault((w.namespace, key, value), []).append(index)
+        self._registered = WorkloadIndex(w for w in self.workloads if w.registered)
+        self._unregistered = WorkloadIndex(w for w in self.workloads if not w.registered)
 
     @property
     def trust_domain(self) -> str:
@@ -186,7 +237,11 @@ class MeshSnapshot:
                 eps = [Endpoint(address, port.target_port) for address in view.entry.endpoints]
             else:
                 eps = []
-            self._endpoints[key] = tuple(sorted(eps, key=lambda e: (e.address, e.port)))
+            # Workloads sharing an address (hostNetwork) and a target port are one endpoint: the first one's.
+            unique: dict[tuple[str, int], Endpoint] = {}
+            for endpoint in eps:
+                unique.setdefault((endpoint.address, endpoint.port), endpoint)
+            self._endpoints[key] = tuple(sorted(unique.values(), key=lambda e: (e.address, e.port)))
         return self._endpoints[key]
 
     def service_accounts(self, view: ServiceView) -> list[str]:
@@ -198,11 +253,10 @@ class MeshSnapshot:
         return sorted(accounts)
 
     def workload_for(self, proxy: Proxy) -> MeshWorkload | None:
-        for w in self.workloads:
-            if (w.namespace, w.name) == proxy.key:
-                return w
-        ips = set(proxy.ips)
-        return next((w for w in self.workloads if w.ip and w.ip in ips and w.namespace == proxy.namespace), None)
+        """The proxy's own workload: registered by its pod name, else by its IP when that is unambiguous,
+        else the pod as it described itself on connecting (None for a proxy the snapshot has not seen)."""
+        registered = self._registered.match(proxy.namespace, proxy.pod_name, proxy.ips)
+        return registered or self._unregistered.by_name(proxy.namespace, proxy.pod_name)
 
     def inbound_targets(self, workload: MeshWorkload | None) -> list[InboundTarget]:
         """Service ports the workload serves, one per target port (first service by hostname wins)."""

@@ -18,6 +18,10 @@ istiod-local has no API server; the mesh is described by one YAML file:
       ports: [{number: 443, name: tls, protocol: TCP}]
       resolution: DNS                     # NONE | STATIC | DNS | DNS_ROUND_ROBIN
 
+Workloads are unique by namespace and name, not by address: several may
+share an IP, as hostNetwork pods or the workloads of one VM do in a cluster
+(a proxy is matched to its workload by name; see `mesh.match_workload`).
+
 `parse_registry` is pure: text in, a frozen `Registry` out, or a
 `RegistryError` naming the line and field. Nothing here knows about files or
 Envoy.
@@ -198,7 +202,6 @@ def _services(top: Fields) -> list[tuple[Service, Fields]]:
 def _workloads(top: Fields) -> tuple[Workload, ...]:
     out: list[Workload] = []
     seen: dict[tuple[str, str], str] = {}
-    ips: dict[str, str] = {}
     for path, node in top.items("workloads"):
         f = Fields(node, path, top.source, _WORKLOAD)
         name, namespace = _label(f, "name"), _label(f, "namespace", "default")
@@ -206,11 +209,7 @@ def _workloads(top: Fields) -> tuple[Workload, ...]:
             f.fail(f.value_node("name"), "name",
                    f"workload {namespace}/{name} is already defined at {seen[name, namespace]}")
         seen[name, namespace] = path
-        ip = _ip(f, "ip")
-        if ip and ip in ips:
-            f.fail(f.value_node("ip"), "ip", f"{ip} is already used by {ips[ip]}")
-        if ip:
-            ips[ip] = path
+        ip = _ip(f, "ip")  # may repeat: hostNetwork pods and workloads on one VM share their host's address
         account = _label(f, "serviceAccount", "default")
         out.append(Workload(name, namespace, account, f.string_map("labels"), ip))
     return tuple(out)
