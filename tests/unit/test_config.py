@@ -130,11 +130,26 @@ def test_node_id_and_ips() -> None:
     assert node_id("sidecar", "10.1.1.0", "v0", "default", "default.svc.cluster.local") == (
         "sidecar~10.1.1.0~v0.default~default.svc.cluster.local"
     )
-    assert instance_ips(env.Environment({})) == ["127.0.0.1"]
+    # No address on any interface: 127.0.0.1 and ::1, as upstream's initProxy.
+    assert instance_ips(env.Environment({})) == ["127.0.0.1", "::1"]
     e = env.Environment({"INSTANCE_IP": "10.0.0.2", "INSTANCE_IPS": "10.0.0.2,fd00::2,bogus"})
-    assert instance_ips(e) == ["10.0.0.2", "fd00::2"]
-    with pytest.raises(ConfigError):
-        node_id("waypoint", "1.1.1.1", "a", "b", "c")
+    assert instance_ips(e) == ["10.0.0.2", "fd00::2", "127.0.0.1", "::1"]
+    waypoint = node_id("waypoint", "1.1.1.1", "w", "ns", "ns.svc.cluster.local")
+    assert waypoint == "waypoint~1.1.1.1~w.ns~ns.svc.cluster.local"
+    with pytest.raises(ConfigError, match="supported types: sidecar, router, waypoint"):
+        node_id("ztunnel", "1.1.1.1", "a", "b", "c")
+    with pytest.raises(ConfigError, match="invalid proxy type 'gateway'"):
+        node_id("gateway", "1.1.1.1", "a", "b", "c")
+
+
+def test_instance_ips_from_the_host_interfaces_as_upstream() -> None:
+    interfaces = [("eth0", "10.244.0.5"), ("eth0", "fd00::5"), ("eth0", "fe80::1"), ("net1", "192.168.9.9"),
+                  ("eth0", "10.244.0.5")]
+    pod = env.Environment({"INSTANCE_IP": "10.244.0.5"})
+    assert instance_ips(pod, interfaces) == ["10.244.0.5", "fd00::5", "192.168.9.9"], "link-local skipped, deduped"
+    assert instance_ips(pod, interfaces, excluded_interfaces=["net1"]) == ["10.244.0.5", "fd00::5"]
+    assert instance_ips(env.Environment({}), [("eth0", "::ffff:10.1.1.1")]) == ["10.1.1.1"], "IPv4-mapped unwrapped"
+    assert instance_ips(env.Environment({"INSTANCE_IP": "not-an-ip"}), [("eth0", "10.0.0.9")]) == ["10.0.0.9"]
 
 
 def test_load_agent_config_from_pod_files(tmp_path: Path) -> None:
@@ -179,5 +194,6 @@ def test_flags_and_annotation_overrides(tmp_path: Path) -> None:
     assert config.proxy_config.discovery_address == "other:15012"
     assert config.proxy_config.status_port == 15030
     assert config.proxy_config.concurrency == 4
+    # Upstream's default ProxyConfig sets no concurrency, for any proxy type.
     assert load_agent_config(env.Environment({}), tmp_path / "x", proxy_type="router").proxy_config.concurrency is None
-    assert load_agent_config(env.Environment({}), tmp_path / "x").proxy_config.concurrency == 2
+    assert load_agent_config(env.Environment({}), tmp_path / "x").proxy_config.concurrency is None

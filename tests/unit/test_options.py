@@ -25,7 +25,8 @@ def resolve(tmp_path: Path, flags: AgentFlags | None = None, host: HostFacts | N
             **environ: str) -> AgentOptions:
     """Options for a pod with POD's identity and `environ` on top."""
     flags = flags or AgentFlags()
-    config = load_agent_config(env.Environment({**POD, **environ}), tmp_path, proxy_type=flags.proxy_type)
+    config = load_agent_config(env.Environment({**POD, **environ}), tmp_path, proxy_type=flags.proxy_type,
+                               concurrency=flags.concurrency)
     return resolve_agent_options(config, flags, host or HostFacts())
 
 
@@ -36,11 +37,12 @@ def test_a_sidecar_by_default(tmp_path: Path) -> None:
     assert options.envoy is not None and options.security.run_sds_server
     assert options.status is not None and options.status.envoy_enabled and not options.status.dns_enabled
     assert options.envoy.drain_inbound_only
-    assert options.envoy.launch.concurrency == 2 and options.envoy.launch.config_file == ""
+    assert options.envoy.launch.concurrency is None, "no default: Envoy's own (a thread per core), as upstream"
+    assert options.envoy.launch.skip_deprecated_logs and options.envoy.launch.config_file == ""
     assert options.grpc_bootstrap is not None  # upstream writes it whenever GRPC_XDS_BOOTSTRAP is set (default)
     assert options.grpc_bootstrap.path == tmp_path / "etc/istio/proxy/grpc-bootstrap.json"
     assert options.xds.socket_path == tmp_path / "etc/istio/proxy/XDS"
-    assert options.metadata["INSTANCE_IPS"] == "10.1.1.5"
+    assert options.metadata["INSTANCE_IPS"] == "10.1.1.5,127.0.0.1,::1", "no host interfaces given: the loopbacks"
 
 
 @pytest.mark.parametrize("variable", ["ISTIO_META_DNS_CAPTURE", "ISTIO_META_ENABLE_DNS_SERVER"])
@@ -88,10 +90,77 @@ def test_one_node_metadata_for_both_bootstraps(tmp_path: Path) -> None:
 
 
 def test_client_certificate_for_istiod(tmp_path: Path) -> None:
-    assert resolve(tmp_path).xds.upstream.client_cert_dir == ""
-    assert resolve(tmp_path, FILE_MOUNTED_CERTS="true").xds.upstream.client_cert_dir == "./etc/certs"
-    assert resolve(tmp_path, PROV_CERT="/etc/prov", FILE_MOUNTED_CERTS="true").xds.upstream.client_cert_dir == (
-        "/etc/prov")
+    def pair(**environ: str) -> tuple[str, str]:
+        upstream = resolve(tmp_path, None, None, **environ).xds.upstream
+        return upstream.client_key, upstream.client_chain
+
+    assert pair() == ("", "")
+    assert pair(PROV_CERT="/etc/prov", FILE_MOUNTED_CERTS="true") == ("/etc/prov/key.pem", "/etc/prov/cert-chain.pem")
+    mounted = ('{"proxyMetadata": {"ISTIO_META_TLS_CLIENT_KEY": "/certs/k.pem", '
+               '"ISTIO_META_TLS_CLIENT_CERT_CHAIN": "/certs/c.pem"}}')
+    assert pair(FILE_MOUNTED_CERTS="true", PROXY_CONFIG=mounted) == ("/certs/k.pem", "/certs/c.pem")
+
+
+def test_roots_for_the_ca_and_for_istiod_as_upstream(tmp_path: Path) -> None:
+    def roots(host: HostFacts | None = None, **environ: str) -> tuple[str, str]:
+        options = resolve(tmp_path, None, host, **environ)
+        return options.security.ca_root_ca, options.xds.upstream.root_ca
+
+    default = "./var/run/secrets/istio/root-cert.pem"
+    assert roots() == (default, default)
+    assert roots(CA_ROOT_CA="SYSTEM", XDS_ROOT_CA="/x.pem") == ("SYSTEM", "/x.pem"), "no fallback between the two"
+    assert roots(HostFacts(mounted_root_cert=True)) == (default, "./etc/certs/root-cert.pem")
+    assert roots(PILOT_CERT_PROVIDER="custom") == ("./etc/certs/root-cert.pem", default)
+    assert roots(PROV_CERT="/prov") == ("/prov/root-cert.pem", "/prov/root-cert.pem")
+    mounted = '{"proxyMetadata": {"ISTIO_META_TLS_CLIENT_ROOT_CERT": "/certs/root.pem"}}'
+    assert roots(FILE_MOUNTED_CERTS="true", PROXY_CONFIG=mounted)[1] == "/certs/root.pem"
+    with pytest.raises(ConfigError, match=r"PILOT_CERT_PROVIDER='none'.*XDS_ROOT_CA"):
+        resolve(tmp_path, PILOT_CERT_PROVIDER="none")
+    with pytest.raises(ConfigError, match=r"PILOT_CERT_PROVIDER='none'.*CA_ROOT_CA"):
+        resolve(tmp_path, PILOT_CERT_PROVIDER="none", XDS_ROOT_CA="/xds.pem")
+    assert roots(PILOT_CERT_PROVIDER="none", CA_ROOT_CA="/ca.pem", XDS_ROOT_CA="/xds.pem") == ("/ca.pem", "/xds.pem")
+
+
+def test_workload_key_format_file_modes_debounce_and_keepalive(tmp_path: Path) -> None:
+    default = resolve(tmp_path)
+    assert (default.security.pkcs8_keys, default.security.output_file_mode) == (False, 0o600)
+    assert default.security.file_debounce == 0.1
+    assert (default.xds.upstream.keepalive_interval, default.xds.upstream.keepalive_timeout) == (30.0, 10.0)
+    tuned = resolve(tmp_path, PKCS8_KEY="true", KUBERNETES_SERVICE_HOST="10.96.0.1", FILE_DEBOUNCE_DURATION="250ms",
+                    GRPC_KEEPALIVE_INTERVAL="5s", GRPC_KEEPALIVE_TIMEOUT="2s")
+    assert (tuned.security.pkcs8_keys, tuned.security.output_file_mode) == (True, 0o644)
+    assert tuned.security.file_debounce == 0.25
+    assert (tuned.security.keepalive_interval, tuned.security.keepalive_timeout) == (5.0, 2.0)
+    assert (tuned.xds.upstream.keepalive_interval, tuned.xds.upstream.keepalive_timeout) == (5.0, 2.0)
+
+
+def test_concurrency_from_proxy_config_then_the_cpu_limit(tmp_path: Path) -> None:
+    def launch_concurrency(flags: AgentFlags | None = None, **environ: str) -> int | None:
+        envoy = resolve(tmp_path, flags, None, **environ).envoy
+        assert envoy is not None
+        return envoy.launch.concurrency
+
+    assert launch_concurrency(ISTIO_CPU_LIMIT="3") == 3
+    assert launch_concurrency(ISTIO_CPU_LIMIT="3", PROXY_CONFIG='{"concurrency": 1}') == 1
+    assert launch_concurrency(ISTIO_CPU_LIMIT="3", PROXY_CONFIG='{"concurrency": 0}') == 0, "0 is configured"
+    assert launch_concurrency(AgentFlags(concurrency=5), ISTIO_CPU_LIMIT="3") == 5
+
+
+def test_probes_go_to_localhost_with_the_legacy_switch(tmp_path: Path) -> None:
+    assert resolve(tmp_path).status is not None
+    assert resolve(tmp_path).status.probes.pod_ip == "10.1.1.5"  # type: ignore[union-attr]
+    legacy = resolve(tmp_path, REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION="true").status
+    assert legacy is not None and legacy.probes.pod_ip == "localhost"
+
+
+def test_waypoints_and_refused_types(tmp_path: Path) -> None:
+    waypoint = resolve(tmp_path, AgentFlags(proxy_type="waypoint"))
+    assert waypoint.node.id.startswith("waypoint~10.1.1.5~")
+    assert waypoint.envoy is not None and not waypoint.envoy.drain_inbound_only
+    assert waypoint.status is not None and waypoint.status.metrics.app_targets == ()
+    for other in ("ztunnel", "agentgateway"):
+        with pytest.raises(ConfigError, match="supported types: sidecar, router, waypoint"):
+            resolve(tmp_path, AgentFlags(proxy_type=other))
 
 
 def test_envoy_launch_flags_and_drain(tmp_path: Path) -> None:
@@ -102,7 +171,7 @@ def test_envoy_launch_flags_and_drain(tmp_path: Path) -> None:
                       ISTIO_AGENT_ENVOY_UID="1337")
     envoy = options.envoy
     assert envoy is not None
-    assert (envoy.launch.log_level, envoy.launch.component_log_level) == ("info", "misc:error,rbac:debug")
+    assert (envoy.launch.log_level, envoy.launch.component_log_level) == ("info,misc:error", "rbac:debug")
     assert envoy.launch.enable_core_dump and envoy.launch.concurrency is None, "gateways use every core"
     assert not envoy.drain_inbound_only
     assert envoy.drain.exit_on_zero_active_connections and envoy.drain.minimum_drain_duration == 7.0

@@ -50,12 +50,11 @@ def test_root_defaults_to_the_mounted_istio_root(tmp_path: Path) -> None:
     assert resolve_ca_root(options) == root
 
 
-def test_ca_root_ca_wins_over_xds_root_ca(tmp_path: Path) -> None:
+def test_the_resolved_ca_root_is_used_and_must_exist(tmp_path: Path) -> None:
     (tmp_path / "ca.pem").write_text("x")
-    (tmp_path / "xds.pem").write_text("y")
-    options = SecurityOptions(workdir=tmp_path, ca_root_ca="ca.pem", xds_root_ca="xds.pem")
-    assert resolve_ca_root(options) == tmp_path / "ca.pem"
-    assert resolve_ca_root(SecurityOptions(workdir=tmp_path, xds_root_ca="xds.pem")) == tmp_path / "xds.pem"
+    assert resolve_ca_root(SecurityOptions(workdir=tmp_path, ca_root_ca="ca.pem")) == tmp_path / "ca.pem"
+    with pytest.raises(SecretError, match="root CA file for CA does not exist"):
+        resolve_ca_root(SecurityOptions(workdir=tmp_path, ca_root_ca="missing.pem"))
 
 
 def test_system_root(tmp_path: Path) -> None:

@@ -82,6 +82,36 @@ def _parse_ifaddr(body: bytes) -> list[tuple[int, bytes]]:
     return [(index, addr)]
 
 
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+
+
+def interface_flags(name: str) -> int:
+    """The interface's flags (IFF_*), from sysfs; 0 when it cannot be read."""
+    try:
+        with open(f"/sys/class/net/{name}/flags", encoding="ascii") as handle:
+            return int(handle.read().strip(), 16)
+    except (OSError, ValueError):
+        return 0
+
+
+def up_interface_addresses() -> list[tuple[str, str]]:
+    """(interface name, address) for every address on an interface that is up and not loopback.
+
+    In Go's `net.Interfaces()` order (by index), each interface's addresses in dump
+    order: what upstream's GetPrivateIPs walks before filtering the addresses.
+    """
+    names = dict(_socket.if_nameindex())
+    found: list[tuple[int, str, str]] = []
+    for index, packed in interface_addresses():
+        name = names.get(index, "")
+        flags = interface_flags(name) if name else 0
+        if flags & _IFF_UP and not flags & _IFF_LOOPBACK:
+            found.append((index, format_addr(packed), name))
+    found.sort(key=lambda item: item[0])  # a stable sort keeps dump order within an interface
+    return [(name, address) for _, address, name in found]
+
+
 def ipv6_from_addresses(addresses: list[tuple[int, bytes]], dual_stack: bool) -> bool:
     """Upstream's getLocalIP decision, over (ifindex, address) pairs."""
     usable = [a for _, a in sorted(addresses, key=lambda pair: pair[0]) if not is_loopback(a) and not is_link_local(a)]

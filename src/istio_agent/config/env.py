@@ -46,16 +46,15 @@ PROXY_CONFIG_XDS_AGENT = boolean(
     "PROXY_CONFIG_XDS_AGENT", False, "Receive ProxyConfig (PCDS) over xDS and apply trust bundles."
 )
 ISTIO_CPU_LIMIT = integer(
-    "ISTIO_CPU_LIMIT", 0, "CPU limit of the container, rounded up; Envoy's concurrency when none is configured.",
-    support=ACCEPTED, note="Envoy's concurrency comes from ProxyConfig (default 2) or --concurrency")
+    "ISTIO_CPU_LIMIT", 0, "CPU limit of the container, rounded up; Envoy's concurrency when none is configured.")
 
 # --- control plane and CA --------------------------------------------------------------------------
 CA_ADDR = string("CA_ADDR", "", "Address of the CA; defaults to the ProxyConfig discoveryAddress.")
 CA_PROVIDER = string("CA_PROVIDER", "Citadel", "Name of the CA implementation.", support=ACCEPTED,
                      note="only istiod's CA protocol (IstioCertificateService) is spoken")
 PILOT_CERT_PROVIDER = string(
-    "PILOT_CERT_PROVIDER", "istiod", "Who signs istiod's serving certificate (decides the default root file).",
-    support=ACCEPTED, note="istiod's root is always XDS_ROOT_CA/CA_ROOT_CA or ./var/run/secrets/istio/root-cert.pem")
+    "PILOT_CERT_PROVIDER", "istiod",
+    "Who signs istiod's certificate: istiod (the mounted root), custom (./etc/certs/root-cert.pem), none.")
 XDS_ROOT_CA = string("XDS_ROOT_CA", "", "Root certificate file for istiod's xDS TLS, or SYSTEM.")
 CA_ROOT_CA = string("CA_ROOT_CA", "", "Root certificate file for the CA's TLS, or SYSTEM.")
 ISTIOD_SAN = string("ISTIOD_SAN", "", "Expected server name of istiod, overriding the address host.")
@@ -65,15 +64,15 @@ XDS_AUTH_PROVIDER = string("XDS_AUTH_PROVIDER", "", "Provider of xDS credentials
                            note="only the Kubernetes service-account token is sent")
 JWT_POLICY = string("JWT_POLICY", "third-party-jwt", "Which Kubernetes token the pod has.", support=ACCEPTED,
                     note="the token is always ./var/run/secrets/tokens/istio-token (third-party-jwt)")
+KUBERNETES_SERVICE_HOST = string(
+    "KUBERNETES_SERVICE_HOST", "", "Set in every Kubernetes pod: OUTPUT_CERTS files are then 0644, to share them.")
 CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "", "Plugin that fetches the token.", support=ACCEPTED,
                                  note=_GCP)
 CREDENTIAL_IDENTITY_PROVIDER = string(
     "CREDENTIAL_IDENTITY_PROVIDER", "GoogleComputeEngine", "Identity provider of the credential fetcher.",
     support=ACCEPTED, note=_GCP)
-GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.",
-                                   support=ACCEPTED, note="gRPC's own keepalive defaults are used")
-GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.",
-                                  support=ACCEPTED, note="gRPC's own keepalive defaults are used")
+GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.")
+GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.")
 
 # --- workload certificates --------------------------------------------------------------------------
 SECRET_TTL = duration("SECRET_TTL", 24 * 3600.0, "Requested lifetime of workload certificates.")
@@ -86,13 +85,11 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = floating(
 WORKLOAD_RSA_KEY_SIZE = integer("WORKLOAD_RSA_KEY_SIZE", 2048, "RSA key size of workload keys.")
 ECC_SIGNATURE_ALGORITHM = string("ECC_SIGNATURE_ALGORITHM", "", "ECDSA for elliptic-curve workload keys.")
 ECC_CURVE = string("ECC_CURVE", "P256", "Curve for ECDSA workload keys: P256 or P384.")
-PKCS8_KEY = boolean("PKCS8_KEY", False, "Write workload keys as PKCS#8 rather than PKCS#1/SEC1.", support=ACCEPTED,
-                    note="keys are always PKCS#8")
+PKCS8_KEY = boolean("PKCS8_KEY", False, "Write workload keys as PKCS#8 rather than PKCS#1 (RSA) / SEC1 (EC).")
 OUTPUT_CERTS = string("OUTPUT_CERTS", "", "Directory to which workload certificates are written.")
 FILE_MOUNTED_CERTS = boolean("FILE_MOUNTED_CERTS", False, "Use mounted certificates instead of the CA.")
 FILE_DEBOUNCE_DURATION = duration(
-    "FILE_DEBOUNCE_DURATION", 0.1, "How long a changed certificate file settles before it is read.",
-    support=ACCEPTED, note="mounted certificate files are polled every 0.5 s, not watched and debounced")
+    "FILE_DEBOUNCE_DURATION", 0.1, "How long a changed certificate file settles before it is read again.")
 CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer.", support=ACCEPTED,
                             note="Kubernetes CSR signer names are not built")
 ISTIO_META_CERT_SIGNER = string("ISTIO_META_CERT_SIGNER", "", "Signer name sent as CertSigner metadata.")
@@ -115,8 +112,7 @@ HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = boolean(
     "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", True, "Envoy strips the #fragment from request paths.")
 ISTIO_ENVOY_ENABLE_CORE_DUMP = boolean("ISTIO_ENVOY_ENABLE_CORE_DUMP", False, "Start Envoy with --enable-core-dump.")
 ENVOY_SKIP_DEPRECATED_LOGS = boolean(
-    "ENVOY_SKIP_DEPRECATED_LOGS", True, "Start Envoy with --skip-deprecated-logs.", support=ACCEPTED,
-    note="Envoy is started without --skip-deprecated-logs")
+    "ENVOY_SKIP_DEPRECATED_LOGS", True, "Start Envoy with --skip-deprecated-logs.")
 ENVOY_STATUS_PORT = integer("ENVOY_STATUS_PORT", 15021, "Envoy's health listener port.", support=ACCEPTED,
                             note="the bootstrap's health listener is always on 15021")
 ENVOY_PROMETHEUS_PORT = integer("ENVOY_PROMETHEUS_PORT", 15090, "Envoy's Prometheus listener port.",
@@ -184,8 +180,7 @@ METRICS_LOCALHOST_ACCESS_ONLY = boolean(
     "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics to localhost only.", support=ACCEPTED,
     note="the merged metrics answer every caller")
 REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(
-    "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.",
-    support=ACCEPTED, note="probes go to the pod IP")
+    "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.")
 ISTIO_ENABLE_HTTP2_PROBING = boolean("ISTIO_ENABLE_HTTP2_PROBING", True, "HTTP/2 for app probes that ask for it.",
                                      support=ACCEPTED, note="HTTP probes use HTTP/1.1")
 ENABLE_PROBE_KEEPALIVE_CONNECTIONS = boolean(

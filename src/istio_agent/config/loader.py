@@ -8,12 +8,13 @@ only then is the node identity derived (so `proxyMetadata` can set, say,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import NodeIdentity, identity_from_env
+from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
 
 DEFAULT_MESH_CONFIG = "./etc/istio/config/mesh"
@@ -49,8 +50,13 @@ def load_agent_config(
     mesh_config_path: str = DEFAULT_MESH_CONFIG,
     concurrency: int = 0,
     service_cluster: str = "istio-proxy",
+    interfaces: Sequence[tuple[str, str]] = (),
 ) -> AgentConfig:
-    """Read and validate the mesh file, PROXY_CONFIG and pod files; raise ConfigError on bad input."""
+    """Read and validate the mesh file, PROXY_CONFIG and pod files; raise ConfigError on bad input.
+
+    `interfaces` are the host's (name, address) pairs of up, non-loopback interfaces; they
+    become the proxy's IPs after INSTANCE_IP, as upstream lists them.
+    """
     def resolve(p: str) -> Path:
         return Path(p) if Path(p).is_absolute() else workdir / p
 
@@ -66,28 +72,30 @@ def load_agent_config(
     proxy_config = build_proxy_config(
         mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
     )
-    _apply_flags_and_annotations(proxy_config, proxy_type, concurrency, service_cluster, annotations)
+    _apply_flags_and_annotations(proxy_config, concurrency, service_cluster, annotations)
     environment = environment.overlay(proxy_config.proxy_metadata)
-    identity = identity_from_env(environment, proxy_type, domain)
+    excluded = [name.strip() for name in annotations.get(EXCLUDE_INTERFACES_ANNOTATION, "").split(",") if name.strip()]
+    ips = instance_ips(environment, interfaces, excluded)
+    identity = identity_from_env(environment, proxy_type, domain, ips)
     return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations)
 
 
 DISCOVERY_ADDRESS_ANNOTATION = "sidecar.istio.io/discoveryAddress"
+EXCLUDE_INTERFACES_ANNOTATION = "traffic.sidecar.istio.io/excludeInterfaces"
 STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
 
 
 def _apply_flags_and_annotations(
-    config: ProxyConfig, proxy_type: str, concurrency: int, service_cluster: str, annotations: dict[str, str]
+    config: ProxyConfig, concurrency: int, service_cluster: str, annotations: dict[str, str]
 ) -> None:
     """What upstream applies after layering: `--concurrency`, `--serviceCluster`, two pod annotations.
 
-    A gateway (router) with no configured concurrency uses every core, as upstream's does;
-    a non-zero `--concurrency` wins over every layer.
+    A non-zero `--concurrency` wins over every layer (upstream's legacy flag). With no
+    concurrency anywhere, the resolver falls back to ISTIO_CPU_LIMIT and then to Envoy's
+    own default (a thread per core), as upstream's default ProxyConfig sets none.
     """
     if concurrency:
         config.values["concurrency"] = concurrency
-    elif proxy_type == "router" and "concurrency" not in config.explicit:
-        config.values.pop("concurrency", None)
     if not config.get("serviceCluster"):
         config.values["serviceCluster"] = service_cluster
     if DISCOVERY_ADDRESS_ANNOTATION in annotations:

@@ -11,46 +11,90 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 
-PROXY_TYPES = ("sidecar", "router")
+# The proxy types this agent runs (`pilot-agent proxy <type>`); upstream also knows ztunnel and
+# agentgateway, which are other programs' node types.
+PROXY_TYPES = ("sidecar", "router", "waypoint")
+OTHER_UPSTREAM_TYPES = ("ztunnel", "agentgateway")
 
 log = logging.getLogger(__name__)
 
 
-def instance_ips(environment: env.Environment) -> list[str]:
-    """Pod IPs: `INSTANCE_IP` first, then `INSTANCE_IPS`, duplicates and non-IPs dropped.
+LOOPBACKS = ("127.0.0.1", "::1")
 
-    Falls back to 127.0.0.1 when nothing usable is set, as upstream does for
-    agents started outside a pod.
+
+def _valid_ip(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        return None
+
+
+def private_addresses(interfaces: Sequence[tuple[str, str]]) -> list[str]:
+    """Upstream's GetPrivateIPs over (interface, address) pairs of up, non-loopback interfaces.
+
+    Loopback, link-local and unspecified addresses are skipped; IPv4-mapped IPv6 is unwrapped.
     """
-    ips: list[str] = []
-    candidates = [environment.get(env.INSTANCE_IP), *environment.get(env.INSTANCE_IPS).split(",")]
-    for candidate in candidates:
-        text = candidate.strip()
-        if not text:
-            continue
+    out: list[str] = []
+    for _, text in interfaces:
         try:
-            ipaddress.ip_address(text)
+            address = ipaddress.ip_address(text)
         except ValueError:
             continue
-        if text not in ips:
-            ips.append(text)
-    return ips or ["127.0.0.1"]
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if address.is_loopback or address.is_link_local or address.is_unspecified:
+            continue
+        if isinstance(address, ipaddress.IPv6Address) and address in _LINK_LOCAL_MULTICAST_V6:
+            continue
+        out.append(str(address))
+    return out
+
+
+_LINK_LOCAL_MULTICAST_V6 = ipaddress.IPv6Network("ff02::/16")
+
+
+def instance_ips(environment: env.Environment, interfaces: Sequence[tuple[str, str]] = (),
+                 excluded_interfaces: Sequence[str] = ()) -> list[str]:
+    """The proxy's IPs as upstream's initProxy lists them: `INSTANCE_IP` first, then the host's.
+
+    After `INSTANCE_IP` (and our `INSTANCE_IPS`) come the private addresses of the
+    up interfaces (`interfaces`, as `capture.hostfacts.up_interface_addresses`
+    reads them), or 127.0.0.1 and ::1 when there are none; minus the addresses
+    of the interfaces the `traffic.sidecar.istio.io/excludeInterfaces` annotation
+    names and minus what is already listed.
+    """
+    first = [ip for ip in (_valid_ip(environment.get(env.INSTANCE_IP)),
+                           *(_valid_ip(t) for t in environment.get(env.INSTANCE_IPS).split(",") if t.strip()))
+             if ip is not None]
+    listed = list(dict.fromkeys(first))
+    found = private_addresses(interfaces) or list(LOOPBACKS)
+    excluded = {address for name, address in interfaces if name in set(excluded_interfaces)} | set(listed)
+    return listed + [ip for ip in found if ip not in excluded]
 
 
 def default_domain(namespace: str) -> str:
     return f"{namespace}.svc.cluster.local" if namespace else "cluster.local"
 
 
+def check_proxy_type(proxy_type: str) -> str:
+    """The type, or ConfigError naming the supported ones (and saying so when upstream knows it)."""
+    if proxy_type in PROXY_TYPES:
+        return proxy_type
+    supported = ", ".join(PROXY_TYPES)
+    if proxy_type in OTHER_UPSTREAM_TYPES:
+        raise ConfigError(f"proxy type {proxy_type!r} is not run by pilot-agent here; supported types: {supported}")
+    raise ConfigError(f"invalid proxy type {proxy_type!r}; supported types: {supported}")
+
+
 def node_id(proxy_type: str, ip: str, pod_name: str, namespace: str, domain: str) -> str:
-    if proxy_type not in PROXY_TYPES:
-        raise ConfigError(f"proxy type {proxy_type!r} is not one of {', '.join(PROXY_TYPES)}")
+    check_proxy_type(proxy_type)
     return f"{proxy_type}~{ip}~{pod_name}.{namespace}~{domain}"
 
 
@@ -76,11 +120,13 @@ class NodeIdentity:
         return f"spiffe://{self.trust_domain}/ns/{self.namespace}/sa/{self.service_account}"
 
 
-def identity_from_env(environment: env.Environment, proxy_type: str, domain: str | None) -> NodeIdentity:
+def identity_from_env(environment: env.Environment, proxy_type: str, domain: str | None,
+                      ips: Sequence[str] | None = None) -> NodeIdentity:
+    """Who this proxy is, from the environment; `ips` as `instance_ips` lists them (default: no host interfaces)."""
     namespace = environment.get(env.POD_NAMESPACE)
     return NodeIdentity(
-        proxy_type=proxy_type,
-        ips=tuple(instance_ips(environment)),
+        proxy_type=check_proxy_type(proxy_type),
+        ips=tuple(ips if ips is not None else instance_ips(environment)),
         pod_name=environment.get(env.POD_NAME),
         namespace=namespace,
         service_account=environment.get(env.SERVICE_ACCOUNT),

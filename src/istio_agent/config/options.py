@@ -31,20 +31,33 @@ from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import AgentConfig, load_agent_config
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
 from istio_agent.dns.options import ALT_RESOLV_CONF, DnsProxyOptions, port53_rules
-from istio_agent.envoy.argv import EnvoyLaunch, split_component_log
+from istio_agent.envoy.argv import EnvoyLaunch
 from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, xds_socket_for_bootstrap
-from istio_agent.security.options import SecurityOptions
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, go_join, xds_socket_for_bootstrap
+from istio_agent.security.options import (
+    CA_ROOT_DEFAULT_PATH,
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    SecurityOptions,
+)
 from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, MetricsOptions, parse_scrape_annotations
 from istio_agent.status.options import StatusOptions
 from istio_agent.status.probes import ProbeOptions, parse_app_probers
 from istio_agent.version import ISTIO_COMPAT_VERSION
-from istio_agent.xds.options import MOUNTED_CERTS_DIR, XDS_SOCKET_NAME, XdsProxyOptions
+from istio_agent.xds.options import XDS_SOCKET_NAME, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
 ENVOY_STATUS_PORT = 15021  # upstream's default for the bootstrap's health listener
+CERT_PROVIDER_CUSTOM = "custom"
+CERT_PROVIDER_NONE = "none"
+MOUNTED_ROOT_CERT = "./etc/certs/root-cert.pem"
+# proxyMetadata keys naming the client certificate files with FILE_MOUNTED_CERTS (upstream's names)
+CLIENT_KEY_METADATA = "ISTIO_META_TLS_CLIENT_KEY"
+CLIENT_CHAIN_METADATA = "ISTIO_META_TLS_CLIENT_CERT_CHAIN"
+CLIENT_ROOT_METADATA = "ISTIO_META_TLS_CLIENT_ROOT_CERT"
 FIRST_CERTIFICATE_HEAD_START = 2.0  # how long start-up waits for the first certificate before loading the rest
 
 
@@ -67,10 +80,11 @@ class AgentFlags:
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the resolver must know about the machine (read by `load_agent_options`, given by tests)."""
+    """What the resolver must know about the machine and the pod's files (read by `load_agent_options`)."""
 
     euid: int = 0
     alt_resolv_conf_exists: bool = False
+    mounted_root_cert: bool = False  # ./etc/certs/root-cert.pem is there at start
 
 
 @dataclass(frozen=True)
@@ -104,11 +118,63 @@ def istio_version(environment: env.Environment) -> str:
     return environment.get(env.ISTIO_VERSION) or ISTIO_COMPAT_VERSION
 
 
-def client_cert_dir(environment: env.Environment) -> str:
-    """The key pair the agent presents to istiod and its CA: a provisioning cert, or the mounted certs."""
+def xds_client_key_pair(environment: env.Environment, proxy_metadata: Mapping[str, str]) -> tuple[str, str]:
+    """(key, chain) the agent presents to istiod (upstream's GetKeyCertsForXDS); ("", "") for none.
+
+    A provisioning certificate (PROV_CERT) wins; with FILE_MOUNTED_CERTS the files the
+    ProxyConfig's proxyMetadata names.
+    """
+    provisioned = environment.get(env.PROV_CERT)
+    if provisioned:
+        return go_join(provisioned, KEY_FILE), go_join(provisioned, CERT_CHAIN_FILE)
+    if environment.get(env.FILE_MOUNTED_CERTS):
+        return proxy_metadata.get(CLIENT_KEY_METADATA, ""), proxy_metadata.get(CLIENT_CHAIN_METADATA, "")
+    return "", ""
+
+
+def _no_provider(what: str) -> ConfigError:
+    return ConfigError(f"environment variable PILOT_CERT_PROVIDER='none': a root certificate for {what} is "
+                       f"required; set {'CA_ROOT_CA' if what == 'the CA' else 'XDS_ROOT_CA'}")
+
+
+def ca_root(environment: env.Environment) -> str:
+    """The root that verifies the CA (upstream's FindRootCAForCA): a file, or SYSTEM for the OS bundle."""
+    configured = environment.get(env.CA_ROOT_CA)
+    if configured:
+        return configured
+    provider = environment.get(env.PILOT_CERT_PROVIDER)
+    if provider == CERT_PROVIDER_CUSTOM:
+        return MOUNTED_ROOT_CERT
     if environment.get(env.PROV_CERT):
-        return environment.get(env.PROV_CERT)
-    return MOUNTED_CERTS_DIR if environment.get(env.FILE_MOUNTED_CERTS) else ""
+        return go_join(environment.get(env.PROV_CERT), ROOT_CERT_FILE)
+    if provider == CERT_PROVIDER_NONE:
+        raise _no_provider("the CA")
+    return CA_ROOT_DEFAULT_PATH
+
+
+def xds_root(environment: env.Environment, proxy_metadata: Mapping[str, str], host: HostFacts) -> str:
+    """The root that verifies istiod's xDS server (upstream's FindRootCAForXDS): a file, or SYSTEM."""
+    configured = environment.get(env.XDS_ROOT_CA)
+    if configured:
+        return configured
+    if host.mounted_root_cert:
+        return MOUNTED_ROOT_CERT  # old style: a mounted ./etc/certs/root-cert.pem
+    if environment.get(env.PROV_CERT):
+        return go_join(environment.get(env.PROV_CERT), ROOT_CERT_FILE)
+    if environment.get(env.FILE_MOUNTED_CERTS):
+        return proxy_metadata.get(CLIENT_ROOT_METADATA, "")
+    if environment.get(env.PILOT_CERT_PROVIDER) == CERT_PROVIDER_NONE:
+        raise _no_provider("istiod's xDS server")
+    return CA_ROOT_DEFAULT_PATH
+
+
+def concurrency(config: AgentConfig) -> int | None:
+    """Envoy's worker threads: ProxyConfig's (or --concurrency), else ISTIO_CPU_LIMIT, else Envoy's own default."""
+    configured = config.proxy_config.concurrency
+    if configured is not None:
+        return configured
+    limit = config.environment.get(env.ISTIO_CPU_LIMIT)
+    return limit if limit > 0 else None
 
 
 def metadata_dns_proxy_addr(environment: env.Environment) -> str:
@@ -176,8 +242,9 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         service_account=node.service_account,
         cluster_id=node.cluster_id,
         ca_address=environment.get(env.CA_ADDR) or config.proxy_config.discovery_address,
-        ca_root_ca=environment.get(env.CA_ROOT_CA),
-        xds_root_ca=environment.get(env.XDS_ROOT_CA),
+        ca_root_ca=ca_root(environment),
+        keepalive_interval=environment.get(env.GRPC_KEEPALIVE_INTERVAL),
+        keepalive_timeout=environment.get(env.GRPC_KEEPALIVE_TIMEOUT),
         istiod_san=environment.get(env.ISTIOD_SAN),
         prov_cert=environment.get(env.PROV_CERT),
         ca_headers=headers,
@@ -188,25 +255,32 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         key_algorithm="ECDSA" if algorithm == "ECDSA" else "RSA",
         rsa_key_size=rsa_bits,
         ecc_curve=curve,
+        pkcs8_keys=environment.get(env.PKCS8_KEY),
         output_certs=environment.get(env.OUTPUT_CERTS),
+        output_file_mode=0o644 if environment.get(env.KUBERNETES_SERVICE_HOST) else 0o600,
         file_mounted_certs=environment.get(env.FILE_MOUNTED_CERTS),
+        file_debounce=environment.get(env.FILE_DEBOUNCE_DURATION),
         run_sds_server=run_sds_server,
         socket_file=socket_file,
     )
 
 
-def xds_options(config: AgentConfig) -> XdsProxyOptions:
+def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyOptions:
     environment, pc = config.environment, config.proxy_config
+    key, chain = xds_client_key_pair(environment, pc.proxy_metadata)
     headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.XDS_HEADER_PREFIX))
     upstream = UpstreamSettings(
         address=pc.discovery_address,
         workdir=config.workdir,
-        root_ca=environment.get(env.XDS_ROOT_CA),
+        root_ca=xds_root(environment, pc.proxy_metadata, host or HostFacts()),
         istiod_san=environment.get(env.ISTIOD_SAN),
         send_token=environment.get(env.XDS_AUTH),
         cluster_id=config.identity.cluster_id,
         headers=headers,
-        client_cert_dir=client_cert_dir(environment),
+        client_key=key,
+        client_chain=chain,
+        keepalive_interval=environment.get(env.GRPC_KEEPALIVE_INTERVAL),
+        keepalive_timeout=environment.get(env.GRPC_KEEPALIVE_TIMEOUT),
         insecure=pc.get("controlPlaneAuthPolicy") == "NONE",
     )
     return XdsProxyOptions(
@@ -251,15 +325,17 @@ def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str,
     environment, pc = config.environment, config.proxy_config
     if not envoy_enabled(environment):
         return None
-    level, components = split_component_log(flags.proxy_log_level)
     launch = EnvoyLaunch(
         config_file="",
         drain_duration=pc.drain_duration,
         node_ips=tuple(config.identity.ips),
-        log_level=level,
-        component_log_level=",".join(filter(None, [*components, flags.proxy_component_log_level])),
-        concurrency=pc.concurrency,
+        log_level=flags.proxy_log_level,  # component levels in it win over --proxyComponentLogLevel (argv.py)
+        component_log_level=flags.proxy_component_log_level,
+        concurrency=concurrency(config),
+        skip_deprecated_logs=environment.get(env.ENVOY_SKIP_DEPRECATED_LOGS),
         enable_core_dump=environment.get(env.ISTIO_ENVOY_ENABLE_CORE_DUMP),
+        file_flush_interval_ms=int(pc.get("fileFlushInterval", 1.0) * 1000),
+        file_flush_min_size_kb=int(pc.get("fileFlushMinSizeKb") or 0),
     )
     uid = environment.get(env.ISTIO_AGENT_ENVOY_UID)
     return EnvoyOptions(
@@ -299,7 +375,9 @@ def probe_options(config: AgentConfig) -> ProbeOptions:
     """ISTIO_KUBE_APP_PROBERS, validated (ConfigError naming the probe path and field fails the start)."""
     return ProbeOptions(
         probers=parse_app_probers(config.environment.get(env.ISTIO_KUBE_APP_PROBERS)),
-        pod_ip=config.identity.ips[0] if config.identity.ips else "127.0.0.1",
+        # REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: probe the app on localhost, as before upstream used the pod IP.
+        pod_ip=("localhost" if config.environment.get(env.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION)
+                else config.identity.ips[0] if config.identity.ips else "127.0.0.1"),
         status_port=config.proxy_config.status_port,
     )
 
@@ -338,7 +416,7 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBoot
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
     metadata = node_metadata(metadata_options(config, flags))
-    xds = xds_options(config)
+    xds = xds_options(config, host)
     with_envoy = envoy_enabled(config.environment)
     return AgentOptions(
         workdir=config.workdir,
@@ -357,6 +435,12 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
 def load_agent_options(flags: AgentFlags, environment: env.Environment | None = None,
                        workdir: Path | None = None) -> AgentOptions:
     """The I/O edge: read the process environment, the pod's files and host facts, then resolve."""
+    from istio_agent.capture.hostfacts import up_interface_addresses
+
+    try:
+        interfaces = up_interface_addresses()
+    except OSError:
+        interfaces = []  # no netlink here: 127.0.0.1 and ::1, as upstream when it finds no address
     config = load_agent_config(
         environment if environment is not None else env.Environment(),
         workdir or Path.cwd(),
@@ -365,6 +449,8 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
         mesh_config_path=flags.mesh_config,
         concurrency=flags.concurrency,
         service_cluster=flags.service_cluster,
+        interfaces=interfaces,
     )
-    host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists())
+    host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
+                     mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file())
     return resolve_agent_options(config, flags, host)

@@ -6,10 +6,16 @@ the pod's `proxy.istio.io/config` annotation. Each later layer replaces whole
 top-level fields (a `tracing` block replaces the whole `tracing` block), except
 `proxyMetadata`, whose entries are merged key by key.
 
-Values are kept in their protobuf-JSON shape (camelCase keys, durations as
-seconds after validation) because the bootstrap template consumes exactly that
-shape. Field names in either camelCase or snake_case are accepted, as protojson
-accepts both; unknown fields are dropped with a warning, as upstream does.
+Every field is checked as upstream's parser checks it, nested messages
+included (`config/proxyconfig_fields.py` is the type, `config/protojson.py` the
+reader): a value of the wrong type fails the start naming the layer, the field
+path and the value. Values are kept in protobuf-JSON shape (camelCase keys;
+top-level durations as seconds, which the resolver reads; nested messages
+exactly as upstream's marshaller writes them), because node metadata and the
+bootstrap template consume that shape. Field names in either camelCase or
+snake_case are accepted; unknown fields are dropped with a warning, as upstream
+does. Setting one member of a oneof (`serviceCluster` / `tracingServiceName`)
+in a later layer clears the other, as it does upstream.
 """
 
 from __future__ import annotations
@@ -17,155 +23,29 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from istio_agent.config import protojson
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
 
 log = logging.getLogger(__name__)
 
-Checker = Callable[[str, Any], Any]
-
-
-def _check_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"field {name}: expected a string, got {value!r}")
-    return value
-
-
-def _check_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigError(f"field {name}: expected an integer, got {value!r}")
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"field {name}: expected an integer, got {value!r}") from None
-
-
-def _check_port(name: str, value: Any) -> int:
-    port = _check_int(name, value)
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"field {name}: port {port} out of range 0-65535")
-    return port
-
-
-def _check_optional_int(name: str, value: Any) -> int | None:
-    return None if value is None else _check_int(name, value)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ConfigError(f"field {name}: expected true or false, got {value!r}")
-
-
-def _check_duration(name: str, value: Any) -> float:
-    """Durations: `"45s"` (protojson), Go spellings like `"1m30s"`, or a number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(f"field {name}: expected a duration such as \"45s\", got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        try:
-            seconds = parse_duration(value)
-        except ValueError:
-            raise ConfigError(f"field {name}: expected a duration such as \"45s\", got {value!r}") from None
-    elif isinstance(value, Mapping) and set(value) <= {"seconds", "nanos"}:
-        seconds = float(value.get("seconds", 0)) + float(value.get("nanos", 0)) / 1e9
-    else:
-        raise ConfigError(f"field {name}: expected a duration such as \"45s\", got {value!r}")
-    if seconds < 0:
-        raise ConfigError(f"field {name}: duration {value!r} is negative")
-    return seconds
-
-
-def _check_str_map(name: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"field {name}: expected a map of strings, got {value!r}")
-    out: dict[str, str] = {}
-    for key, item in value.items():
-        if isinstance(item, bool):
-            item = "true" if item else "false"
-        if not isinstance(item, str | int | float):
-            raise ConfigError(f"field {name}.{key}: expected a string, got {item!r}")
-        out[str(key)] = str(item)
-    return out
-
-
-def _check_str_list(name: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"field {name}: expected a list of strings, got {value!r}")
-    return list(value)
-
-
-def _check_message(name: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"field {name}: expected an object, got {value!r}")
-    return copy.deepcopy(dict(value))
-
-
-def _enum(*allowed: str) -> Checker:
-    def check(name: str, value: Any) -> str:
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(allowed):
-            return allowed[value]
-        if not isinstance(value, str) or value not in allowed:
-            raise ConfigError(f"field {name}: {value!r} is not one of {', '.join(allowed)}")
-        return value
-
-    return check
-
-
 # Every ProxyConfig field upstream defines (istio.mesh.v1alpha1.ProxyConfig), by protojson name.
-FIELDS: dict[str, Checker] = {
-    "configPath": _check_str,
-    "binaryPath": _check_str,
-    "serviceCluster": _check_str,
-    "tracingServiceName": _enum("APP_LABEL_AND_NAMESPACE", "CANONICAL_NAME_ONLY", "CANONICAL_NAME_AND_NAMESPACE"),
-    "drainDuration": _check_duration,
-    "parentShutdownDuration": _check_duration,
-    "discoveryAddress": _check_str,
-    "discoveryRefreshDelay": _check_duration,
-    "zipkinAddress": _check_str,
-    "statsdUdpAddress": _check_str,
-    "envoyMetricsServiceAddress": _check_str,
-    "proxyAdminPort": _check_port,
-    "availabilityZone": _check_str,
-    "controlPlaneAuthPolicy": _enum("NONE", "MUTUAL_TLS", "INHERIT"),
-    "customConfigFile": _check_str,
-    "statNameLength": _check_int,
-    "concurrency": _check_optional_int,
-    "proxyBootstrapTemplatePath": _check_str,
-    "interceptionMode": _enum("REDIRECT", "TPROXY", "NONE"),
-    "tracing": _check_message,
-    "sds": _check_message,
-    "envoyAccessLogService": _check_message,
-    "envoyMetricsService": _check_message,
-    "proxyMetadata": _check_str_map,
-    "runtimeValues": _check_str_map,
-    "statusPort": _check_port,
-    "extraStatTags": _check_str_list,
-    "gatewayTopology": _check_message,
-    "terminationDrainDuration": _check_duration,
-    "meshId": _check_str,
-    "readinessProbe": _check_message,
-    "proxyStatsMatcher": _check_message,
-    "holdApplicationUntilProxyStarts": _check_bool,
-    "caCertificatesPem": _check_str_list,
-    "image": _check_message,
-    "privateKeyProvider": _check_message,
-    "proxyHeaders": _check_message,
-    "fileFlushInterval": _check_duration,
-    "fileFlushMinSizeKb": _check_int,
-    "serviceAccountMTLS": _check_bool,
-}
+FIELDS: dict[str, protojson.Field] = {spec.json_name: spec for spec in PROXY_CONFIG.fields}
+# Top-level durations are held as seconds (what the resolver reads) and written back as "45s".
+DURATION_FIELDS = frozenset(name for name, spec in FIELDS.items() if spec.kind == "duration")
+ONEOFS: dict[str, tuple[str, ...]] = {}
+for _spec in PROXY_CONFIG.fields:
+    if _spec.oneof:
+        ONEOFS[_spec.oneof] = (*ONEOFS.get(_spec.oneof, ()), _spec.json_name)
+
 
 DEFAULTS: dict[str, Any] = {
     "configPath": "./etc/istio/proxy",
@@ -178,32 +58,24 @@ DEFAULTS: dict[str, Any] = {
     "controlPlaneAuthPolicy": "MUTUAL_TLS",
     "statNameLength": 189,
     "statusPort": 15020,
-    "concurrency": 2,
 }
 
-_CAMEL = re.compile(r"_([a-z0-9])")
-
-
-def _camel(name: str) -> str:
-    return _CAMEL.sub(lambda m: m.group(1).upper(), name)
-
-
 def parse_layer(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Validate one layer of ProxyConfig; errors name `source`, the field and the value."""
-    out: dict[str, Any] = {}
-    for raw_name, value in fields.items():
-        name = _camel(str(raw_name))
-        check = FIELDS.get(name)
-        if check is None:
-            log.warning("%s: ignoring unknown ProxyConfig field %r", source, raw_name)
-            continue
-        if value is None and name != "concurrency":
-            continue
-        try:
-            out[name] = check(name, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-    return out
+    """Validate one layer of ProxyConfig; errors name `source`, the field path and the value.
+
+    The result holds exactly the fields the layer sets (zero values included, since they
+    replace a lower layer's value), top-level durations in seconds.
+    """
+    def warn(text: str) -> None:
+        log.warning("%s: %s", source, text.replace(f"of {PROXY_CONFIG.full_name}", "of ProxyConfig"))
+
+    try:
+        values = protojson.read_fields(PROXY_CONFIG, fields, "", warn)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    for name in DURATION_FIELDS & values.keys():
+        values[name] = parse_duration(values[name])
+    return values
 
 
 def load_document(text: str, source: str) -> dict[str, Any]:
@@ -233,6 +105,10 @@ class ProxyConfig:
         """Lay a validated layer over this config: fields replace, proxyMetadata entries merge."""
         for name, value in layer.items():
             self.explicit.add(name)
+            oneof = FIELDS[name].oneof if name in FIELDS else ""
+            for other in ONEOFS.get(oneof, ()):
+                if other != name:
+                    self.values.pop(other, None)
             if name == "proxyMetadata":
                 merged = dict(self.values.get("proxyMetadata", {}))
                 merged.update(value)
@@ -281,14 +157,16 @@ class ProxyConfig:
         return dict(self.values.get("proxyMetadata", {}))
 
     def to_json(self) -> dict[str, Any]:
-        """Protojson form (durations back to `"Ns"` strings), e.g. for the bootstrap's node metadata."""
-        from istio_agent.config.durations import format_duration
-
+        """Protojson form, as upstream marshals it into node metadata: durations back to `"45s"`, and
+        fields holding their zero value (an empty string, 0, false, the first enum value) left out."""
         out: dict[str, Any] = {}
         for name, value in self.values.items():
-            if FIELDS.get(name) is _check_duration:
-                out[name] = format_duration(value)
-            else:
+            spec = FIELDS.get(name)
+            if spec is None:
+                out[name] = copy.deepcopy(value)
+            elif name in DURATION_FIELDS:
+                out[name] = protojson.format_duration_json(float(value))
+            elif not protojson.is_zero(spec, value):
                 out[name] = copy.deepcopy(value)
         return out
 

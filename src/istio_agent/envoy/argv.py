@@ -60,6 +60,8 @@ class EnvoyLaunch:
     skip_deprecated_logs: bool = False
     enable_core_dump: bool = False
     config_override_json: str = ""
+    file_flush_interval_ms: int = 1000  # ProxyConfig fileFlushInterval (upstream's default 1 s)
+    file_flush_min_size_kb: int = 0  # ProxyConfig fileFlushMinSizeKb (0: Envoy's default)
 
 
 def envoy_argv(launch: EnvoyLaunch) -> list[str]:
@@ -74,10 +76,12 @@ def envoy_argv(launch: EnvoyLaunch) -> list[str]:
         "--drain-time-s", str(int(launch.drain_duration)),
         "--drain-strategy", "immediate",
         "--local-address-ip-version", "v6" if launch.node_ips and all_ipv6(launch.node_ips) else "v4",
-        "--file-flush-interval-msec", "1000",
+        "--file-flush-interval-msec", str(launch.file_flush_interval_ms),
         "--disable-hot-restart",
         "--allow-unknown-static-fields",
     ]
+    if launch.file_flush_min_size_kb > 0:
+        args += ["--file-flush-min-size-kb", str(launch.file_flush_min_size_kb)]
     level, components = split_component_log(launch.log_level)
     if level:
         args += ["-l", level]

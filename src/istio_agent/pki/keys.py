@@ -27,11 +27,13 @@ def generate_key(algorithm: KeyAlgorithm = "RSA", rsa_bits: int = 2048, curve: s
     return rsa.generate_private_key(public_exponent=65537, key_size=rsa_bits)
 
 
-def key_to_pem(key: PrivateKey) -> bytes:
-    """PKCS#8 PEM, the form Envoy and gRPC both read."""
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+def key_to_pem(key: PrivateKey, pkcs8: bool = True) -> bytes:
+    """PEM: PKCS#8, or with `pkcs8=False` PKCS#1 for RSA and SEC1 for EC (upstream's default for workload keys).
+
+    Envoy and gRPC read all three.
+    """
+    form = serialization.PrivateFormat.PKCS8 if pkcs8 else serialization.PrivateFormat.TraditionalOpenSSL
+    return key.private_bytes(serialization.Encoding.PEM, form, serialization.NoEncryption())
 
 
 def key_from_pem(data: bytes) -> PrivateKey:

@@ -90,7 +90,7 @@ def tls_server_name(address: str, istiod_san: str = "") -> str:
 
 def resolve_ca_root(options: SecurityOptions) -> Path:
     """The root bundle used to verify the CA, or SecretError naming the missing file."""
-    configured = options.ca_root_ca or options.xds_root_ca
+    configured = options.ca_root_ca
     if configured == SYSTEM_ROOTS:
         bundle = system_bundle_path()
         if bundle is None:
@@ -111,10 +111,19 @@ def target_name_override(address: str, server_name: str) -> list[tuple[str, str]
 
 def client_key_and_chain(folder: Path) -> tuple[bytes | None, bytes | None]:
     """key.pem and cert-chain.pem from `folder` for mTLS to istiod; (None, None) unless both are there."""
-    key, chain = folder / KEY_FILE, folder / CERT_CHAIN_FILE
+    return read_key_pair(folder / KEY_FILE, folder / CERT_CHAIN_FILE)
+
+
+def read_key_pair(key: Path, chain: Path) -> tuple[bytes | None, bytes | None]:
+    """A client key and its chain for mTLS to istiod; (None, None) unless both files are there."""
     if key.is_file() and chain.is_file():
         return key.read_bytes(), chain.read_bytes()
     return None, None
+
+
+def keepalive_options(interval: float, timeout: float) -> list[tuple[str, int]]:
+    """gRPC keepalive on connections to istiod (upstream's GRPC_KEEPALIVE_INTERVAL / _TIMEOUT client parameters)."""
+    return [("grpc.keepalive_time_ms", int(interval * 1000)), ("grpc.keepalive_timeout_ms", int(timeout * 1000))]
 
 
 def istiod_call_metadata(cluster_id: str, headers: Iterable[tuple[str, str]],
@@ -180,7 +189,7 @@ class CaClient:
         address = self.options.ca_address
         if self.options.plaintext_ca:
             if self._stub is None:
-                self._channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                self._channel = grpc.aio.insecure_channel(address, options=self._channel_options())
                 self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
             return self._stub
         creds, material = self._credentials()
@@ -190,11 +199,14 @@ class CaClient:
             old = self._channel
             asyncio.get_running_loop().create_task(old.close())
         channel_options: list[tuple[str, str | int]] = [
-            *CHANNEL_OPTIONS, *target_name_override(address, tls_server_name(address, self.options.istiod_san))]
+            *self._channel_options(), *target_name_override(address, tls_server_name(address, self.options.istiod_san))]
         self._channel = grpc.aio.secure_channel(address, creds, options=channel_options)
         self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
         self._channel_key = material
         return self._stub
+
+    def _channel_options(self) -> list[tuple[str, str | int]]:
+        return [*CHANNEL_OPTIONS, *keepalive_options(self.options.keepalive_interval, self.options.keepalive_timeout)]
 
     def _request(self, csr_pem: bytes, ttl_seconds: int) -> istioca_pb2.IstioCertificateRequest:
         request = istioca_pb2.IstioCertificateRequest(csr=csr_pem.decode(), validity_duration=int(ttl_seconds))

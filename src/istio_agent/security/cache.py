@@ -316,7 +316,7 @@ class SecretCache:
     def _new_key_and_csr(self) -> tuple[bytes, bytes]:
         opts = self.options
         key = keys.generate_key(opts.key_algorithm, rsa_bits=opts.rsa_key_size, curve=opts.ecc_curve)
-        return keys.key_to_pem(key), certs.build_csr(key, [opts.spiffe_id])
+        return keys.key_to_pem(key, pkcs8=opts.pkcs8_keys), certs.build_csr(key, [opts.spiffe_id])
 
     async def _issue(self) -> SecretItem:
         assert self._signer is not None
@@ -347,7 +347,8 @@ class SecretCache:
             return
         try:
             written = write_output_certs(
-                directory, item.private_key, item.cert_chain, self._merged_roots(item.root_cert)
+                directory, item.private_key, item.cert_chain, self._merged_roots(item.root_cert),
+                self.options.output_file_mode,
             )
         except OSError as exc:
             log.error("cannot write certificates to OUTPUT_CERTS %s: %s", directory, exc)
@@ -442,25 +443,30 @@ class SecretCache:
         )
 
     def _on_files_changed(self, names: set[str]) -> None:
+        """A watched file changed: read it FILE_DEBOUNCE_DURATION later, once (writers often touch it twice)."""
         for name in sorted(names):
-            handle = self._retry_handles.pop(name, None)
-            if handle is not None:
-                handle.cancel()
-            try:
-                item = self._from_files(name)
-            except SecretError as exc:
-                # Often a half-written update (key before chain): try again shortly.
-                log.warning("certificate files for %s changed but cannot be loaded yet: %s", name, exc)
-                retry = functools.partial(self._on_files_changed, {name})
-                when = self._clock.now() + self.options.file_poll_interval
-                self._retry_handles[name] = self._clock.call_at(when, retry)
-                continue
-            if item is None:
-                continue
-            log.info("certificate files for %s changed: pushing", name)
-            if name in (WORKLOAD_RESOURCE, ROOT_RESOURCE):
-                self._write_file_output(item)
-            self._notify(name)
+            if name not in self._retry_handles:
+                self._schedule_reload(name, self.options.file_debounce)
+
+    def _schedule_reload(self, name: str, delay: float) -> None:
+        when = self._clock.now() + delay
+        self._retry_handles[name] = self._clock.call_at(when, functools.partial(self._reload_file, name))
+
+    def _reload_file(self, name: str) -> None:
+        self._retry_handles.pop(name, None)
+        try:
+            item = self._from_files(name)
+        except SecretError as exc:
+            # Often a half-written update (key before chain): try again shortly.
+            log.warning("certificate files for %s changed but cannot be loaded yet: %s", name, exc)
+            self._schedule_reload(name, self.options.file_poll_interval)
+            return
+        if item is None:
+            return
+        log.info("certificate files for %s changed: pushing", name)
+        if name in (WORKLOAD_RESOURCE, ROOT_RESOURCE):
+            self._write_file_output(item)
+        self._notify(name)
 
     def _write_file_output(self, item: SecretItem) -> None:
         """Mirror mounted `default`/`ROOTCA` into OUTPUT_CERTS, as upstream does for every served secret."""
@@ -468,6 +474,7 @@ class SecretCache:
         if directory is None or self._mounted_is_output():
             return
         try:
-            write_output_certs(directory, item.private_key, item.cert_chain, item.root_cert)
+            write_output_certs(directory, item.private_key, item.cert_chain, item.root_cert,
+                               self.options.output_file_mode)
         except OSError as exc:
             log.error("cannot write certificates to OUTPUT_CERTS %s: %s", directory, exc)

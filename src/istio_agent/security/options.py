@@ -38,13 +38,14 @@ class SecurityOptions:
     cluster_id: str = "Kubernetes"
     # CA connection.
     ca_address: str = "istiod.istio-system.svc:15012"
-    ca_root_ca: str = ""
-    xds_root_ca: str = ""
+    ca_root_ca: str = ""  # the CA's root as upstream's FindRootCAForCA chose it: a file, SYSTEM, "" for the default
     istiod_san: str = ""
     prov_cert: str = ""
     ca_headers: tuple[tuple[str, str], ...] = ()
     cert_signer: str = ""
     ca_call_timeout: float = 10.0
+    keepalive_interval: float = 30.0  # GRPC_KEEPALIVE_INTERVAL
+    keepalive_timeout: float = 10.0  # GRPC_KEEPALIVE_TIMEOUT
     # None applies upstream's rule (plaintext iff the address ends in :15010); tests and
     # local setups on other ports can force it.
     ca_plaintext: bool | None = None
@@ -55,8 +56,11 @@ class SecurityOptions:
     key_algorithm: KeyAlgorithm = "RSA"
     rsa_key_size: int = 2048
     ecc_curve: str = "P256"
+    pkcs8_keys: bool = False  # PKCS8_KEY: else PKCS#1 (RSA) / SEC1 (EC) keys, as upstream writes them
     output_certs: str = ""
+    output_file_mode: int = 0o600  # 0o644 under Kubernetes (KUBERNETES_SERVICE_HOST), as upstream shares them
     file_mounted_certs: bool = False
+    file_debounce: float = 0.1  # FILE_DEBOUNCE_DURATION: a changed certificate file is read this long after
     # SDS server.
     run_sds_server: bool = True
     socket_file: str = "socket"

@@ -1,7 +1,8 @@
 """OUTPUT_CERTS: the workload key, chain and root written for readers other than Envoy.
 
 Proxyless gRPC and VMs read these files with a file watcher, so each file is
-replaced atomically (a reader never sees half a key), keeps mode 0600, and is
+replaced atomically (a reader never sees half a key), keeps mode 0600 (0644
+under Kubernetes, where upstream shares them with the pod's other containers), and is
 rewritten only when its content changed (an unchanged rewrite would wake every
 watcher for nothing).
 """
@@ -44,7 +45,8 @@ def write_if_changed(path: Path, content: bytes, mode: int = FILE_MODE) -> bool:
     return True
 
 
-def write_output_certs(directory: Path, key: bytes, cert_chain: bytes, root_cert: bytes) -> list[str]:
+def write_output_certs(directory: Path, key: bytes, cert_chain: bytes, root_cert: bytes,
+                       mode: int = FILE_MODE) -> list[str]:
     """Write whichever of key.pem, cert-chain.pem, root-cert.pem have content; names of files written.
 
     The key is written before the chain so a reader that reloads on the chain's
@@ -52,6 +54,6 @@ def write_output_certs(directory: Path, key: bytes, cert_chain: bytes, root_cert
     """
     written: list[str] = []
     for name, content in ((KEY_FILE, key), (CERT_CHAIN_FILE, cert_chain), (ROOT_CERT_FILE, root_cert)):
-        if content and write_if_changed(directory / name, content):
+        if content and write_if_changed(directory / name, content, mode):
             written.append(name)
     return written

@@ -24,8 +24,9 @@ import grpc.aio
 
 from istio_agent.netaddr import split_host_optional_port
 from istio_agent.security.ca_client import (
-    client_key_and_chain,
     istiod_call_metadata,
+    keepalive_options,
+    read_key_pair,
     read_token,
     target_name_override,
     tls_server_name,
@@ -52,7 +53,10 @@ class UpstreamSettings:
     send_token: bool = True  # XDS_AUTH
     cluster_id: str = "Kubernetes"
     headers: tuple[tuple[str, str], ...] = ()  # XDS_HEADER_<K>=v, names already lower case
-    client_cert_dir: str = ""  # PROV_CERT or mounted certs: key.pem + cert-chain.pem for mTLS
+    client_key: str = ""  # mTLS to istiod: PROV_CERT's key.pem, or ISTIO_META_TLS_CLIENT_KEY with FILE_MOUNTED_CERTS
+    client_chain: str = ""  # ... and the matching cert-chain.pem / ISTIO_META_TLS_CLIENT_CERT_CHAIN
+    keepalive_interval: float = 30.0  # GRPC_KEEPALIVE_INTERVAL
+    keepalive_timeout: float = 10.0  # GRPC_KEEPALIVE_TIMEOUT
     dial_timeout: float = 5.0
     insecure: bool = False  # ProxyConfig controlPlaneAuthPolicy NONE
 
@@ -85,8 +89,8 @@ def channel_credentials(settings: UpstreamSettings) -> grpc.ChannelCredentials:
     roots = root_certificates(settings)
     key: bytes | None = None
     chain: bytes | None = None
-    if settings.client_cert_dir:
-        key, chain = client_key_and_chain(settings.path(settings.client_cert_dir))
+    if settings.client_key and settings.client_chain:
+        key, chain = read_key_pair(settings.path(settings.client_key), settings.path(settings.client_chain))
     return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
 
 
@@ -100,6 +104,7 @@ def channel_options(settings: UpstreamSettings) -> list[tuple[str, Any]]:
         ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", -1),
         ("grpc.use_local_subchannel_pool", 1),
+        *keepalive_options(settings.keepalive_interval, settings.keepalive_timeout),
     ]
     if not settings.plaintext:
         options += target_name_override(settings.address, settings.server_name)
