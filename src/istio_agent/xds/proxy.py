@@ -34,6 +34,7 @@ import grpc
 import grpc.aio
 
 from istio_agent.protos import nds_pb2, typeurls
+from istio_agent.security.ca_client import keepalive_options
 from istio_agent.xds import messages, routing, upstream
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
@@ -92,9 +93,12 @@ class XdsProxy:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run would make bind fail
-        server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        )
+        settings = self.options.upstream
+        # Upstream serves Envoy with the same keepalive parameters it dials istiod with.
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+            *keepalive_options(settings.keepalive_interval, settings.keepalive_timeout),
+        ])
         methods = {
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(self._sotw),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(self._delta),
