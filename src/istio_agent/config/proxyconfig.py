@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 FIELDS: dict[str, protojson.Field] = {spec.json_name: spec for spec in PROXY_CONFIG.fields}
 # Top-level durations are held as seconds (what the resolver reads) and written back as "45s".
 DURATION_FIELDS = frozenset(name for name, spec in FIELDS.items() if spec.kind == "duration")
+PORT_FIELDS = frozenset({"proxyAdminPort", "statusPort"})
 ONEOFS: dict[str, tuple[str, ...]] = {}
 for _spec in PROXY_CONFIG.fields:
     if _spec.oneof:
@@ -60,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "statusPort": 15020,
 }
 
+
 def parse_layer(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Validate one layer of ProxyConfig; errors name `source`, the field path and the value.
 
@@ -71,6 +73,9 @@ def parse_layer(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
 
     try:
         values = protojson.read_fields(PROXY_CONFIG, fields, "", warn)
+        for name in PORT_FIELDS & values.keys():
+            if not 0 <= values[name] <= 65535:  # upstream's start-up validation refuses these
+                raise ConfigError(f"field {name}: port {values[name]} out of range 0-65535")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     for name in DURATION_FIELDS & values.keys():

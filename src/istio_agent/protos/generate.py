@@ -13,7 +13,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC_ROOT = HERE.parent.parent
-PROTOS = ("istioca.proto", "nds.proto", "health.proto", "networking.proto", "proxyconfig.proto")
+PROTOS = ("istioca.proto", "nds.proto", "health.proto", "networking.proto", "networking_v1beta1.proto",
+          "proxyconfig.proto")
 WITH_GRPC = ("istioca.proto",)
 
 

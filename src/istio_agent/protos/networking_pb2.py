@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#istio_agent/protos/networking.proto\x12\x19istio.networking.v1alpha3\x1a\x1egoogle/protobuf/duration.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\xee\x02\n\x11\x43lientTLSSettings\x12\x42\n\x04mode\x18\x01 \x01(\x0e\x32\x34.istio.networking.v1alpha3.ClientTLSSettings.TLSmode\x12\x1a\n\x12\x63lient_certificate\x18\x02 \x01(\t\x12\x13\n\x0bprivate_key\x18\x03 \x01(\t\x12\x17\n\x0f\x63\x61_certificates\x18\x04 \x01(\t\x12\x19\n\x11subject_alt_names\x18\x05 \x03(\t\x12\x0b\n\x03sni\x18\x06 \x01(\t\x12\x17\n\x0f\x63redential_name\x18\x07 \x01(\t\x12\x38\n\x14insecure_skip_verify\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.BoolValue\x12\x0e\n\x06\x63\x61_crl\x18\t \x01(\t\"@\n\x07TLSmode\x12\x0b\n\x07\x44ISABLE\x10\x00\x12\n\n\x06SIMPLE\x10\x01\x12\n\n\x06MUTUAL\x10\x02\x12\x10\n\x0cISTIO_MUTUAL\x10\x03\"\x9e\x01\n\x16\x43onnectionPoolSettings\x1a\x83\x01\n\x0bTCPSettings\x1at\n\x0cTcpKeepalive\x12\x0e\n\x06probes\x18\x01 \x01(\r\x12\'\n\x04time\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationB\"Z istio.io/api/networking/v1alpha3b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#istio_agent/protos/networking.proto\x12\x19istio.networking.v1alpha3\x1a\x1egoogle/protobuf/duration.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\xee\x02\n\x11\x43lientTLSSettings\x12\x42\n\x04mode\x18\x01 \x01(\x0e\x32\x34.istio.networking.v1alpha3.ClientTLSSettings.TLSmode\x12\x1a\n\x12\x63lient_certificate\x18\x02 \x01(\t\x12\x13\n\x0bprivate_key\x18\x03 \x01(\t\x12\x17\n\x0f\x63\x61_certificates\x18\x04 \x01(\t\x12\x17\n\x0f\x63redential_name\x18\x07 \x01(\t\x12\x19\n\x11subject_alt_names\x18\x05 \x03(\t\x12\x0b\n\x03sni\x18\x06 \x01(\t\x12\x38\n\x14insecure_skip_verify\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.BoolValue\x12\x0e\n\x06\x63\x61_crl\x18\t \x01(\t\"@\n\x07TLSmode\x12\x0b\n\x07\x44ISABLE\x10\x00\x12\n\n\x06SIMPLE\x10\x01\x12\n\n\x06MUTUAL\x10\x02\x12\x10\n\x0cISTIO_MUTUAL\x10\x03\"\x9e\x01\n\x16\x43onnectionPoolSettings\x1a\x83\x01\n\x0bTCPSettings\x1at\n\x0cTcpKeepalive\x12\x0e\n\x06probes\x18\x01 \x01(\r\x12\'\n\x04time\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbe\x03\n\x0eReadinessProbe\x12\x1d\n\x15initial_delay_seconds\x18\x02 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x05\x12\x16\n\x0eperiod_seconds\x18\x04 \x01(\x05\x12\x19\n\x11success_threshold\x18\x05 \x01(\x05\x12\x19\n\x11\x66\x61ilure_threshold\x18\x06 \x01(\x05\x12\x44\n\x08http_get\x18\x07 \x01(\x0b\x32\x30.istio.networking.v1alpha3.HTTPHealthCheckConfigH\x00\x12\x45\n\ntcp_socket\x18\x08 \x01(\x0b\x32/.istio.networking.v1alpha3.TCPHealthCheckConfigH\x00\x12@\n\x04\x65xec\x18\t \x01(\x0b\x32\x30.istio.networking.v1alpha3.ExecHealthCheckConfigH\x00\x12@\n\x04grpc\x18\n \x01(\x0b\x32\x30.istio.networking.v1alpha3.GrpcHealthCheckConfigH\x00\x42\x15\n\x13health_check_method\"\x8e\x01\n\x15HTTPHealthCheckConfig\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0e\n\x06scheme\x18\x04 \x01(\t\x12;\n\x0chttp_headers\x18\x05 \x03(\x0b\x32%.istio.networking.v1alpha3.HTTPHeader\"6\n\x15GrpcHealthCheckConfig\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0f\n\x07service\x18\x02 \x01(\t\")\n\nHTTPHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"2\n\x14TCPHealthCheckConfig\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"(\n\x15\x45xecHealthCheckConfig\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\tB\"Z istio.io/api/networking/v1alpha3b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,4 +44,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONNECTIONPOOLSETTINGS_TCPSETTINGS']._serialized_end=658
   _globals['_CONNECTIONPOOLSETTINGS_TCPSETTINGS_TCPKEEPALIVE']._serialized_start=542
   _globals['_CONNECTIONPOOLSETTINGS_TCPSETTINGS_TCPKEEPALIVE']._serialized_end=658
+  _globals['_READINESSPROBE']._serialized_start=661
+  _globals['_READINESSPROBE']._serialized_end=1107
+  _globals['_HTTPHEALTHCHECKCONFIG']._serialized_start=1110
+  _globals['_HTTPHEALTHCHECKCONFIG']._serialized_end=1252
+  _globals['_GRPCHEALTHCHECKCONFIG']._serialized_start=1254
+  _globals['_GRPCHEALTHCHECKCONFIG']._serialized_end=1308
+  _globals['_HTTPHEADER']._serialized_start=1310
+  _globals['_HTTPHEADER']._serialized_end=1351
+  _globals['_TCPHEALTHCHECKCONFIG']._serialized_start=1353
+  _globals['_TCPHEALTHCHECKCONFIG']._serialized_end=1403
+  _globals['_EXECHEALTHCHECKCONFIG']._serialized_start=1405
+  _globals['_EXECHEALTHCHECKCONFIG']._serialized_end=1445
 # @@protoc_insertion_point(module_scope)
