@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from istio_agent.cli.logging_setup import configure_logging
+from istio_agent.cli.logging_setup import LogOptions, configure_logging
 
 LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]}
 
@@ -44,9 +44,49 @@ class PilotAgentGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+LOG_FLAGS = ("log_output_level", "log_as_json", "log_target", "log_caller", "log_stacktrace_level")
+
+
+def log_flags(command: Any) -> Any:
+    """Upstream's root logging flags, accepted on the root command and on every subcommand."""
+    options = [
+        click.option("--log_output_level", "log_output_level", default="default:info",
+                     help="Per-scope minimum level: <scope>:<level>,... (debug, info, warn, error, fatal, none)."),
+        click.option("--log_as_json", "log_as_json", is_flag=True, default=False, help="Log as JSON lines."),
+        click.option("--log_target", "log_target", multiple=True, default=("stdout",),
+                     help="Where logs go: stdout, stderr or a file path (repeatable)."),
+        click.option("--log_caller", "log_caller", default="", help="Scopes whose lines carry the caller."),
+        click.option("--log_stacktrace_level", "log_stacktrace_level", default="default:none",
+                     help="Per-scope level at which lines carry the stack: <scope>:<level>,..."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def log_options(ctx: click.Context, flags: dict[str, Any]) -> LogOptions:
+    """The root's log flags, overridden by what the subcommand was given explicitly."""
+    values = dict(ctx.obj or {}) if isinstance(ctx.obj, dict) else {}
+    for name in LOG_FLAGS:
+        if name in flags and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
+            values[name] = flags[name]
+        values.setdefault(name, flags.get(name))
+    return LogOptions(
+        output_level=str(values["log_output_level"] or "default:info"),
+        as_json=bool(values["log_as_json"]),
+        targets=tuple(values["log_target"] or ("stdout",)),
+        callers=tuple(c.strip() for c in str(values["log_caller"] or "").split(",") if c.strip()),
+        stacktrace_levels=str(values["log_stacktrace_level"] or "default:none"),
+    )
+
+
 @click.group(cls=PilotAgentGroup, context_settings=LENIENT)
-def main() -> None:
+@log_flags
+@click.pass_context
+def main(ctx: click.Context, **flags: Any) -> None:
     """Istio Pilot agent: runs beside Envoy (or a proxyless gRPC app) and bootstraps it."""
+    ctx.obj = flags  # the root's logging flags, for the subcommand to merge
+    configure_logging(log_options(ctx, flags))
 
 
 @main.command(context_settings=LENIENT)
@@ -62,12 +102,13 @@ def main() -> None:
 @click.option("--stsPort", "sts_port", default=0, type=int, help="Security token service port (0: off).")
 @click.option("--tokenManagerPlugin", "token_manager_plugin", default="GoogleTokenExchange", help="Token plugin.")
 @click.option("--profiling", default="true", help="Enable profiling endpoints.")
-@click.option("--log_output_level", "log_output_level", default="default:info", help="scope:level,...")
-@click.option("--log_as_json", "log_as_json", is_flag=True, default=False, help="Log as JSON lines.")
+@log_flags
 @click.pass_context
 def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     """Run the agent: identity (SDS), XDS proxy, DNS, status server, and Envoy."""
-    configure_logging(flags["log_output_level"], flags["log_as_json"])
+    logging_options = log_options(ctx, flags)
+    configure_logging(logging_options)
+    flags["log_as_json"] = logging_options.as_json
     from istio_agent.agent import run
     from istio_agent.config.options import AgentFlags
 
@@ -84,8 +125,12 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
 @click.option("--timeoutSeconds", "timeout_seconds", default=60, type=int, help="Give up after this long.")
 @click.option("--periodMillis", "period_millis", default=500, type=int, help="Time between attempts.")
 @click.option("--requestTimeoutMillis", "request_timeout_millis", default=500, type=int, help="Per-attempt timeout.")
-def wait(url: str, timeout_seconds: int, period_millis: int, request_timeout_millis: int) -> None:
+@log_flags
+@click.pass_context
+def wait(ctx: click.Context, url: str, timeout_seconds: int, period_millis: int, request_timeout_millis: int,
+         **log: Any) -> None:
     """Wait until the proxy is ready (the injector's postStart hook)."""
+    configure_logging(log_options(ctx, log))
     click.echo(f"Waiting for Envoy proxy to be ready (timeout: {timeout_seconds} seconds)...")
     deadline = time.monotonic() + timeout_seconds
     last_error = "no attempt made"
@@ -114,8 +159,11 @@ ALLOWED_DEBUG_PORTS = (15000, 15020, 15021, 15004)
 @click.argument("path")
 @click.argument("body", required=False, default="")
 @click.option("--debug-port", "debug_port", default=15000, type=int, help="Local port to send the request to.")
-def request(method: str, path: str, body: str, debug_port: int) -> None:
+@log_flags
+@click.pass_context
+def request(ctx: click.Context, method: str, path: str, body: str, debug_port: int, **log: Any) -> None:
     """Send an HTTP request to a local debug port (Envoy admin or the agent) and print the body."""
+    configure_logging(log_options(ctx, log))
     if debug_port not in ALLOWED_DEBUG_PORTS:
         allowed = ", ".join(str(p) for p in ALLOWED_DEBUG_PORTS)
         click.echo(f"Error: debug port {debug_port} is not allowed; use one of {allowed}", err=True)
@@ -137,8 +185,11 @@ def request(method: str, path: str, body: str, debug_port: int) -> None:
 @main.command(context_settings=LENIENT)
 @click.option("--short", "-s", is_flag=True, help="Print just the version number.")
 @click.option("--output", "-o", type=click.Choice(["", "json", "yaml"]), default="", help="Output format.")
-def version(short: bool, output: str) -> None:
+@log_flags
+@click.pass_context
+def version(ctx: click.Context, short: bool, output: str, **log: Any) -> None:
     """Print the version."""
+    configure_logging(log_options(ctx, log))
     from istio_agent.version import build_info
 
     info = build_info()
