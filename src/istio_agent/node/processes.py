@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from istio_agent.node.plan import netns_delete_command, parse_netns_list
+from istio_agent.node.plan import netns_delete_command, parse_netns_list, stale_namespaces
 
 
 class NodeError(RuntimeError):
@@ -86,6 +86,14 @@ def remove_netns(netns: str, grace: float = 2.0) -> None:
     kill_pids(netns_pids(netns), grace)
     with contextlib.suppress(NodeError):
         run_ip(netns_delete_command(netns))
+
+
+def sweep_stale_namespaces() -> list[str]:
+    """Delete namespaces (and kill their processes) left by node owners that no longer run."""
+    stale = stale_namespaces(list_netns(), pid_alive, os.getpid())
+    for name in stale:
+        remove_netns(name)
+    return stale
 
 
 @dataclass
