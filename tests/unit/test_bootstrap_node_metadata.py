@@ -79,7 +79,31 @@ def test_proxy_metadata_meta_entries_and_flags() -> None:
     assert got["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] == "true"
     assert got["METADATA_DISCOVERY"] == "true"
     assert got["STS_PORT"] == "15463"
-    assert got["CREDENTIAL_SOCKET_EXISTS"] == "true"
+    assert got["credential"] == "true"  # upstream's security.CredentialMetaDataName
+
+
+def test_metadata_discovery_follows_hbone_unless_set() -> None:
+    assert meta({"ISTIO_META_ENABLE_HBONE": "true"})["METADATA_DISCOVERY"] == "true"
+    assert meta({"ISTIO_META_ENABLE_HBONE": "true"}, metadata_discovery=False)["METADATA_DISCOVERY"] == "false"
+    assert meta({"ISTIO_META_METADATA_DISCOVERY": "true"})["METADATA_DISCOVERY"] == "false"
+    assert meta({}, metadata_discovery=True)["METADATA_DISCOVERY"] == "true"
+
+
+def test_secure_metrics_ports_and_option_owned_flags() -> None:
+    got = meta({"ISTIO_META_ENVOY_SKIP_DEPRECATED_LOGS": "1"}, envoy_secure_metrics_port=15091,
+               envoy_secure_merged_metrics_port=15092, custom_credentials_file_exists=True)
+    assert (got["ENVOY_SECURE_METRICS_PORT"], got["ENVOY_SECURE_MERGED_METRICS_PORT"]) == (15091, 15092)
+    assert got["ENVOY_SKIP_DEPRECATED_LOGS"] == "1", "only the agent's option makes it typed"
+    assert got["file-credential"] == "true"
+    assert "ENVOY_SECURE_METRICS_PORT" not in meta({})
+    assert meta({}, envoy_skip_deprecated_logs=True)["ENVOY_SKIP_DEPRECATED_LOGS"] == "true"
+
+
+def test_topology_locality_label_wins_and_slashes_are_kept() -> None:
+    got = meta({"ISTIO_METAJSON_LABELS": '{"topology.istio.io/locality": "r.z", "istio-locality": "x.y"}'})
+    assert got["LABELS"]["istio-locality"] == "r/z"
+    got = meta({"ISTIO_METAJSON_LABELS": '{"istio-locality": "r/z.1/s"}'})
+    assert got["LABELS"]["istio-locality"] == "r/z.1/s"
 
 
 def test_bad_metajson_is_ignored() -> None:

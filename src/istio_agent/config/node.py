@@ -140,10 +140,18 @@ def identity_from_env(environment: env.Environment, proxy_type: str, domain: str
 # spellings come out as "true"; false is omitted from the typed form, so the raw
 # value stays.
 STRING_BOOL_KEYS = (
-    "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS",
-    "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE", "ENVOY_SKIP_DEPRECATED_LOGS",
+    "ENABLE_SELF_DISCOVERY", "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND",
+    "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE",
+    "ENVOY_SKIP_DEPRECATED_LOGS",
 )  # in upstream's struct order, which is the order node_metadata writes them
+# Of those, the ones upstream sets from the agent's own options, whatever ISTIO_META_* says.
+_OPTION_BOOL_KEYS = frozenset({"EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "ENVOY_SKIP_DEPRECATED_LOGS"})
 _LOCALITY_LABEL = "istio-locality"
+_TOPOLOGY_LOCALITY_LABEL = "topology.istio.io/locality"  # read before istio-locality, as upstream
+# Raw keys upstream adds for the SDS sockets found at start (security.CredentialMetaDataName and
+# CredentialFileMetaDataName); the second makes the bootstrap add the `sds-files-grpc` cluster.
+CREDENTIAL_KEY = "credential"
+FILE_CREDENTIAL_KEY = "file-credential"
 
 
 @dataclass(frozen=True)
@@ -165,12 +173,17 @@ class MetadataOptions:
     outlier_log_path: str = ""
     envoy_status_port: int = 15021
     envoy_prometheus_port: int = 15090
+    envoy_secure_metrics_port: int = 0  # 0: no mTLS listener for Envoy's stats
+    envoy_secure_merged_metrics_port: int = 0  # 0: no mTLS listener for the merged stats
     workload_identity_socket_file: str = "socket"
-    metadata_discovery: bool = False
+    # PEER_METADATA_DISCOVERY when set; None (unset) follows ENABLE_HBONE, as upstream.
+    metadata_discovery: bool | None = None
     exit_on_zero_active_connections: bool = False
+    envoy_skip_deprecated_logs: bool = False
     sts_port: int = 0
     istio_version: str = ""
     credential_socket_exists: bool = False
+    custom_credentials_file_exists: bool = False  # another SDS server owns the workload socket
     dns_proxy_addr: str = ""  # set only when the agent runs its DNS proxy
 
 
@@ -202,7 +215,7 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
         if isinstance(raw.get(key), str) and raw[key]:
             typed[key] = raw[key]
     for key in STRING_BOOL_KEYS:
-        if key in raw and _string_bool(key, raw[key]):
+        if key in raw and key not in _OPTION_BOOL_KEYS and _string_bool(key, raw[key]):
             typed[key] = "true"
     if "ISTIO_VERSION" not in typed and options.istio_version:
         typed["ISTIO_VERSION"] = options.istio_version
@@ -215,9 +228,18 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
         typed["ENVOY_STATUS_PORT"] = options.envoy_status_port
     if options.envoy_prometheus_port:
         typed["ENVOY_PROMETHEUS_PORT"] = options.envoy_prometheus_port
+    if options.envoy_secure_metrics_port:
+        typed["ENVOY_SECURE_METRICS_PORT"] = options.envoy_secure_metrics_port
+    if options.envoy_secure_merged_metrics_port:
+        typed["ENVOY_SECURE_MERGED_METRICS_PORT"] = options.envoy_secure_merged_metrics_port
     if options.exit_on_zero_active_connections:
         typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
-    typed["METADATA_DISCOVERY"] = "true" if options.metadata_discovery else "false"
+    if options.envoy_skip_deprecated_logs:
+        typed["ENVOY_SKIP_DEPRECATED_LOGS"] = "true"
+    discovery = options.metadata_discovery
+    if discovery is None:  # unset: on exactly when the proxy is in an ambient mesh (ENABLE_HBONE)
+        discovery = typed.get("ENABLE_HBONE") == "true"
+    typed["METADATA_DISCOVERY"] = "true" if discovery else "false"
     typed["PROXY_CONFIG"] = dict(options.proxy_config)
     pod_vars = ((env.POD_NAME, "NAME"), (env.POD_NAMESPACE, "NAMESPACE"), (env.SERVICE_ACCOUNT, "SERVICE_ACCOUNT"))
     for var, key in pod_vars:
@@ -230,8 +252,9 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     # Upstream's LABELS and STATIC_LABELS are one map unless a pod-labels file exists,
     # so the locality rewrite below shows in both.
     all_labels = {**static_labels, **pod_labels} if pod_labels else static_labels
-    if all_labels.get(_LOCALITY_LABEL):
-        all_labels[_LOCALITY_LABEL] = all_labels[_LOCALITY_LABEL].replace(".", "/")
+    locality = sanitize_locality(all_labels.get(_TOPOLOGY_LOCALITY_LABEL, all_labels.get(_LOCALITY_LABEL, "")))
+    if locality:
+        all_labels[_LOCALITY_LABEL] = locality
     if all_labels:
         typed["LABELS"] = all_labels
     if static_labels:
@@ -247,7 +270,9 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     if options.workload_identity_socket_file:
         typed["WORKLOAD_IDENTITY_SOCKET_FILE"] = options.workload_identity_socket_file
     if options.credential_socket_exists:
-        raw["CREDENTIAL_SOCKET_EXISTS"] = "true"
+        raw[CREDENTIAL_KEY] = "true"
+    if options.custom_credentials_file_exists:
+        raw[FILE_CREDENTIAL_KEY] = "true"
     if options.dns_proxy_addr:
         raw.setdefault("DNS_PROXY_ADDR", options.dns_proxy_addr)
 
@@ -255,6 +280,11 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     for key, value in raw.items():
         meta.setdefault(key, value)
     return meta
+
+
+def sanitize_locality(label: str) -> str:
+    """A locality label as `region/zone/subzone`: Kubernetes labels cannot hold `/`, so `.` stands in for it."""
+    return label if "/" in label else label.replace(".", "/")
 
 
 def _json_object(name: str, text: str) -> dict[str, Any]:
