@@ -127,14 +127,13 @@ class Agent:
         self.started.clear()
 
 
-def run(flags: AgentFlags) -> int:
-    """Entry point of `pilot-agent proxy`: resolve the options, then run the agent; returns the exit code."""
+def load_options(flags: AgentFlags) -> AgentOptions | None:
+    """`pilot-agent proxy`'s options, or None after printing the error (the caller exits with 1)."""
     try:
-        options = load_agent_options(flags)
+        return load_agent_options(flags)
     except ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return START_FAILED_EXIT_CODE
-    return run_agent(options)
+        return None
 
 
 def run_agent(options: AgentOptions) -> int:

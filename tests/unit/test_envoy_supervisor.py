@@ -63,7 +63,7 @@ def supervised(tmp_path: Path, clock: VirtualClock, drain: DrainPolicy, admin: F
     processes: list[FakeProcess] = []
 
     def spawn(argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
-              preexec_user: tuple[int, int] | None) -> FakeProcess:
+              preexec_user: tuple[int, int] | None, env: dict[str, str]) -> FakeProcess:
         processes.append(FakeProcess(clock, argv, on_exit))
         return processes[-1]
 

@@ -225,3 +225,13 @@ def test_proxy_metadata_variables_count_as_set(tmp_path: Path) -> None:
                                              '"PEER_METADATA_DISCOVERY": "true"}}')
     assert options.dns is not None
     assert [var.name for var in options.without_effect] == ["PEER_METADATA_DISCOVERY"]
+
+
+def test_a_fips_policy_limits_grpcs_ciphers_for_envoy_and_the_agent(tmp_path: Path) -> None:
+    plain = resolve(tmp_path)
+    assert plain.grpc_cipher_suites == "" and plain.envoy is not None and plain.envoy.extra_env == ()
+    fips = resolve(tmp_path, COMPLIANCE_POLICY="fips-140-2")
+    assert fips.envoy is not None
+    assert dict(fips.envoy.extra_env)["GRPC_SSL_CIPHER_SUITES"] == fips.grpc_cipher_suites
+    assert fips.grpc_cipher_suites.split(":") == ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+                                                  "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384"]

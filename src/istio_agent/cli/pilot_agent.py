@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -109,7 +110,7 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     logging_options = log_options(ctx, flags)
     configure_logging(logging_options)
     flags["log_as_json"] = logging_options.as_json
-    from istio_agent.agent import run
+    from istio_agent.agent import START_FAILED_EXIT_CODE, load_options, run_agent
     from istio_agent.config.options import AgentFlags
 
     if ctx.args:
@@ -117,7 +118,13 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     # Flags the agent uses go into AgentFlags by name; the rest (sts, profiling...) are accepted and unused.
     wanted = {f.name for f in dataclasses.fields(AgentFlags)}
     agent_flags = AgentFlags(proxy_type=proxy_type, **{k: v for k, v in flags.items() if k in wanted})
-    sys.exit(run(agent_flags))
+    options = load_options(agent_flags)
+    if options is None:
+        sys.exit(START_FAILED_EXIT_CODE)
+    if options.grpc_cipher_suites:
+        # Process-wide in gRPC: set before the agent opens its first TLS channel (COMPLIANCE_POLICY).
+        os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", options.grpc_cipher_suites)
+    sys.exit(run_agent(options))
 
 
 @main.command(context_settings=LENIENT)

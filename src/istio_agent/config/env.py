@@ -106,8 +106,9 @@ ISTIO_BOOTSTRAP_OVERRIDE = string("ISTIO_BOOTSTRAP_OVERRIDE", "", "Bootstrap fra
 ISTIO_DELTA_XDS = boolean("ISTIO_DELTA_XDS", True, "Envoy uses delta xDS.")
 ISTIO_DUAL_STACK = boolean("ISTIO_DUAL_STACK", False, "Listen and resolve on both IP families (bootstrap addresses).")
 COMPLIANCE_POLICY = string(
-    "COMPLIANCE_POLICY", "", "fips-140-2 restricts TLS versions and ciphers.", support=PARTIAL,
-    note="applied to the bootstrap's runtime flags only, not to the agent's own TLS")
+    "COMPLIANCE_POLICY", "", "fips-140-2 (or fips-140-3) restricts TLS versions and ciphers.", support=PARTIAL,
+    note="the bootstrap's settings, and gRPC's TLS 1.2 ciphers for Envoy and the agent; the agent's own gRPC "
+         "cannot be held to TLS 1.2")
 HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = boolean(
     "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", True, "Envoy strips the #fragment from request paths.")
 ISTIO_ENVOY_ENABLE_CORE_DUMP = boolean("ISTIO_ENVOY_ENABLE_CORE_DUMP", False, "Start Envoy with --enable-core-dump.")

@@ -58,6 +58,10 @@ MOUNTED_ROOT_CERT = "./etc/certs/root-cert.pem"
 CLIENT_KEY_METADATA = "ISTIO_META_TLS_CLIENT_KEY"
 CLIENT_CHAIN_METADATA = "ISTIO_META_TLS_CLIENT_CERT_CHAIN"
 CLIENT_ROOT_METADATA = "ISTIO_META_TLS_CLIENT_ROOT_CERT"
+# COMPLIANCE_POLICY values that limit gRPC's TLS 1.2 ciphers to FIPS-approved ones, and those ciphers.
+FIPS_POLICIES = ("fips-140-2", "fips-140-3")
+FIPS_GRPC_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384")
 FIRST_CERTIFICATE_HEAD_START = 2.0  # how long start-up waits for the first certificate before loading the rest
 
 
@@ -101,6 +105,9 @@ class AgentOptions:
     status: StatusOptions | None
     grpc_bootstrap: GrpcBootstrapFile | None
     first_certificate_head_start: float = FIRST_CERTIFICATE_HEAD_START
+    # GRPC_SSL_CIPHER_SUITES for the agent's own gRPC (to istiod and the CA) under a compliance policy; the CLI
+    # sets it in the process environment before any channel exists.
+    grpc_cipher_suites: str = ""
     without_effect: tuple[env.EnvVar[Any], ...] = ()  # set variables this agent only accepts (warned at start)
 
 
@@ -166,6 +173,11 @@ def xds_root(environment: env.Environment, proxy_metadata: Mapping[str, str], ho
     if environment.get(env.PILOT_CERT_PROVIDER) == CERT_PROVIDER_NONE:
         raise _no_provider("istiod's xDS server")
     return CA_ROOT_DEFAULT_PATH
+
+
+def grpc_cipher_suites(environment: env.Environment) -> str:
+    """gRPC's TLS 1.2 ciphers under COMPLIANCE_POLICY (upstream sets them for Envoy's gRPC client); "" for no limit."""
+    return FIPS_GRPC_CIPHERS if environment.get(env.COMPLIANCE_POLICY) in FIPS_POLICIES else ""
 
 
 def concurrency(config: AgentConfig) -> int | None:
@@ -357,6 +369,7 @@ def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str,
             minimum_drain_duration=environment.get(env.MINIMUM_DRAIN_DURATION),
         ),
         drain_inbound_only=config.identity.proxy_type == "sidecar",
+        extra_env=(("GRPC_SSL_CIPHER_SUITES", ciphers),) if (ciphers := grpc_cipher_suites(environment)) else (),
     )
 
 
@@ -429,6 +442,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         status=status_options(config),
         grpc_bootstrap=grpc_bootstrap(config, metadata),
         without_effect=tuple(config.environment.without_effect()),
+        grpc_cipher_suites=grpc_cipher_suites(config.environment),
     )
 
 

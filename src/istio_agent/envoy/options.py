@@ -44,3 +44,4 @@ class EnvoyOptions:
     drain: DrainPolicy = field(default_factory=lambda: DrainPolicy(5.0, False, 5.0))
     drain_inbound_only: bool = True  # sidecars drain only their inbound listeners, as upstream
     stop_grace: float = 5.0  # SIGTERM, then SIGKILL after this long
+    extra_env: tuple[tuple[str, str], ...] = ()  # added to Envoy's environment (upstream: FIPS gRPC ciphers)

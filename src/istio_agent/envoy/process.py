@@ -54,7 +54,8 @@ class EnvoyProcess:
     ) -> None:
         self.argv = list(argv)
         self.on_exit = on_exit
-        self.env = dict(env) if env is not None else None
+        # The agent's own environment plus `env` (e.g. GRPC_SSL_CIPHER_SUITES under a compliance policy).
+        self.env = {**os.environ, **env} if env else None
         self.cwd = cwd
         self.preexec_user = preexec_user
         self.proc: asyncio.subprocess.Process | None = None

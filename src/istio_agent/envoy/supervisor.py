@@ -43,7 +43,7 @@ class ChildProcess(Protocol):
 
 class ProcessFactory(Protocol):
     def __call__(self, argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
-                 preexec_user: tuple[int, int] | None) -> ChildProcess: ...
+                 preexec_user: tuple[int, int] | None, env: dict[str, str]) -> ChildProcess: ...
 
 
 class EnvoySupervisor:
@@ -73,7 +73,7 @@ class EnvoySupervisor:
         launch = replace(opts.launch, config_file=str(written.path), config_override_json=override)
         self._exited = asyncio.get_running_loop().create_future()
         self.process = self._spawn(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
-                                   cwd=str(opts.workdir), preexec_user=opts.run_as)
+                                   cwd=str(opts.workdir), preexec_user=opts.run_as, env=dict(opts.extra_env))
         await self.process.start()
 
     def _on_exit(self, code: int) -> None:
