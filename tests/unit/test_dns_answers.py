@@ -20,6 +20,7 @@ from test_dns_support import (
 
 from istio_agent.dns.responder import FAILED, LOCAL, Responder
 from istio_agent.dns.table import alt_hosts, build_lookup, proxy_domain, resolve
+from istio_agent.dns.wire import encode_name
 from istio_agent.protos import nds_pb2
 
 A = [
@@ -113,14 +114,18 @@ def test_other_cluster_domain_answers_fqdn_only() -> None:
     assert sorted(d for *_, d in answer_set(msg)) == ["11.11.11.11", "12.12.12.12", "13.13.13.13"]
 
 
-def test_mixed_case_query_matches_and_echoes_spelling() -> None:
+def test_mixed_case_query_echoes_spelling_in_the_question_only() -> None:
+    """As upstream: the question comes back as sent, every owner in lower case (miekg writes them so)."""
     r = responder()
     for name in ("PRODUCTPAGE.NS1.SVC.CLUSTER.LOCAL.", "ProductPage.Ns1.", "WWW.Google.COM.ns1.svc.cluster.local.",
-                 "Foo.WildCard."):
-        msg = ask(r, query(name))
-        assert msg.question[0].name.to_text() == name
-        assert msg.answer, name
-        assert msg.answer[0].name.to_text().lower() == name.lower()
+                 "Foo.WildCard.", "X.Foo.WildCard.NS1.svc.cluster.local."):
+        for edns in (False, 0):
+            msg = ask(r, query(name, use_edns=edns))
+            assert msg.question[0].name.to_text() == name
+            assert msg.answer, name
+            assert msg.answer[0].name.to_text() == name.lower()
+            assert all(rrset.name.to_text() == rrset.name.to_text().lower() for rrset in msg.answer)
+            assert answer_set(msg) == answer_set(ask(r, query(name.lower(), use_edns=edns)))
 
 
 def test_class_is_ignored_like_upstream() -> None:
@@ -183,10 +188,11 @@ def test_many_addresses_get_random_orderings() -> None:
 
 def test_alt_hosts_and_short_forms() -> None:
     i = info(["1.2.3.4"], "Kubernetes", "svc", "ns1", ["Other.Name"])
+    # spelled as given: lower-cased only when the names are built (upstream compares before that)
     assert alt_hosts("svc.ns1.svc.cluster.local", i, "ns1", "svc.cluster.local") == [
-        "svc.ns1.svc.cluster.local.", "svc.ns1.", "svc.", "svc.ns1.svc.", "other.name."]
+        "svc.ns1.svc.cluster.local.", "svc.ns1.", "svc.", "svc.ns1.svc.", "Other.Name."]
     assert alt_hosts("svc.ns1.svc.cluster.local", i, "ns2", "svc.cluster.local") == [
-        "svc.ns1.svc.cluster.local.", "svc.ns1.", "svc.ns1.svc.", "other.name."]
+        "svc.ns1.svc.cluster.local.", "svc.ns1.", "svc.ns1.svc.", "Other.Name."]
     # no domain or other domain: only the host itself (alt hosts too are dropped, as upstream)
     assert alt_hosts("svc.ns1.svc.cluster.local", i, "ns1", "") == ["svc.ns1.svc.cluster.local."]
     assert alt_hosts("svc.ns1.svc.other", i, "ns1", "svc.cluster.local") == ["svc.ns1.svc.other."]
@@ -209,9 +215,13 @@ def test_conflicts_resolve_deterministically() -> None:
     nt.table["shared.example"].CopyFrom(info(["6.6.6.6"]))
     for _ in range(3):
         lookup = build_lookup(nt, "ns1", "svc.cluster.local", ("ns1.svc.cluster.local",))
-        assert [r.data for r in resolve(lookup, "a.ns1.", 1) or []] == [bytes([7, 7, 7, 7])]  # own host wins
-        assert [r.data for r in resolve(lookup, "b.ns1.svc.cluster.local.", 1) or []] == [bytes([4, 4, 4, 4])]
-        assert [r.data for r in resolve(lookup, "a.", 1) or []] == [bytes([1, 1, 1, 1])]
+        # own host wins (upstream: Go's map order decides)
+        assert [r.data for r in resolve(lookup, encode_name("a.ns1."), 1) or []] == [bytes([7, 7, 7, 7])]
+        # the expansion's CNAME wins, as upstream looks CNAMEs up first (not a matter of map order)
+        assert [(r.rtype, r.data) for r in resolve(lookup, encode_name("b.ns1.svc.cluster.local."), 1) or []] == [
+            (5, encode_name("b.")), (1, bytes([3, 3, 3, 3]))]
+        assert [r.data for r in resolve(lookup, encode_name("a."), 1) or []] == [bytes([1, 1, 1, 1])]
+        assert [r.data for r in resolve(lookup, encode_name("shared.example."), 1) or []] == [bytes([6, 6, 6, 6])]
 
 
 def test_no_search_domains_means_no_cnames() -> None:

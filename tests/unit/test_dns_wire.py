@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_dns_support import answer_set, ask, asks_upstream, counts, query, responder
 
 from istio_agent.dns import wire
-from istio_agent.dns.responder import LOCAL, MALFORMED
+from istio_agent.dns.responder import FAILED, LOCAL, MALFORMED, Responder
 
 BIG = "big.localhost."  # 100 A records: 16 bytes each with a pointer owner
 
@@ -156,7 +156,6 @@ def test_short_packets_and_responses_are_dropped_and_counted() -> None:
     lambda q: q[:12] + b"\x80" + q[13:],  # reserved label type
     lambda q: q[:12] + b"\xc0\x0c" + q[-4:],  # compression pointer in the question (loop)
     lambda q: q[:-5] + b"\xc0\x00" + q[-4:],  # pointer after the first label (into the header)
-    lambda q: q[:12],  # QDCOUNT 1 and nothing after the header
     lambda q: q[:4] + b"\x00\x00" + q[6:],  # QDCOUNT 0 with a question following
     lambda q: q[:4] + b"\x00\x02" + q[6:],  # QDCOUNT 2, one question
     lambda q: q[:10] + b"\x00\x01" + q[12:],  # ARCOUNT 1, no record
@@ -197,10 +196,36 @@ def test_other_opcodes_get_notimp() -> None:
 
 
 def test_query_without_question_is_formerr() -> None:
+    """QDCOUNT 0: miekg's server rejects the header before any handler runs, with FORMERR."""
     data = b"\xab\xcd\x01\x00" + b"\x00" * 8
     out = responder().respond(data, False, counts())
     assert isinstance(out, bytes)
     assert out[:2] == b"\xab\xcd" and out[3] & 0x0F == dns.rcode.FORMERR
+
+
+@pytest.mark.parametrize("table", [True, False], ids=["table", "before-table"])
+@pytest.mark.parametrize(("flags", "counts_after_qd"), [
+    (b"\x01\x00", b"\x00\x00\x00\x00\x00\x00"),  # RD
+    (b"\x00\x10", b"\x00\x01\x00\x01\x00\x02"),  # CD; the most other records miekg's server accepts
+])
+def test_header_claiming_one_question_gets_servfail(table: bool, flags: bytes, counts_after_qd: bytes) -> None:
+    """QDCOUNT 1 and nothing after the header: miekg parses that as no question, upstream answers SERVFAIL."""
+    data = b"\xab\xcd" + flags + b"\x00\x01" + counts_after_qd
+    c = counts()
+    out = (responder() if table else Responder()).respond(data, False, c)
+    assert out == b"\xab\xcd" + bytes((0x80 | flags[0], 0x02 | flags[1])) + b"\x00" * 8
+    assert c[FAILED] == 1
+    assert dns.message.from_wire(out).rcode() == dns.rcode.SERVFAIL
+
+
+@pytest.mark.parametrize("data", [
+    b"\xab\xcd\x01\x00\x00\x01\x00\x02\x00\x00\x00\x00",  # two answer records claimed: rejected
+    b"\xab\xcd\x01\x00\x00\x01\x00\x00\x00\x00\x00\x03",  # three additional
+    b"\xab\xcd\x01\x00\x00\x02\x00\x00\x00\x00\x00\x00",  # two questions
+])
+def test_header_only_that_miekg_rejects_is_formerr(data: bytes) -> None:
+    out = responder().respond(data, False, counts())
+    assert isinstance(out, bytes) and out[3] & 0x0F == dns.rcode.FORMERR
 
 
 def test_unusual_but_valid_query_takes_slow_path() -> None:

@@ -1,26 +1,28 @@
 """Ready-to-send answers, keyed by the raw question bytes.
 
 A known-name query must cost a dictionary lookup and a few byte copies, so
-every answer is packed once per NameTable. The key is the question exactly as
-it appears on the wire after the header, lower-cased: `qname + qtype + qclass`.
-Lower-casing the whole slice is safe because label lengths are < 64 (never
-an ASCII capital) and the type/class bytes of our keys (A, AAAA, IN) are below
-0x41, so no other type or class can lower-case into one of them.
+every answer is packed once per NameTable. The key is the question as it
+appears on the wire after the header, `qname + qtype + qclass`, with the name
+in lower case: the form stub resolvers send, so their queries hit it as they
+come.
 
 Answer sections are built for a question at offset 12: owner names that are
-the question become the pointer 0xC00C, so the response echoes the client's
-spelling of the name and the same bytes serve any case variant. A/AAAA order is
-shuffled for DNS load balancing (as upstream does) by packing a few orderings
-up front; the query id picks one.
+the question become the pointer 0xC00C. Upstream writes owners in lower case
+whatever the client's spelling (only the question section echoes it), so a
+question spelled with capitals is answered from `find_spelled()`, which
+writes the lower-case owner out instead. A/AAAA order is shuffled for DNS
+load balancing (as upstream does) by packing a few orderings up front; the
+query id picks one.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from istio_agent.dns import wire
-from istio_agent.dns.table import TTL, Lookup, Record, match, records
+from istio_agent.dns.table import TTL, Lookup, Record, match, records, resolve
 from istio_agent.protos import nds_pb2
 
 MAX_VARIANTS = 8  # orderings packed per multi-address answer
@@ -64,28 +66,30 @@ def _headers(ancount: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
     return result
 
 
-def pack_records(qname: str, question_len: int, recs: list[Record], wires: dict[str, bytes] | None = None) -> bytes:
+def pack_records(qname: bytes, question_len: int, recs: Sequence[Record], echo: bool = True) -> bytes:
     """Answer section for a question of `question_len` bytes (name + type + class) at offset 12.
 
-    `wires` may hold names already encoded (the Lookup's), to avoid encoding them again.
+    With `echo`, owner names equal to `qname` point at the question (its bytes
+    are `qname`); otherwise `qname` is written out where it first appears, for
+    a question the client spelled with capitals, since upstream's owners are
+    lower case.
     """
     base = 12 + question_len
     out = bytearray()
-    offsets: dict[str, int] = {qname: 12}
-    known_wires = wires or {}
+    offsets: dict[bytes, int] = {qname: 12} if echo else {}
 
-    def name_ref(name: str, at: int) -> bytes:
+    def name_ref(name: bytes, at: int) -> bytes:
         known = offsets.get(name)
         if known is not None:
             return (0xC000 | known).to_bytes(2, "big")
-        offsets[name] = at
-        encoded = known_wires.get(name)
-        return encoded if encoded is not None else wire.encode_name(name)
+        if at < 0x4000:  # a pointer reaches only this far
+            offsets[name] = at
+        return name
 
     for rec in recs:
         out += name_ref(rec.owner, base + len(out))
         out += rec.rtype.to_bytes(2, "big") + _RR_TAIL
-        rdata = name_ref(rec.data, base + len(out) + 2) if isinstance(rec.data, str) else rec.data
+        rdata = name_ref(rec.data, base + len(out) + 2) if rec.rtype == wire.TYPE_CNAME else rec.data
         out += len(rdata).to_bytes(2, "big") + rdata
     return bytes(out)
 
@@ -107,9 +111,8 @@ def _orderings(recs: list[Record], rng: random.Random) -> list[list[Record]]:
     return out
 
 
-def prepare(qname: str, question_len: int, recs: list[Record], rng: random.Random,
-            wires: dict[str, bytes] | None = None) -> Prepared:
-    bodies = tuple(pack_records(qname, question_len, order, wires) for order in _orderings(recs, rng))
+def prepare(qname: bytes, question_len: int, recs: list[Record], rng: random.Random, echo: bool = True) -> Prepared:
+    bodies = tuple(pack_records(qname, question_len, order, echo) for order in _orderings(recs, rng))
     plain, edns = _headers(len(recs))
     return Prepared(plain=plain, edns=edns, bodies=bodies, variants=len(bodies))
 
@@ -117,11 +120,12 @@ def prepare(qname: str, question_len: int, recs: list[Record], rng: random.Rando
 class CompiledTable:
     """One NameTable compiled for answering.
 
-    Answers for the table's own names are packed up front. Search-expanded
-    (CNAME) names, half of all names, are packed on their first query, like
-    wildcard matches: that halves compile time, and a name costs one slow-path
-    query per table. `answers` is only ever added to (never changed), so readers
-    on other threads see either no entry or a complete one.
+    Answers for names with addresses are packed up front, keyed by the
+    lower-case question. Search-expanded (CNAME) names, half of all names, are
+    packed on their first query, like wildcard matches: that halves compile
+    time, and a name costs one slow-path query per table. `answers` is only
+    ever added to (never changed), so readers on other threads see either no
+    entry or a complete one.
     """
 
     def __init__(self, source: nds_pb2.NameTable, lookup: Lookup, seed: int | None = None) -> None:
@@ -130,17 +134,13 @@ class CompiledTable:
         self._rng = random.Random(seed)
         self.answers: dict[bytes, Prepared] = {}
         self._dynamic = 0
-        self._wildcards = frozenset(wire.encode_name(name) for name in lookup.wildcards())
         self._shared: dict[tuple[object, ...], Prepared] = {}
-        wires = lookup.wires
-        self._lazy = {wires.get(name) or wire.encode_name(name): name for name in lookup.cnames}
         type_class = {qtype: qtype.to_bytes(2, "big") + _IN for qtype in (wire.TYPE_A, wire.TYPE_AAAA)}
-        for name in lookup.hosts:
-            qwire = wires.get(name) or wire.encode_name(name)
+        for name in lookup.hosts():
             for qtype, suffix in type_class.items():
-                self.answers[qwire + suffix] = self._prepare(name, len(qwire) + 4, qtype)
+                self.answers[name + suffix] = self._prepare(name, len(name) + 4, qtype)
 
-    def _prepare(self, name: str, question_len: int, qtype: int) -> Prepared:
+    def _prepare(self, name: bytes, question_len: int, qtype: int) -> Prepared:
         recs = records(self.lookup, name, name, qtype)
         assert recs is not None
         # Answers that own no name but the question are shared across names; a CNAME
@@ -151,7 +151,7 @@ class CompiledTable:
             sig = (qtype, question_len, recs[0].data)
         prepared = self._shared.get(sig)
         if prepared is None:
-            prepared = self._shared[sig] = prepare(name, question_len, recs, self._rng, self.lookup.wires)
+            prepared = self._shared[sig] = prepare(name, question_len, recs, self._rng)
         return prepared
 
     def find(self, qname: bytes, qtype: int) -> Prepared | None:
@@ -162,43 +162,30 @@ class CompiledTable:
             return prepared
         if qtype not in (wire.TYPE_A, wire.TYPE_AAAA):
             return None
-        lazy = self._lazy.get(qname)
-        if lazy is not None:
-            prepared = self.answers[key] = self._prepare(lazy, len(key), qtype)
+        if qname in self.lookup.cnames:
+            prepared = self.answers[key] = self._prepare(qname, len(key), qtype)
             return prepared
-        if not self._wildcards or not self._wildcard_candidate(qname):
+        if not self.lookup.wildcards:
             return None
-        text = wire.decode_name(qname)
-        name = match(self.lookup, text)
+        name = match(self.lookup, qname)
         if name is None:
             return None
-        recs = records(self.lookup, text, name, qtype)
+        recs = records(self.lookup, qname, name, qtype)
         if recs is None:
             return None
-        prepared = prepare(text, len(key), recs, self._rng)
+        prepared = prepare(qname, len(key), recs, self._rng)
         if self._dynamic < DYNAMIC_LIMIT:
             self._dynamic += 1
             self.answers[key] = prepared
         return prepared
 
-    def _wildcard_candidate(self, qname: bytes) -> bool:
-        """Whether a `*.suffix` of qname is in the table, judged on wire labels.
+    def find_spelled(self, qname: bytes, qtype: int) -> Prepared | None:
+        """As find(), for a question spelled with capitals: owners written out in lower case.
 
-        Working on the wire form keeps a label that itself contains a dot from
-        being mistaken for two labels.
+        Not cached: stub resolvers ask in lower case; this serves the odd
+        client that does not (or one that randomizes case).
         """
-        off = 0
-        while qname[off]:
-            off += 1 + qname[off]
-            if qname[off] and b"\x01*" + qname[off:] in self._wildcards:
-                return not any(b"." in label for label in _labels(qname))
-        return False
-
-
-def _labels(qname: bytes) -> list[bytes]:
-    out = []
-    off = 0
-    while qname[off]:
-        out.append(qname[off + 1 : off + 1 + qname[off]])
-        off += 1 + qname[off]
-    return out
+        recs = resolve(self.lookup, qname, qtype)
+        if recs is None:
+            return None
+        return prepare(qname, len(qname) + 4, recs, self._rng, echo=False)

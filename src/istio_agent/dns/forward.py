@@ -3,7 +3,10 @@
 As upstream: servers are tried in resolv.conf order, each with its own timeout
 (5 s by default), the first reply of any rcode wins; with `parallel` every
 server is asked at once and the first reply wins. `query()` returns None when
-every server failed, and the caller answers SERVFAIL.
+every server failed, and the caller answers SERVFAIL. A UDP reply larger
+than the query's own size limit (512 bytes, or its EDNS size) counts as that
+server failing: upstream's Go client reads the datagram into a buffer of that
+size and cannot parse the cut message, so such a server never answers there.
 
 UDP queries go out on a few long-lived connected sockets per server with a
 fresh random id each (a socket per query, as Go does, costs too much here).
@@ -77,21 +80,22 @@ class _UdpUpstream(asyncio.DatagramProtocol):
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
         self.transport: asyncio.DatagramTransport | None = None
-        # id -> (callback, lower-cased question, deadline); insertion order = deadline order.
-        self.pending: dict[int, tuple[Reply, bytes, float]] = {}
+        # id -> (callback, lower-cased question, deadline, largest acceptable reply);
+        # insertion order = deadline order.
+        self.pending: dict[int, tuple[Reply, bytes, float, int]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's UDP transport does not subclass asyncio.DatagramTransport: no isinstance check.
         self.transport = cast(asyncio.DatagramTransport, transport)
 
-    def send(self, data: bytes, qend: int, deadline: float, reply: Reply) -> bool:
+    def send(self, data: bytes, qend: int, deadline: float, reply: Reply, limit: int) -> bool:
         """Send with a fresh id; False (and no callback) when the socket cannot take it."""
         if self.transport is None or self.transport.is_closing() or len(self.pending) >= MAX_PENDING_PER_SOCKET:
             return False
         qid = self._rng.getrandbits(16)
         while qid in self.pending:
             qid = self._rng.getrandbits(16)
-        self.pending[qid] = (reply, data[12:qend].lower(), deadline)
+        self.pending[qid] = (reply, data[12:qend].lower(), deadline, limit)
         self.transport.sendto(qid.to_bytes(2, "big") + data[2:])
         return True
 
@@ -102,11 +106,11 @@ class _UdpUpstream(asyncio.DatagramProtocol):
         entry = self.pending.get(qid)
         if entry is None:
             return
-        reply, question, _ = entry
+        reply, question, _, limit = entry
         if data[12:12 + len(question)].lower() != question:
             return  # not the answer to our question: keep waiting for the real one
         del self.pending[qid]
-        reply(data)
+        reply(data if len(data) <= limit else None)
 
     def error_received(self, exc: Exception) -> None:
         self.fail_all()
@@ -116,12 +120,12 @@ class _UdpUpstream(asyncio.DatagramProtocol):
 
     def fail_all(self) -> None:
         pending, self.pending = self.pending, {}
-        for reply, _, _ in pending.values():
+        for reply, *_ in pending.values():
             reply(None)
 
     def expire(self, now: float) -> None:
         expired = []
-        for qid, (_, _, deadline) in self.pending.items():
+        for qid, (_, _, deadline, _) in self.pending.items():
             if deadline > now:
                 break
             expired.append(qid)
@@ -132,13 +136,14 @@ class _UdpUpstream(asyncio.DatagramProtocol):
 class _UdpExchange:
     """One forwarded UDP query: servers in order (or all at once), first reply wins."""
 
-    __slots__ = ("data", "done", "failures", "finished", "forwarder", "next_server", "qend")
+    __slots__ = ("data", "done", "failures", "finished", "forwarder", "limit", "next_server", "qend")
 
-    def __init__(self, forwarder: Forwarder, data: bytes, qend: int, done: Reply) -> None:
+    def __init__(self, forwarder: Forwarder, data: bytes, qend: int, done: Reply, limit: int) -> None:
         self.forwarder = forwarder
         self.data = data
         self.qend = qend
         self.done = done
+        self.limit = limit
         self.next_server = 0
         self.failures = 0
         self.finished = False
@@ -157,7 +162,7 @@ class _UdpExchange:
         while self.next_server < len(servers):
             server = servers[self.next_server]
             self.next_server += 1
-            if self.forwarder.send_udp(server, self.data, self.qend, self.on_reply):
+            if self.forwarder.send_udp(server, self.data, self.qend, self.on_reply, self.limit):
                 return
             self.failures += 1
         if self.failures >= len(servers):
@@ -233,28 +238,33 @@ class Forwarder:
                 for proto in endpoints:
                     proto.expire(now)
 
-    def query_udp(self, data: bytes, done: Reply) -> None:
+    def query_udp(self, data: bytes, done: Reply, limit: int = wire.MAX_MSG_SIZE) -> None:
         """Forward a validated query over UDP; `done` gets the first reply, or None when all failed.
 
-        `done` may be called before this returns (no usable server).
+        `limit` is the query's own UDP size limit (`Query.udp_limit`): a server
+        replying with more has failed. `done` may be called before this returns
+        (no usable server).
         """
         try:
             qend = _question_end(data)
         except wire.WireError:
             done(None)
             return
-        _UdpExchange(self, data, qend, done).start()
+        _UdpExchange(self, data, qend, done, limit).start()
 
-    def send_udp(self, server: tuple[str, int], data: bytes, qend: int, reply: Reply) -> bool:
+    def send_udp(self, server: tuple[str, int], data: bytes, qend: int, reply: Reply, limit: int) -> bool:
         endpoints = self._udp.get(server)
         if not endpoints:
             return False
         proto = endpoints[self._rng.randrange(len(endpoints))] if len(endpoints) > 1 else endpoints[0]
         assert self._loop is not None
-        return proto.send(data, qend, self._loop.time() + self.timeout, reply)
+        return proto.send(data, qend, self._loop.time() + self.timeout, reply, limit)
 
-    async def query(self, data: bytes, tcp: bool) -> bytes | None:
-        """The first upstream reply to a validated query, or None when every server failed."""
+    async def query(self, data: bytes, tcp: bool, limit: int = wire.MAX_MSG_SIZE) -> bytes | None:
+        """The first upstream reply to a validated query, or None when every server failed.
+
+        `limit` as for query_udp(); TCP replies are limited by their framing only.
+        """
         if not self.servers:
             return None
         if not tcp:
@@ -264,7 +274,7 @@ class Forwarder:
                 if not future.done():
                     future.set_result(resp)
 
-            self.query_udp(data, resolve)
+            self.query_udp(data, resolve, limit)
             return await future
         if self.parallel and len(self.servers) > 1:
             return await self._parallel_tcp(data)

@@ -264,7 +264,7 @@ class DnsProxy:
         self._pending_forwards += 1
         start = self._loop.time()
         try:
-            resp = await self._forwarder.query(data, tcp)
+            resp = await self._forwarder.query(data, tcp, limit)
         finally:
             self._pending_forwards -= 1
         return self._finish_forward(data, resp, limit, start, counts)
@@ -315,7 +315,7 @@ class DnsProxy:
             with contextlib.suppress(OSError):
                 sock.sendto(out, addr)
 
-        self._forwarder.query_udp(data, done)
+        self._forwarder.query_udp(data, done, limit)
 
     # ---- UDP threads ------------------------------------------------------------------------
 

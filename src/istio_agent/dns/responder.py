@@ -5,12 +5,14 @@ an `AskUpstream` (the decision to ask the upstream resolvers), or None (send
 nothing). It never blocks and never raises on any input.
 
 The fast path handles the shape nearly every stub resolver sends (one
-question, opcode QUERY, optionally one OPT record) for a name in the compiled
-table with a single dictionary lookup. Everything else takes the slow path,
-which validates the whole message and decides like upstream's miekg/dns-based
-server: malformed -> FORMERR (or dropped when it has no header or is a
-response), other opcodes -> NOTIMP, EDNS version > 0 -> BADVERS, no table yet
--> SERVFAIL.
+question in lower case, opcode QUERY, optionally one OPT record) for a name in
+the compiled table with a single dictionary lookup. Everything else takes the
+slow path, which validates the whole message and decides like upstream's
+miekg/dns-based server: malformed -> FORMERR (or dropped when it has no header
+or is a response), a bare header claiming one question -> SERVFAIL (miekg
+passes it on with no question), other opcodes -> NOTIMP, EDNS version > 0 ->
+BADVERS, no table yet -> SERVFAIL; a name spelled with capitals is answered
+with lower-case owners, as upstream writes them.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Responder:
         if table is not None and data[4:10] == _ONE_QUESTION and not data[2] & 0xF8:
             end = data.find(0, 12) + 5
             question = data[12:end]
-            entry = table.answers.get(question.lower())
+            entry = table.answers.get(question)
             if entry is not None:
                 arcount = data[10:12]
                 size = len(data)
@@ -87,6 +89,9 @@ class Responder:
         if len(data) < 12 or data[2] & 0x80:
             counts[MALFORMED] += 1
             return None
+        if wire.is_header_only_query(data):
+            counts[FAILED] += 1
+            return wire.header_reply(data, wire.RCODE_SERVFAIL)
         try:
             query = wire.parse_query(data)
         except wire.WireError:
@@ -112,6 +117,10 @@ class Responder:
         entry = table.find(query.qname, query.qtype)
         if entry is None:
             return AskUpstream(limit)
+        if query.question[:len(query.qname)] != query.qname:  # spelled with capitals
+            entry = table.find_spelled(query.qname, query.qtype)
+            if entry is None:  # cannot be: find() matched the same name
+                return AskUpstream(limit)
         counts[LOCAL] += 1
         return wire.fit(build_reply(data, query, entry), limit)
 

@@ -1,188 +1,243 @@
 """From a NameTable to the names the proxy answers, with upstream Istio's rules.
 
-Upstream (pkg/dns/client) answers every NameTable host by its own name, and a
-Kubernetes service host inside the proxy's cluster domain also as
-`name.ns.`, `name.ns.svc.` and, for the proxy's own namespace, `name.`, plus the
-entry's `alt_hosts`. Every such name expanded with the first `resolv.conf`
-search domain answers with a CNAME back to the name (the stub resolver tries
-that expansion first, so one answer short-circuits the search list).
-Wildcard hosts `*.x` answer any name below `x`, the most specific wildcard
-winning. A/AAAA come from the entry's IPs; a name we know but without the asked
-family gets NOERROR with no records; other types are not ours.
+Upstream (pkg/dns/client) builds, per NameTable entry, a set of names:
+the host itself (a trailing dot added); for a Kubernetes service whose host
+ends in the proxy's cluster domain also `name.ns.`, `name.ns.svc.` (the
+domain's first label), `name.` when it is in the proxy's own namespace, and
+the entry's `alt_hosts`. A Kubernetes host that already ends in a dot gets no
+names at all. Each name is lower-cased and, unless it ends in the first
+`resolv.conf` search domain, also answers expanded with that domain, by a
+CNAME back to the name (the stub resolver tries that expansion first, so
+one answer short-circuits the search list); an expansion that is itself one
+of the entry's names is not added. So `productpage.ns1.svc.cluster.local.ns1.
+svc.cluster.local.` is not ours and goes upstream, as it does upstream.
 
-Where upstream leaves an outcome to Go's random map order (two entries offering
-the same name), we decide deterministically, as upstream's newer name index
-does: the entry whose own host it is beats an alias, Kubernetes beats other
-registries, then the lexically smaller host; a search-expanded CNAME never
-shadows a name that some entry offers.
+Lookups follow upstream's order: an exact name, else the most specific
+`*.suffix` covering the query; a name that is an expansion answers with the
+CNAME even if some entry also offers it as a host; the addresses come from
+the one name the CNAME points at. A and AAAA are kept per name separately, as
+upstream's two maps are, so one entry's IPv4 and another's IPv6 for the same
+name both answer. A known name lacking the asked family is NOERROR with no
+records; other types are not ours.
+
+Upstream keys all this by presentation strings (miekg/dns's escaped form);
+we key it by the equivalent lower-cased wire names, and a table name that is
+not a canonical presentation string (it could never equal a query's) is
+dropped. Where upstream leaves an outcome to Go's random map order (two
+entries offering the same name and family, or the same expansion), we decide
+deterministically: the entry whose own host it is beats an alias, Kubernetes
+beats other registries, then the lexically smaller host.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypeVar
 
 from istio_agent.dns import wire
 from istio_agent.protos import nds_pb2
 
 KUBERNETES = "Kubernetes"  # provider.Kubernetes: the only registry with short names
 TTL = 30  # seconds; kept low so clients pick up new addresses quickly
+_WILDCARD = b"\x01*"
 
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    """Addresses of one answerable name (lower case, trailing dot)."""
-
-    name: str
-    v4: tuple[bytes, ...]
-    v6: tuple[bytes, ...]
+Rank = tuple[bool, bool, str]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One answer record: owner, type and either packed address or CNAME target."""
+    """One answer record: lower-case wire owner, type, and packed address or CNAME target (wire)."""
 
-    owner: str
+    owner: bytes
     rtype: int
-    data: bytes | str
+    data: bytes
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Lookup:
-    """Every name the proxy answers for, before it is packed into wire answers."""
+    """Every name the proxy answers for (wire, lower case), before it is packed into wire answers."""
 
-    hosts: dict[str, Host] = field(default_factory=dict)
-    cnames: dict[str, str] = field(default_factory=dict)  # search-expanded name -> host name
-    wires: dict[str, bytes] = field(default_factory=dict)  # every name above -> its wire form
+    v4: dict[bytes, tuple[bytes, ...]]
+    v6: dict[bytes, tuple[bytes, ...]]
+    cnames: dict[bytes, bytes]  # search-expanded name -> the name it expands
+    names: frozenset[bytes]  # all of the above: upstream's allHosts
+    wildcards: frozenset[bytes]  # the `*.x` names among them
 
-    def wildcards(self) -> list[str]:
-        """The `*.x` names, which cannot be enumerated into exact answers."""
-        return [name for name in (*self.hosts, *self.cnames) if name.startswith("*.")]
+    def hosts(self) -> list[bytes]:
+        """Names answered with addresses directly (not through a CNAME)."""
+        return [name for name in self.names if name not in self.cnames]
+
+
+def go_lower(text: str) -> str:
+    """Go's strings.ToLower: per character simple case mapping (Python's str.lower differs on U+0130)."""
+    if text.isascii():
+        return text.lower()
+    return "".join("i" if ch == "\u0130" else ch.lower() for ch in text)
 
 
 def proxy_domain(namespace: str, domain: str) -> str:
     """The cluster domain part of the proxy's `--domain` (`ns.svc.cluster.local` -> `svc.cluster.local`)."""
-    parts = domain.strip(".").split(".") if domain.strip(".") else []
-    if parts and parts[0] == namespace:
+    parts = domain.split(".")
+    if parts[0] == namespace:
         parts = parts[1:]
     return ".".join(parts)
 
 
 def alt_hosts(hostname: str, info: nds_pb2.NameInfo, namespace: str, domain: str) -> list[str]:
-    """All names (lower case, trailing dot) one NameTable entry answers to."""
-    fqdn = hostname.lower().rstrip(".") + "."
+    """The names one NameTable entry answers to, as upstream spells them (case kept, trailing dot).
+
+    `domain` is the cluster domain without the namespace (see proxy_domain()).
+    """
     if info.registry != KUBERNETES:
-        return [fqdn]
-    out = [fqdn]
+        return [hostname if hostname.endswith(".") else hostname + "."]
+    if hostname.endswith("."):
+        return []
+    out = [hostname + "."]
     # Short forms only for services in the proxy's own cluster domain: across domains
     # `name.ns` would be ambiguous.
-    if not domain or not hostname.rstrip(".").endswith(domain):
+    if not domain or not hostname.endswith(domain):
         return out
-    short = f"{info.shortname}.{info.namespace}".lower()
-    out.append(short + ".")
+    out.append(f"{info.shortname}.{info.namespace}.")
     if info.namespace == namespace:
-        out.append(info.shortname.lower() + ".")
-    out.append(f"{short}.{domain.split('.')[0].lower()}.")
-    out.extend(alt.lower().rstrip(".") + "." for alt in info.alt_hosts)
+        out.append(f"{info.shortname}.")
+    out.append(f"{info.shortname}.{info.namespace}.{domain.split('.')[0]}.")
+    out.extend(alt + "." for alt in info.alt_hosts)
     return list(dict.fromkeys(out))
 
 
 def split_ips(ips: Iterable[str]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
-    """Packed IPv4 and IPv6 addresses, skipping anything unparsable (upstream does the same)."""
+    """Packed IPv4 and IPv6 addresses in table order, skipping what Go's netip.ParseAddr rejects."""
     v4: list[bytes] = []
     v6: list[bytes] = []
     for text in ips:
         try:
-            addr = ipaddress.ip_address(text.strip())
+            addr = ipaddress.ip_address(text)
         except ValueError:
             continue
         (v4 if addr.version == 4 else v6).append(addr.packed)
     return tuple(v4), tuple(v6)
 
 
-def build_lookup(table: nds_pb2.NameTable, namespace: str, domain: str, search: Sequence[str]) -> Lookup:
-    """Resolve a NameTable into the final name -> addresses map and the search-domain CNAMEs.
+class _Builder:
+    """Collects each name's best offer per family and per expansion while entries are walked."""
 
-    `domain` is the cluster domain without the namespace (see proxy_domain()).
+    def __init__(self, search: Sequence[str]) -> None:
+        self.first = search[0] if search else ""
+        self.v4: dict[bytes, tuple[Rank, tuple[bytes, ...]]] = {}
+        self.v6: dict[bytes, tuple[Rank, tuple[bytes, ...]]] = {}
+        self.cnames: dict[bytes, tuple[Rank, bytes]] = {}
+        self._wire: dict[str, bytes | None] = {}
+
+    def wire_name(self, text: str) -> bytes | None:
+        known = self._wire.get(text, b"")
+        if known == b"":
+            known = self._wire[text] = wire.name_from_text(text)
+        return known
+
+    def add_entry(self, hostname: str, info: nds_pb2.NameInfo, names: list[str],
+                  v4: tuple[bytes, ...], v6: tuple[bytes, ...]) -> None:
+        own = go_lower(hostname if hostname.endswith(".") else hostname + ".")
+        kube = info.registry == KUBERNETES
+        first = self.first
+        given = set(names)
+        for spelled in names:
+            host = go_lower(spelled)
+            rank = (host != own, not kube, hostname)
+            name = self.wire_name(host)
+            if name is None:
+                continue  # no query can ever spell it
+            if v4:
+                _offer(self.v4, name, rank, v4)
+            if v6:
+                _offer(self.v6, name, rank, v6)
+            if first and not host.endswith(first + "."):
+                expanded = go_lower(host + first) + ("" if first.endswith(".") else ".")
+                # Upstream compares against the entry's names as spelled, before lower-casing.
+                if expanded not in given:
+                    target = self.wire_name(expanded)
+                    if target is not None:
+                        _offer(self.cnames, target, rank, name)
+
+    def lookup(self) -> Lookup:
+        v4 = {name: addrs for name, (_, addrs) in self.v4.items()}
+        v6 = {name: addrs for name, (_, addrs) in self.v6.items()}
+        cnames = {name: target for name, (_, target) in self.cnames.items()}
+        names = frozenset((*v4, *v6, *cnames))
+        return Lookup(v4=v4, v6=v6, cnames=cnames, names=names,
+                      wildcards=frozenset(name for name in names if name.startswith(_WILDCARD)))
+
+
+def _offer(best: dict[bytes, tuple[Rank, T]], name: bytes, rank: Rank, value: T) -> None:
+    current = best.get(name)
+    if current is None or rank < current[0]:
+        best[name] = (rank, value)
+
+
+def build_lookup(table: nds_pb2.NameTable, namespace: str, domain: str, search: Sequence[str]) -> Lookup:
+    """Resolve a NameTable into the per-family address maps and the search-domain CNAMEs.
+
+    `domain` is the cluster domain without the namespace (see proxy_domain());
+    `search` the resolv.conf search list as read (only its first entry counts).
     """
-    best: dict[str, tuple[tuple[bool, bool, str], Host]] = {}
-    wires: dict[str, bytes] = {}
+    builder = _Builder(search)
     for hostname, info in table.table.items():
+        names = alt_hosts(hostname, info, namespace, domain)
         v4, v6 = split_ips(info.ips)
         if not v4 and not v6:
             continue  # no usable address: not ours, let upstream DNS answer it
-        own = hostname.lower().rstrip(".") + "."
-        kube = info.registry == KUBERNETES
-        for name in alt_hosts(hostname, info, namespace, domain):
-            if name not in wires and not _encode_into(wires, name):
-                continue
-            rank = (name != own, not kube, hostname)
-            current = best.get(name)
-            if current is None or rank < current[0]:
-                best[name] = (rank, Host(name, v4, v6))
-    lookup = Lookup(hosts={name: host for name, (_, host) in best.items()})
-    first = next((s.strip(".").lower() for s in search if s.strip(".")), "")
-    if first:
-        suffix = wire.encode_name(first)
-        for name in lookup.hosts:
-            expanded = f"{name}{first}."
-            candidate = wires[name][:-1] + suffix
-            if expanded not in lookup.hosts and len(candidate) <= 255:
-                lookup.cnames[expanded] = name
-                wires[expanded] = candidate
-    lookup.wires = {name: wires[name] for name in (*lookup.hosts, *lookup.cnames)}
-    return lookup
+        builder.add_entry(hostname, info, names, v4, v6)
+    return builder.lookup()
 
 
-def _encode_into(wires: dict[str, bytes], name: str) -> bool:
-    try:
-        wires[name] = wire.encode_name(name)
-    except ValueError:
-        return False
-    return True
+def match(lookup: Lookup, qname: bytes) -> bytes | None:
+    """The table name that answers a lower-case wire qname: itself, or the most specific `*.suffix`.
 
-
-def match(lookup: Lookup, qname: str) -> str | None:
-    """The table name that answers qname: itself, or the most specific `*.suffix` covering it.
-
-    Matches upstream: the wildcard search starts below the first label and never
-    tries the bare root wildcard.
+    As upstream: the wildcard search starts below the first label and never
+    tries the bare root wildcard. Working on wire labels keeps a label that
+    contains a dot from being taken for two.
     """
-    if qname in lookup.hosts or qname in lookup.cnames:
+    if qname in lookup.names:
         return qname
-    labels = qname.rstrip(".").split(".")
-    for idx in range(1, len(labels)):
-        candidate = "*." + ".".join(labels[idx:]) + "."
-        if candidate in lookup.hosts or candidate in lookup.cnames:
-            return candidate
+    wildcards = lookup.wildcards
+    if wildcards:
+        off = 0
+        while qname[off]:
+            off += 1 + qname[off]
+            if qname[off]:
+                candidate = _WILDCARD + qname[off:]
+                if candidate in wildcards:
+                    return candidate
     return None
 
 
-def records(lookup: Lookup, qname: str, name: str, qtype: int) -> list[Record] | None:
+def records(lookup: Lookup, qname: bytes, name: bytes, qtype: int) -> list[Record] | None:
     """Answer records for qname matched to table name `name`; None when the type is not ours.
 
-    An empty list means NOERROR without records (a known name lacking the asked family).
+    An empty list means NOERROR without records (a known name lacking the asked
+    family). Owners are lower case, as upstream writes them.
     """
-    if qtype not in (wire.TYPE_A, wire.TYPE_AAAA):
+    if qtype == wire.TYPE_A:
+        family = lookup.v4
+    elif qtype == wire.TYPE_AAAA:
+        family = lookup.v6
+    else:
         return None
-    chain: list[Record] = []
     target = lookup.cnames.get(name)
-    if target is not None:
-        chain.append(Record(qname, wire.TYPE_CNAME, target))
-        name = target
-    host = lookup.hosts.get(name)
-    addresses = () if host is None else (host.v4 if qtype == wire.TYPE_A else host.v6)
+    if target is None:
+        # Also for a wildcard: the records are owned by the question itself.
+        return [Record(qname, qtype, addr) for addr in family.get(name, ())]
+    addresses = family.get(target, ())
     if not addresses:
         return []  # upstream drops the CNAME too when the target lacks the family
-    # Without a CNAME the address records are owned by the question itself (also for a
-    # wildcard); after one, by the CNAME target (which for a wildcard is the `*.x` name).
-    owner = name if chain else qname
-    return chain + [Record(owner, qtype, addr) for addr in addresses]
+    # After a CNAME the addresses are owned by its target (for a wildcard, the `*.x` name).
+    return [Record(qname, wire.TYPE_CNAME, target), *(Record(target, qtype, addr) for addr in addresses)]
 
 
-def resolve(lookup: Lookup, qname: str, qtype: int) -> list[Record] | None:
-    """Answer records for a lower-case qname (trailing dot), or None when it is not ours."""
+def resolve(lookup: Lookup, qname: bytes, qtype: int) -> list[Record] | None:
+    """Answer records for a lower-case wire qname, or None when it is not ours."""
     name = match(lookup, qname)
     if name is None:
         return None

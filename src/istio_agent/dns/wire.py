@@ -9,6 +9,7 @@ All functions are pure: bytes in, bytes or values out.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 TYPE_A = 1
@@ -59,15 +60,87 @@ def encode_name(name: str) -> bytes:
     return out
 
 
-def decode_name(wire: bytes) -> str:
-    """Dotted form (with trailing dot) of an uncompressed wire name."""
+# Presentation format as miekg/dns writes and reads it, since upstream matches names as
+# those strings: these bytes are written backslash-escaped, and bytes outside printable
+# ASCII as a three-digit \DDD.
+_ESCAPED = frozenset(b". '@;()\"\\")
+_NOT_BARE = re.compile(r"[^\x21-\x7e]|['@;()\"\\]")  # what a name without escapes cannot hold
+
+
+def name_to_text(name: bytes) -> str:
+    """Presentation form (trailing dot, escapes as miekg/dns) of an uncompressed wire name."""
     labels = []
     off = 0
-    while wire[off]:
-        n = wire[off]
-        labels.append(wire[off + 1 : off + 1 + n].decode("utf-8", "replace"))
+    while name[off]:
+        n = name[off]
+        out = []
+        for b in name[off + 1 : off + 1 + n]:
+            if b in _ESCAPED:
+                out.append("\\" + chr(b))
+            elif b < 0x20 or b > 0x7E:
+                out.append(f"\\{b:03d}")
+            else:
+                out.append(chr(b))
+        labels.append("".join(out))
         off += 1 + n
-    return ".".join(labels) + "."
+    return ".".join(labels) + "." if labels else "."
+
+
+def name_from_text(text: str) -> bytes | None:
+    """Wire form of `text` if `text` is exactly how some name is presented, else None.
+
+    Upstream keys its tables by presentation strings and looks a query up by
+    its own presentation, so a table name matches only if it is that canonical
+    form: fully qualified, escaped where miekg escapes and nowhere else, with
+    legal label and name lengths. Anything else can never match a query.
+    """
+    if text == ".":
+        return b"\x00"
+    if "\\" in text:
+        return _escaped_name_from_text(text)
+    if not text.endswith(".") or _NOT_BARE.search(text):
+        return None
+    return _pack_labels([label.encode("ascii") for label in text[:-1].split(".")])
+
+
+def _escaped_name_from_text(text: str) -> bytes | None:
+    labels: list[bytes] = []
+    label = bytearray()
+    i, end = 0, len(text)
+    while i < end:
+        ch = text[i]
+        if ch == "\\":
+            digits = text[i + 1 : i + 4]
+            if len(digits) == 3 and all("0" <= d <= "9" for d in digits) and int(digits) < 256:
+                label.append(int(digits))
+                i += 4
+                continue
+            if i + 1 == end or ord(text[i + 1]) > 0x7E:
+                return None
+            label.append(ord(text[i + 1]))
+            i += 2
+        elif ch == ".":
+            if not label:
+                return None
+            labels.append(bytes(label))
+            label = bytearray()
+            i += 1
+        elif ord(ch) > 0x7E:
+            return None
+        else:
+            label.append(ord(ch))
+            i += 1
+    if label:
+        return None  # not fully qualified
+    packed = _pack_labels(labels)
+    return packed if packed is not None and name_to_text(packed) == text else None
+
+
+def _pack_labels(labels: list[bytes]) -> bytes | None:
+    if not labels or any(not 0 < len(label) < 64 for label in labels):
+        return None
+    out = b"".join([bytes((len(label),)) + label for label in labels]) + b"\x00"
+    return out if len(out) <= 255 else None
 
 
 def skip_name(buf: bytes, off: int, pointers: bool = True) -> int:
@@ -236,6 +309,23 @@ def error_reply(data: bytes, query: Query, rcode: int) -> bytes:
     ))
 
 
+def is_header_only_query(data: bytes) -> bool:
+    """A bare 12-byte QUERY claiming one question, which miekg/dns hands on with no question.
+
+    Its server accepts the header (one question, at most one answer, one
+    authority, two additional records) and its parser stops at the end of the
+    message without an error, so upstream's handler sees an empty question
+    section and answers SERVFAIL.
+    """
+    return (len(data) == 12 and not data[2] & 0x80 and (data[2] >> 3) & 0xF == OPCODE_QUERY
+            and _u16(data, 4) == 1 and _u16(data, 6) <= 1 and _u16(data, 8) <= 1 and _u16(data, 10) <= 2)
+
+
+def header_reply(data: bytes, rcode: int) -> bytes:
+    """A reply of just a header (no sections), flags as miekg's SetReply sets them."""
+    return data[:2] + reply_flags(_u16(data, 2), rcode).to_bytes(2, "big") + b"\x00" * 8
+
+
 def formerr(data: bytes) -> bytes | None:
     """Header-only FORMERR for a packet we cannot parse; None when it must be dropped.
 
@@ -244,8 +334,7 @@ def formerr(data: bytes) -> bytes | None:
     """
     if len(data) < 12 or data[2] & 0x80:
         return None
-    flags = reply_flags(_u16(data, 2), RCODE_FORMERR)
-    return data[:2] + flags.to_bytes(2, "big") + b"\x00" * 8
+    return header_reply(data, RCODE_FORMERR)
 
 
 def fit(resp: bytes, limit: int) -> bytes:
