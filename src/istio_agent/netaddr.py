@@ -16,6 +16,8 @@ A plain library: standard library only, so that every CLI may import it.
 
 from __future__ import annotations
 
+import ipaddress
+
 MAX_PORT = 65535
 
 
@@ -79,3 +81,16 @@ def join_host_port(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+def is_localhost(remote: str | None) -> bool:
+    """Whether a peer address (`127.0.0.1`, `::1`, `::ffff:127.0.0.1`, `fe80::1%eth0`...) is this host's loopback."""
+    if not remote:
+        return False
+    try:
+        addr = ipaddress.ip_address(remote.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback

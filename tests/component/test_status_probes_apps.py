@@ -329,3 +329,35 @@ def test_malformed_probers_fail_agent_start(tmp_path: Path) -> None:
                           text=True, timeout=60, env={"ISTIO_KUBE_APP_PROBERS": bad, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 1
     assert 'ISTIO_KUBE_APP_PROBERS["/app-health/web/livez"].tcpSocket.port' in done.stderr
+
+
+@pytest.mark.parametrize(("keepalive", "connections"), [(False, 2), (True, 1)])
+async def test_probe_connections_are_kept_only_with_probe_keepalive(keepalive: bool, connections: int) -> None:
+    """ENABLE_PROBE_KEEPALIVE_CONNECTIONS: upstream closes each probe's connection unless it is set."""
+    from aiohttp import web as aioweb
+
+    from istio_agent.status.probes import AppProbe, HttpGetAction, ProbeOptions
+    from istio_agent.status.probes_prober import AppProber
+
+    peers: list[object] = []
+
+    async def ok(request: aioweb.Request) -> aioweb.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return aioweb.Response(text="ok")
+
+    app = aioweb.Application()
+    app.router.add_get("/ready", ok)
+    runner = aioweb.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = aioweb.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    prober = AppProber(ProbeOptions(pod_ip="127.0.0.1", keepalive=keepalive, bind_probe_source=False))
+    probe = AppProbe("/app-health/app/readyz", HttpGetAction(port=port, path="/ready"), 1.0)
+    try:
+        for _ in range(2):
+            assert (await prober.probe(probe)).status == 200
+        assert len(set(map(str, peers))) == connections
+    finally:
+        await prober.close()
+        await runner.cleanup()

@@ -95,7 +95,7 @@ def test_client_certificate_for_istiod(tmp_path: Path) -> None:
         return upstream.client_key, upstream.client_chain
 
     assert pair() == ("", "")
-    assert pair(PROV_CERT="/etc/prov", FILE_MOUNTED_CERTS="true") == ("/etc/prov/key.pem", "/etc/prov/cert-chain.pem")
+    assert pair(PROV_CERT="/etc/prov") == ("/etc/prov/key.pem", "/etc/prov/cert-chain.pem")
     mounted = ('{"proxyMetadata": {"ISTIO_META_TLS_CLIENT_KEY": "/certs/k.pem", '
                '"ISTIO_META_TLS_CLIENT_CERT_CHAIN": "/certs/c.pem"}}')
     assert pair(FILE_MOUNTED_CERTS="true", PROXY_CONFIG=mounted) == ("/certs/k.pem", "/certs/c.pem")
@@ -235,3 +235,13 @@ def test_a_fips_policy_limits_grpcs_ciphers_for_envoy_and_the_agent(tmp_path: Pa
     assert dict(fips.envoy.extra_env)["GRPC_SSL_CIPHER_SUITES"] == fips.grpc_cipher_suites
     assert fips.grpc_cipher_suites.split(":") == ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
                                                   "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384"]
+
+
+def test_status_switches_and_mutually_exclusive_client_certificates(tmp_path: Path) -> None:
+    tuned = resolve(tmp_path, METRICS_LOCALHOST_ACCESS_ONLY="true", ENABLE_PROBE_KEEPALIVE_CONNECTIONS="true")
+    assert tuned.status is not None
+    assert tuned.status.metrics.localhost_only and tuned.status.probes.keepalive
+    plain = resolve(tmp_path).status
+    assert plain is not None and not plain.metrics.localhost_only and not plain.probes.keepalive
+    with pytest.raises(ConfigError, match="PROV_CERT and FILE_MOUNTED_CERTS"):
+        resolve(tmp_path, PROV_CERT="/prov", FILE_MOUNTED_CERTS="true")

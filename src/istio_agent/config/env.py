@@ -62,8 +62,9 @@ PROV_CERT = string("PROV_CERT", "", "Directory of a provisioning certificate use
 XDS_AUTH = boolean("XDS_AUTH", True, "Send the bearer token to istiod.")
 XDS_AUTH_PROVIDER = string("XDS_AUTH_PROVIDER", "", "Provider of xDS credentials (e.g. gcp).", support=ACCEPTED,
                            note="only the Kubernetes service-account token is sent")
-JWT_POLICY = string("JWT_POLICY", "third-party-jwt", "Which Kubernetes token the pod has.", support=ACCEPTED,
-                    note="the token is always ./var/run/secrets/tokens/istio-token (third-party-jwt)")
+JWT_POLICY = string("JWT_POLICY", "third-party-jwt",
+                    "Which Kubernetes token the pod has; as upstream, first-party-jwt is read as third-party-jwt "
+                    "(./var/run/secrets/tokens/istio-token).")
 KUBERNETES_SERVICE_HOST = string(
     "KUBERNETES_SERVICE_HOST", "", "Set in every Kubernetes pod: OUTPUT_CERTS files are then 0644, to share them.")
 CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "", "Plugin that fetches the token.", support=ACCEPTED,
@@ -91,7 +92,8 @@ FILE_MOUNTED_CERTS = boolean("FILE_MOUNTED_CERTS", False, "Use mounted certifica
 FILE_DEBOUNCE_DURATION = duration(
     "FILE_DEBOUNCE_DURATION", 0.1, "How long a changed certificate file settles before it is read again.")
 CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer.", support=ACCEPTED,
-                            note="Kubernetes CSR signer names are not built")
+                            note="istiod builds the Kubernetes signer name from it; the agent sends "
+                                 "ISTIO_META_CERT_SIGNER as it is")
 ISTIO_META_CERT_SIGNER = string("ISTIO_META_CERT_SIGNER", "", "Signer name sent as CertSigner metadata.")
 ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Trust several roots at once.", support=ACCEPTED,
                                note="roots are merged only from PCDS trust bundles")
@@ -178,15 +180,13 @@ PILOT_AGENT_MERGE_ENVOY_STATS = boolean(
     "PILOT_AGENT_MERGE_ENVOY_STATS", True, "Include Envoy's stats in the merged metrics."
 )
 METRICS_LOCALHOST_ACCESS_ONLY = boolean(
-    "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics to localhost only.", support=ACCEPTED,
-    note="the merged metrics answer every caller")
+    "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics (and Envoy's stats listener) to localhost only.")
 REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(
     "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.")
 ISTIO_ENABLE_HTTP2_PROBING = boolean("ISTIO_ENABLE_HTTP2_PROBING", True, "HTTP/2 for app probes that ask for it.",
                                      support=ACCEPTED, note="HTTP probes use HTTP/1.1")
 ENABLE_PROBE_KEEPALIVE_CONNECTIONS = boolean(
-    "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", False, "Reuse connections between app probes.", support=ACCEPTED,
-    note="each probe opens its own connection")
+    "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", False, "Reuse HTTP connections between app probes.")
 
 ISTIO_META_PREFIX = "ISTIO_META_"
 ISTIO_METAJSON_PREFIX = "ISTIO_METAJSON_"

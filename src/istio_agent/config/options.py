@@ -246,6 +246,8 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         raise ConfigError(
             f"environment variable WORKLOAD_IDENTITY_SOCKET_FILE={socket_file!r}: must be a file name, not a path"
         )
+    if environment.get(env.PROV_CERT) and environment.get(env.FILE_MOUNTED_CERTS):
+        raise ConfigError("environment variables PROV_CERT and FILE_MOUNTED_CERTS=true are mutually exclusive")
     headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.CA_HEADER_PREFIX))
     return SecurityOptions(
         workdir=config.workdir,
@@ -381,7 +383,8 @@ def metrics_options(config: AgentConfig) -> MetricsOptions:
                                        config.proxy_config.status_port)
     if config.identity.proxy_type != "sidecar":
         targets = ()  # gateways expose 15020; they scrape no app
-    return MetricsOptions(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets)
+    return MetricsOptions(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets,
+                          localhost_only=environment.get(env.METRICS_LOCALHOST_ACCESS_ONLY))
 
 
 def probe_options(config: AgentConfig) -> ProbeOptions:
@@ -392,6 +395,7 @@ def probe_options(config: AgentConfig) -> ProbeOptions:
         pod_ip=("localhost" if config.environment.get(env.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION)
                 else config.identity.ips[0] if config.identity.ips else "127.0.0.1"),
         status_port=config.proxy_config.status_port,
+        keepalive=config.environment.get(env.ENABLE_PROBE_KEEPALIVE_CONNECTIONS),
     )
 
 

@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from istio_agent.netaddr import is_localhost
 from istio_agent.status.metrics_filter import (
     SourceError,
     SourceFilter,
@@ -178,6 +179,8 @@ class MergedMetricsHandler:
                 await out.write(block)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.options.localhost_only and not is_localhost(request.remote):
+            return web.Response(status=403, text="Only requests from localhost are allowed")
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.counters.scrapes.inc()

@@ -129,6 +129,7 @@ class MetricsOptions:
     host: str = "localhost"  # upstream scrapes Envoy and the app on localhost
     body_cap: int = MAX_SOURCE_BYTES
     default_timeout: float = DEFAULT_SCRAPE_TIMEOUT
+    localhost_only: bool = False  # METRICS_LOCALHOST_ACCESS_ONLY: other callers get 403
 
 
 def parse_scrape_annotations(raw: str, status_port: int = 15020) -> tuple[ScrapeTarget, ...]:

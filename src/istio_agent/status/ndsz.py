@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from istio_agent.dns.ndsz import name_table_json
-from istio_agent.status.server import is_localhost
+from istio_agent.netaddr import is_localhost
 
 if TYPE_CHECKING:
     from istio_agent.protos import nds_pb2

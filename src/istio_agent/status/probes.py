@@ -188,6 +188,7 @@ class ProbeOptions:
     status_port: int = 15020
     max_body_bytes: int = MAX_BODY_BYTES
     bind_probe_source: bool = True  # bind 127.0.0.6 / ::6 like upstream, so capture rules let probes through
+    keepalive: bool = False  # ENABLE_PROBE_KEEPALIVE_CONNECTIONS: reuse HTTP connections between probes
 
 
 # ---- requests -------------------------------------------------------------------------------------------

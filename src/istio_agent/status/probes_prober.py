@@ -58,11 +58,32 @@ class ProbeResult:
 
 
 class AppProber:
-    """Runs one probe at a time per request; holds no connections between probes."""
+    """Runs one probe at a time per request.
+
+    By default it holds no connection between probes (upstream disables keep-alives, as the
+    kubelet does); with `keepalive` (ENABLE_PROBE_KEEPALIVE_CONNECTIONS) HTTP connections are
+    kept per source address and reused by later probes.
+    """
 
     def __init__(self, options: ProbeOptions) -> None:
         self.options = options
         self._v6_source_ok: bool | None = None
+        self._connectors: dict[str | None, aiohttp.TCPConnector] = {}
+
+    def _connector(self, source: str | None) -> tuple[aiohttp.TCPConnector, bool]:
+        """(connector, owned by the session): a fresh one per probe, or the kept one for this source."""
+        local = (source, 0) if source else None
+        if not self.options.keepalive:
+            return aiohttp.TCPConnector(ssl=False, force_close=True, local_addr=local), True
+        connector = self._connectors.get(source)
+        if connector is None or connector.closed:
+            connector = self._connectors[source] = aiohttp.TCPConnector(ssl=False, local_addr=local)
+        return connector, False
+
+    async def close(self) -> None:
+        for connector in self._connectors.values():
+            await connector.close()
+        self._connectors.clear()
 
     def _bindable(self, source: str | None) -> str | None:
         """::6 exists only where the pod set it up (127.0.0.6 is always local); fall back to no bind."""
@@ -102,10 +123,11 @@ class AppProber:
         first = url = probe_url(action, self.options.pod_ip)
         headers, host = request_headers(action, incoming, incoming_host, self.options.status_port)
         source = self._source(target_host(action, self.options.pod_ip))
-        connector = aiohttp.TCPConnector(ssl=False, force_close=True, local_addr=(source, 0) if source else None)
+        connector, owned = self._connector(source)
         requests = 0
         try:
-            async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+            async with aiohttp.ClientSession(connector=connector, connector_owner=owned,
+                                             auto_decompress=True) as session:
                 while True:
                     requests += 1
                     request_headers_now = [*headers, *([("Host", host)] if host else [])]
@@ -198,5 +220,9 @@ def add_probe_routes(app: web.Application, options: ProbeOptions) -> None:
             response.headers["Content-Type"] = result.content_type
         return response
 
+    async def close(_app: web.Application) -> None:
+        await prober.close()
+
     app.router.add_route("*", "/app-health/{tail:.*}", handle)
     app.router.add_route("*", "/app-lifecycle/{tail:.*}", handle)
+    app.on_cleanup.append(close)

@@ -276,7 +276,7 @@ def add_secrets_debug_route(app: web.Application, cache: SecretCache,
     """GET /debug/secrets on the status server: the agent's cache as SecretItems, for localhost only."""
     from aiohttp import web
 
-    from istio_agent.status.server import is_localhost
+    from istio_agent.netaddr import is_localhost
 
     async def handle(request: web.Request) -> web.Response:
         if not is_localhost(request.remote):

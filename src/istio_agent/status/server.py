@@ -15,7 +15,6 @@ the moment a termination drain starts.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
+from istio_agent.netaddr import is_localhost
 from istio_agent.status.options import StatusOptions
 from istio_agent.status.readiness import ReadinessState
 
@@ -33,18 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RouteAdder = Callable[[web.Application], None]
-
-
-def is_localhost(remote: str | None) -> bool:
-    if not remote:
-        return False
-    try:
-        addr = ipaddress.ip_address(remote.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_loopback
 
 
 async def _nothing_to_drain() -> None:
