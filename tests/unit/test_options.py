@@ -245,3 +245,5 @@ def test_status_switches_and_mutually_exclusive_client_certificates(tmp_path: Pa
     assert plain is not None and not plain.metrics.localhost_only and not plain.probes.keepalive
     with pytest.raises(ConfigError, match="PROV_CERT and FILE_MOUNTED_CERTS"):
         resolve(tmp_path, PROV_CERT="/prov", FILE_MOUNTED_CERTS="true")
+    with pytest.raises(ConfigError, match="CA_PROVIDER='GoogleCA'"):
+        resolve(tmp_path, CA_PROVIDER="GoogleCA")

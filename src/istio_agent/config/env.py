@@ -50,8 +50,8 @@ ISTIO_CPU_LIMIT = integer(
 
 # --- control plane and CA --------------------------------------------------------------------------
 CA_ADDR = string("CA_ADDR", "", "Address of the CA; defaults to the ProxyConfig discoveryAddress.")
-CA_PROVIDER = string("CA_PROVIDER", "Citadel", "Name of the CA implementation.", support=ACCEPTED,
-                     note="only istiod's CA protocol (IstioCertificateService) is spoken")
+CA_PROVIDER = string("CA_PROVIDER", "Citadel", "Name of the CA implementation.", support=PARTIAL,
+                     note="only Citadel (istiod's IstioCertificateService); any other is refused at start")
 PILOT_CERT_PROVIDER = string(
     "PILOT_CERT_PROVIDER", "istiod",
     "Who signs istiod's certificate: istiod (the mounted root), custom (./etc/certs/root-cert.pem), none.")
@@ -91,12 +91,11 @@ OUTPUT_CERTS = string("OUTPUT_CERTS", "", "Directory to which workload certifica
 FILE_MOUNTED_CERTS = boolean("FILE_MOUNTED_CERTS", False, "Use mounted certificates instead of the CA.")
 FILE_DEBOUNCE_DURATION = duration(
     "FILE_DEBOUNCE_DURATION", 0.1, "How long a changed certificate file settles before it is read again.")
-CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer.", support=ACCEPTED,
-                            note="istiod builds the Kubernetes signer name from it; the agent sends "
-                                 "ISTIO_META_CERT_SIGNER as it is")
+CERT_SIGNER_DOMAIN = string("CERT_SIGNER_DOMAIN", "", "Domain of the Kubernetes CSR signer: read by istiod, which "
+                            "builds the signer name; upstream's agent does nothing with it either.")
 ISTIO_META_CERT_SIGNER = string("ISTIO_META_CERT_SIGNER", "", "Signer name sent as CertSigner metadata.")
-ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Trust several roots at once.", support=ACCEPTED,
-                               note="roots are merged only from PCDS trust bundles")
+ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Several trust roots at once: read by istiod, which "
+                               "sends them over PCDS (merged into ROOTCA here); upstream's agent does not read it.")
 WORKLOAD_IDENTITY_SOCKET_FILE = string(
     "WORKLOAD_IDENTITY_SOCKET_FILE", "socket", "File name of the SDS socket in workload-spiffe-uds."
 )

@@ -246,6 +246,9 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         raise ConfigError(
             f"environment variable WORKLOAD_IDENTITY_SOCKET_FILE={socket_file!r}: must be a file name, not a path"
         )
+    if environment.get(env.CA_PROVIDER) != "Citadel":
+        raise ConfigError(f"environment variable CA_PROVIDER={environment.get(env.CA_PROVIDER)!r}: only 'Citadel' "
+                          "(istiod's CA) is supported")
     if environment.get(env.PROV_CERT) and environment.get(env.FILE_MOUNTED_CERTS):
         raise ConfigError("environment variables PROV_CERT and FILE_MOUNTED_CERTS=true are mutually exclusive")
     headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.CA_HEADER_PREFIX))
