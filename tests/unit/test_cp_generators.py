@@ -15,6 +15,7 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.generators import GeneratorSet, ProxyContext, SidecarGenerator, default_generators
+from istio_agent.controlplane.xds.generators.waypoint import WaypointGenerator
 from istio_agent.controlplane.xds.mesh import ConnectedPod, build_snapshot
 from istio_agent.controlplane.xds.proxy import ProxyError, parse_node_id
 from istio_agent.controlplane.xds.registry import parse_registry
@@ -273,10 +274,21 @@ def test_proxy_outside_registry_gets_outbound_only() -> None:
 
 def test_generator_selection_by_metadata_falls_back_to_sidecar() -> None:
     generators = default_generators()
-    assert sorted(generators.names()) == ["grpc", "sidecar"]
+    assert sorted(generators.names()) == ["grpc", "sidecar", "waypoint"]
     assert generators.for_proxy(parse_node_id(ECHO_POD, {"GENERATOR": "grpc"})).name == "grpc"
     assert generators.for_proxy(parse_node_id(ECHO_POD, {"GENERATOR": "no-such"})).name == "sidecar"
     assert generators.for_proxy(parse_node_id(ECHO_POD, {})).name == "sidecar"
+    waypoint = parse_node_id(ECHO_POD.replace("sidecar~", "waypoint~"), {})
+    assert generators.for_proxy(waypoint).name == "waypoint"
+
+
+def test_a_waypoint_gets_clusters_and_endpoints_but_no_listeners() -> None:
+    ctx = _ctx()
+    waypoint = WaypointGenerator()
+    assert waypoint.generate(typeurls.LISTENER, ctx, None) == {}
+    assert set(waypoint.generate(typeurls.CLUSTER, ctx, None)) == set(SidecarGenerator().generate(
+        typeurls.CLUSTER, ctx, None))
+    assert waypoint.generate(typeurls.ENDPOINT, ctx, None)
 
 
 def test_reserved_ports_get_no_outbound_listener() -> None:

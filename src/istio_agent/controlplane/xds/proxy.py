@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from istio_agent.config.gobool import is_true
 
-PROXY_TYPES = ("sidecar", "router")
+PROXY_TYPES = ("sidecar", "router", "waypoint")
 
 
 class ProxyError(ValueError):

@@ -1,8 +1,8 @@
 """xDS resource generators: pure functions of a mesh snapshot and a proxy.
 
-`default_generators()` holds the `sidecar` generator; a proxyless `grpc`
-generator is registered the same way (`GeneratorSet.register`) and chosen for
-proxies whose node metadata says `GENERATOR: grpc`.
+`default_generators()` holds the `sidecar` generator (the default), the
+proxyless `grpc` one (for proxies whose node metadata says `GENERATOR: grpc`)
+and the `waypoint` one (for `waypoint~...` node ids).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from istio_agent.controlplane.xds.generators.base import (
 )
 from istio_agent.controlplane.xds.generators.grpc_generator import GrpcGenerator
 from istio_agent.controlplane.xds.generators.sidecar import SidecarGenerator
+from istio_agent.controlplane.xds.generators.waypoint import WaypointGenerator
 
 
 def default_generators() -> GeneratorSet:
-    return GeneratorSet({SidecarGenerator.name: SidecarGenerator(), GrpcGenerator.name: GrpcGenerator()})
+    return GeneratorSet({generator.name: generator
+                         for generator in (SidecarGenerator(), GrpcGenerator(), WaypointGenerator())})
 
 
 __all__ = ["DEFAULT_GENERATOR", "Generator", "GeneratorSet", "ProxyContext", "Resources", "SidecarGenerator",

@@ -69,7 +69,9 @@ class GeneratorSet:
         return self._generators[name]
 
     def for_proxy(self, proxy: Proxy) -> Generator:
-        return self._generators.get(proxy.generator or self._default) or self._generators[self._default]
+        """The GENERATOR metadata's generator; else one named after the proxy type (`waypoint`); else the default."""
+        name = proxy.generator or (proxy.type if proxy.type in self._generators else self._default)
+        return self._generators.get(name) or self._generators[self._default]
 
     def names(self) -> list[str]:
         return sorted(self._generators)
