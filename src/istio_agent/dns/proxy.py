@@ -45,6 +45,7 @@ from istio_agent.netaddr import AddressError, split_host_port
 from istio_agent.protos import nds_pb2
 
 log = logging.getLogger(__name__)
+_EPHEMERAL_ATTEMPTS = 20
 
 
 def listen_host_port(addr: str) -> tuple[str, int]:
@@ -181,7 +182,18 @@ class DnsProxy:
             return [(str(infos[0][4][0]), True)]
 
     def _bind(self) -> None:
+        """Bind UDP and TCP on the same port; an ephemeral port (":0") is tried afresh while TCP
+        cannot take the one UDP was given (a TCP connection elsewhere can hold it)."""
         host, port = listen_host_port(self.options.addr)
+        for attempt in range(_EPHEMERAL_ATTEMPTS if port == 0 else 1):
+            try:
+                self._bind_port(host, port)
+                return
+            except OSError as exc:
+                if port != 0 or exc.errno != errno.EADDRINUSE or attempt == _EPHEMERAL_ATTEMPTS - 1:
+                    raise
+
+    def _bind_port(self, host: str, port: int) -> None:
         try:
             for address, required in self._bind_hosts(host):
                 family = socket.AF_INET6 if ":" in address else socket.AF_INET
