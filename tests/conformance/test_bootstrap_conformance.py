@@ -1,11 +1,18 @@
-"""Every case of the kit's Envoy bootstrap goldens (../shared/conformance/bootstrap).
+"""Every case of the kit's Envoy bootstrap goldens (`<kit>/bootstrap`, ../shared/conformance by default).
 
-Inputs are built exactly as the kit's README describes (ProxyConfig from the
-`.proxycfg` text format, node metadata from the listed environment and
-annotations file), the bootstrap is written by `write_bootstrap`, the kit's
-normalisation regexes (read from its manifest) are applied to the written
-text, and the result must equal the golden as parsed JSON after the stats
-matcher check.
+Inputs are built as the kit's README and manifest describe them, every field
+honoured: the ProxyConfig from the `.proxycfg` text format with the case's
+overrides (config path under the scratch directory, the template path, status
+port 15020 when unset, added `proxyMetadata`), node metadata from the shared
+inputs, the case's environment list (a later entry wins) and annotations file,
+the compliance policy and the secure metrics ports. The bootstrap is written by
+`write_bootstrap`, the kit's normalisation regexes (read from its manifest) are
+applied to the written text, the Lightstep token file must exist exactly when
+the case expects it, the stats matcher must list the expected patterns, and
+the rest must equal the golden as parsed JSON.
+
+`ISTIO_AGENT_CONFORMANCE_DIR` points this at another copy of the kit in the
+same format (for instance one built from all of upstream's TestGolden cases).
 """
 
 from __future__ import annotations
@@ -33,55 +40,83 @@ STATS_METADATA_KEYS = (
     "sidecar.istio.io/statsInclusionSuffixes",
     "sidecar.istio.io/statsInclusionRegexps",
 )
+SCRATCH = "<scratch>"
 
 
-def _case_names() -> list[str]:
+def _cases() -> list[str]:
     manifest = CONFORMANCE / "bootstrap" / "manifest.json"
     if not manifest.exists():
         return ["kit-missing"]
-    return [case["name"] for case in json.loads(manifest.read_text())["cases"]]
+    return [case["name"] for case in json.loads(manifest.read_text())["cases"] if case.get("score", True)]
 
 
-def _proxy_config(kit: Path, case: dict[str, Any], scratch: Path) -> ProxyConfig:
+def _override_path(text: str, scratch: Path) -> str:
+    """`<scratch>/bootstrap/x  (a note)` -> the path under this test's scratch directory."""
+    path = re.split(r"\s+\(|\s{2,}", text.strip(), maxsplit=1)[0]
+    return path.replace(SCRATCH, str(scratch))
+
+
+def _proxy_config(kit: Path, case: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """The case's ProxyConfig in protojson shape, with the overrides upstream's test applies."""
     message = text_format.Parse((kit / case["proxycfg"]).read_text(), proxyconfig_pb2.ProxyConfig())
     values = parse_layer(json_format.MessageToDict(message), case["proxycfg"])
-    values["configPath"] = f"{scratch}/bootstrap/{case['name']}"
+    overrides = case["inputs"].get("proxy_config_overrides") or {}
+    values["configPath"] = _override_path(overrides.get("config_path") or f"{SCRATCH}/bootstrap/{case['name']}",
+                                          scratch)
     values["customConfigFile"] = f"{scratch}/envoy_bootstrap.json"
     if not values.get("statusPort"):
         values["statusPort"] = 15020
-    added = case["inputs"].get("proxy_metadata_added") or {}
+    added = overrides.get("proxy_metadata_added") or {}
     if added:
         values["proxyMetadata"] = {**values.get("proxyMetadata", {}), **added}
-    return ProxyConfig(values=values)
+    return ProxyConfig(values=values).to_json()
+
+
+def _environment(case: dict[str, Any]) -> env.Environment:
+    environ: dict[str, str] = {}
+    for item in case["inputs"].get("process_env_list") or []:
+        key, _, value = item.partition("=")
+        environ[key] = value  # a later entry wins, as in the kit's list
+    return env.Environment(environ)
 
 
 def _options(kit: Path, manifest: dict[str, Any], case: dict[str, Any], scratch: Path) -> BootstrapOptions:
     shared = manifest["shared_inputs"]
     inputs = case["inputs"]
-    environ: dict[str, str] = {}
-    for item in inputs["process_env_list"]:
-        key, _, value = item.partition("=")
-        environ[key] = value  # a later entry wins, as in the kit's list
-    environment = env.Environment(environ)
-    proxy_config = _proxy_config(kit, case, scratch).to_json()
+    platform = shared.get("platform") or {}
+    assert not (platform.get("locality") or platform.get("metadata") or platform.get("labels")), \
+        "platform locality, metadata or labels: not modelled (the agent knows no cloud platform)"
+    environment = _environment(case)
+    proxy_config = _proxy_config(kit, case, scratch)
+    annotations_file = scratch / "annotations"
+    annotations_file.write_text(inputs.get("pod_annotations_file") or "")
     metadata = node_metadata(MetadataOptions(
         environment, proxy_config,
         instance_ips=tuple(shared["instance_ips"]),
-        annotations=parse_annotations(inputs["pod_annotations_file"]),
+        annotations=parse_annotations(annotations_file.read_text()),
         pilot_san=tuple(shared["pilot_subject_alt_names"]),
         outlier_log_path=shared["outlier_log_path"],
         envoy_status_port=shared["envoy_status_port"],
         envoy_prometheus_port=shared["envoy_prometheus_port"],
+        envoy_secure_metrics_port=int(inputs.get("secure_metrics_port") or 0),
+        envoy_secure_merged_metrics_port=int(inputs.get("secure_merged_metrics_port") or 0),
         workload_identity_socket_file=shared["workload_identity_socket_file"],
         exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
-        sts_port=shared["sts_port"],
+        sts_port=int(shared.get("sts_port") or 0),
         istio_version=shared["binary_istio_version"],
+        credential_socket_exists=bool(shared.get("credential_socket_exists")),
+        custom_credentials_file_exists=bool(shared.get("custom_credentials_file_exists")),
     ))
     opts = BootstrapOptions(
         shared["node_id"], proxy_config, metadata,
         instance_ips=tuple(dict.fromkeys(shared["instance_ips"])),
         delta_xds=environment.get(env.ISTIO_DELTA_XDS),
-        compliance_policy=inputs["compliance_policy"],
+        dual_stack=environment.get(env.ISTIO_DUAL_STACK),
+        log_as_json=bool(shared.get("log_as_json")),
+        compliance_policy=inputs.get("compliance_policy") or "",
+        strip_fragment=environment.get(env.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED),
+        host_ip=environment.get(env.HOST_IP),
+        status_port_proxy_protocol=environment.get(env.ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL),
     )
     # Upstream points customConfigFile at its template; here the built-in rendering is that
     # template, so only the metadata copy of ProxyConfig carries the path.
@@ -134,7 +169,7 @@ def _differences(want: Any, got: Any, path: str = "") -> list[str]:
     return [] if want == got else [f"{path}: want {want!r}, got {got!r}"]
 
 
-@pytest.mark.parametrize("name", _case_names())
+@pytest.mark.parametrize("name", _cases())
 def test_bootstrap_golden(name: str, tmp_path: Path) -> None:
     kit = need_conformance("bootstrap")
     manifest = json.loads((kit / "manifest.json").read_text())
@@ -143,10 +178,10 @@ def test_bootstrap_golden(name: str, tmp_path: Path) -> None:
 
     opts = _options(kit, manifest, case, scratch)
     written = write_bootstrap(opts, workdir=scratch)
-    assert written.path == Path(f"{scratch}/bootstrap/{name}/envoy-rev.json")
+    assert written.path == Path(opts.config_path) / "envoy-rev.json"
     assert written.template is None
     token = written.path.parent / "lightstep_access_token.txt"
-    assert token.exists() == case["expect_lightstep_token_file"]
+    assert token.exists() == bool(case.get("expect_lightstep_token_file"))
 
     got = json.loads(_normalise(written.path.read_text(), manifest, case, scratch))
     want = json.loads((kit / case["golden"]).read_text())

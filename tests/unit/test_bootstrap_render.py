@@ -189,10 +189,14 @@ def test_runtime_values_and_connection_limit() -> None:
     monitor = b["overload_manager"]["resource_monitors"][0]["typed_config"]
     assert monitor["max_active_downstream_connections"] == 5000
     meta_wins = render_bootstrap(options(
-        {"runtimeValues": {"overload.global_downstream_max_connections": "5000"}},
-        environ={"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"}))
+        {"runtimeValues": {"overload.global_downstream_max_connections": "5000"},
+         "proxyMetadata": {"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"}}))
     assert meta_wins["overload_manager"]["resource_monitors"][0]["typed_config"][
         "max_active_downstream_connections"] == 20000
+    # Upstream reads the limit from ProxyConfig's proxyMetadata, not from the container's environment.
+    env_only = render_bootstrap(options(environ={"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"}))
+    assert env_only["overload_manager"]["resource_monitors"][0]["typed_config"][
+        "max_active_downstream_connections"] == 2147483647
 
 
 def test_stats_from_proxy_config_and_annotations() -> None:
@@ -201,7 +205,6 @@ def test_stats_from_proxy_config_and_annotations() -> None:
     b = render_bootstrap(options(pc, environ={"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"},
                                  annotations={"sidecar.istio.io/statsInclusionPrefixes": "http.{pod_ip}_",
                                               "sidecar.istio.io/extraStatTags": "b,c",
-                                              "sidecar.istio.io/statsCompression": "gzip",
                                               "sidecar.istio.io/statsFlushInterval": "10s",
                                               "sidecar.istio.io/statsEvictionInterval": "30s"},
                                  ips=("10.1.1.1", "10.1.1.2")))
@@ -214,7 +217,9 @@ def test_stats_from_proxy_config_and_annotations() -> None:
     extra = [t["tag_name"] for t in b["stats_config"]["stats_tags"]][9:12]
     assert extra == ["a", "b", "c"]
     filters = b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
-    assert [f["name"] for f in filters] == ["envoy.filters.http.compressor.gzip", "envoy.filters.http.router"]
+    assert [f["name"] for f in filters] == [
+        "envoy.filters.http.compressor.brotli", "envoy.filters.http.compressor.zstd",
+        "envoy.filters.http.compressor.gzip", "envoy.filters.http.router"]
     assert (b["stats_flush_interval"], b["stats_eviction_interval"]) == ("10s", "30s")
 
 
@@ -234,10 +239,10 @@ def test_ipv6_and_dual_stack() -> None:
                                     ips=("10.0.0.1", "fd00::1"), dual_stack=True))
     as_envoy_proto(dual)
     listener = dual["static_resources"]["listeners"][0]
-    assert listener["additional_addresses"][0]["address"]["socket_address"]["address"] == "::"
+    assert listener["additionalAddresses"][0]["address"]["socket_address"]["address"] == "::"
     assert clusters(dual)["zipkin"]["dns_lookup_family"] == "ALL"
     plain = render_bootstrap(options(ips=("10.0.0.1", "fd00::1")))
-    assert "additional_addresses" not in plain["static_resources"]["listeners"][0]
+    assert "additionalAddresses" not in plain["static_resources"]["listeners"][0]
 
 
 def test_service_cluster_and_locality() -> None:

@@ -1,10 +1,15 @@
 """The Envoy bootstrap (`<configPath>/envoy-rev.json`), built as data.
 
 `render_bootstrap(options)` is a pure function from `BootstrapOptions` to the
-bootstrap as a dict, equal (as parsed JSON) to what upstream's template renders
-for the same inputs: admin on localhost, ADS to the agent's `XDS` pipe, the
-`sds-grpc` pipe, the Prometheus (15090) and readiness (15021) listeners, stats
-tags and matchers, tracing and the other ProxyConfig-driven parts.
+bootstrap as a dict, equal (as parsed JSON) to what upstream's template
+(`tools/packaging/common/envoy_bootstrap.json`) renders for the same inputs:
+admin on localhost, ADS to the agent's `XDS` pipe, the `sds-grpc` pipe (and
+`sds-files-grpc` when another SDS server owns the workload socket), the
+Prometheus, secure-metrics and status listeners, stats tags and matchers,
+tracing, the metrics and access-log services, LRS, the local cluster for
+zone-aware balancing and the overload manager's connection limit. The
+decisions come from `bootstrap_values.derive()`, which the custom-template
+parameters (`bootstrap_params`) share.
 
 `write_bootstrap()` is the thin I/O edge: it chooses between this built-in
 rendering and a custom template (`customConfigFile`, `proxyBootstrapTemplatePath`,
@@ -22,25 +27,17 @@ from typing import Any
 from istio_agent.config.errors import ConfigError
 from istio_agent.envoy import bootstrap_stats as stats
 from istio_agent.envoy import bootstrap_tracing as tracing
-from istio_agent.envoy.bootstrap_options import (
-    AddressFamily,
-    BootstrapOptions,
-    address_family,
-    locality,
-    max_downstream_connections,
-    runtime_flags,
-    service_cluster,
-)
+from istio_agent.envoy.bootstrap_listeners import listeners
+from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap_values import BootstrapValues, derive
 
 # Upstream's default template location; when no file is there the built-in rendering is used.
 DEFAULT_TEMPLATE_PATH = "./var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 TEXT_LOG_FORMAT = "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t"
 JSON_LOG_FORMAT = {
-    "level": "%l", "time": "%Y-%m-%dT%T.%fZ", "scope": "envoy %n", "caller": "%g:%#", "msg": "%j", "thread": "%t",
+    "time": "%Y-%m-%dT%T.%fZ", "level": "%l", "scope": "envoy %n", "msg": "%j", "caller": "%g:%#", "thread": "%t",
 }
-HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-_ROUTER = {"name": "envoy.filters.http.router",
-           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+TYPED_STRUCT = "type.googleapis.com/udpa.type.v1.TypedStruct"
 
 
 def _static_cluster(name: str, address: dict[str, Any], connect_timeout: str) -> dict[str, Any]:
@@ -76,107 +73,80 @@ def _xds_cluster(path: str) -> dict[str, Any]:
     return cluster
 
 
-def _http_listener(
-    family: AddressFamily, address: str, port: int, stat_prefix: str, route_prefix: str, cluster: str,
-    filters: list[dict[str, Any]], bypass_overload: bool,
-) -> dict[str, Any]:
-    listener: dict[str, Any] = {"name": f"{address}_{port}", "address": _tcp(address, port)}
-    if family.dual_stack:
-        listener["additional_addresses"] = [{"address": _tcp(family.additional_wildcard, port)}]
-    listener["ignore_global_conn_limit"] = True
-    if bypass_overload:
-        listener["bypass_overload_manager"] = True
-    manager = {
-        "@type": HCM_TYPE,
-        "codec_type": "AUTO",
-        "stat_prefix": stat_prefix,
-        "route_config": {"virtual_hosts": [{
-            "name": "backend",
-            "domains": ["*"],
-            "routes": [{"match": {"prefix": route_prefix}, "route": {"cluster": cluster}}],
-        }]},
-        "http_filters": [*filters, _ROUTER],
+def local_cluster() -> dict[str, Any]:
+    """ISTIO_META_ENABLE_SELF_DISCOVERY: the proxy's own service over EDS, for zone-aware load balancing."""
+    return {
+        "name": "local_cluster",
+        "alt_stat_name": "local_cluster;",
+        "type": "EDS",
+        "connect_timeout": "1s",
+        "load_balancing_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.least_request",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+                "locality_lb_config": {"zone_aware_lb_config": {"min_cluster_size": "1"}},
+            },
+        }}]},
+        "eds_cluster_config": {
+            "eds_config": {"ads": {}, "resource_api_version": "V3"},
+            "service_name": "local_cluster",
+        },
     }
-    listener["filter_chains"] = [{"filters": [
-        {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager},
-    ]}]
-    return listener
 
 
-def _listeners(opts: BootstrapOptions, family: AddressFamily, compression: str) -> list[dict[str, Any]]:
-    meta = opts.metadata
-    prometheus_port = int(meta.get("ENVOY_PROMETHEUS_PORT") or 15090)
-    status_port = int(meta.get("ENVOY_STATUS_PORT") or 15021)
-    localhost_only = dict(opts.proxy_config.get("proxyMetadata") or {}).get("METRICS_LOCALHOST_ACCESS_ONLY") == "true"
-    metrics_address = family.localhost if localhost_only else family.wildcard
-    return [
-        _http_listener(family, metrics_address, prometheus_port, "stats", "/stats/prometheus", "prometheus_stats",
-                       stats.compression_filters(compression), opts.bypass_overload_manager),
-        _http_listener(family, family.wildcard, status_port, "agent", "/healthz/ready", "agent", [],
-                       opts.bypass_overload_manager),
-    ]
-
-
-def _clusters(opts: BootstrapOptions, family: AddressFamily, trace: tracing.TracingParts) -> list[dict[str, Any]]:
+def _clusters(values: BootstrapValues) -> list[dict[str, Any]]:
+    opts, family = values.opts, values.family
     clusters = [
         _static_cluster("prometheus_stats", _tcp(family.localhost, opts.admin_port), "0.250s"),
         _static_cluster("agent", _tcp(family.localhost, opts.status_port), "0.250s"),
         _pipe_cluster("sds-grpc", opts.sds_socket),
-        _xds_cluster(opts.xds_socket),
     ]
-    if trace.cluster is not None:
-        clusters.append(trace.cluster)
-    pc = opts.proxy_config
-    for field, name in (("envoyMetricsService", "envoy_metrics_service"),
-                        ("envoyAccessLogService", "envoy_accesslog_service")):
-        service = pc.get(field) or {}
-        if service.get("address"):
-            clusters.append(tracing.remote_service_cluster(name, service, opts.metadata, family.dns_lookup_family,
-                                                           opts.host_ip))
-    legacy_address = pc.get("envoyMetricsServiceAddress")
-    if legacy_address and not (pc.get("envoyMetricsService") or {}).get("address"):
-        legacy = {"address": legacy_address}
-        clusters.append(tracing.remote_service_cluster(
-            "envoy_metrics_service", legacy, opts.metadata, family.dns_lookup_family, opts.host_ip))
+    if values.custom_file_path:
+        clusters.append(_pipe_cluster("sds-files-grpc", values.custom_file_path))
+    clusters.append(_xds_cluster(opts.xds_socket))
+    if values.tracer is not None:
+        clusters.append(tracing.tracer_cluster(values.tracer, family.dns_lookup_family))
+    for service in (values.metrics_service, values.access_log_service):
+        if service is not None:
+            clusters.append(tracing.remote_service_cluster(service, family.dns_lookup_family))
+    if values.enable_self_discovery:
+        clusters.append(local_cluster())
     return clusters
 
 
-def _cluster_manager(opts: BootstrapOptions) -> dict[str, Any]:
+def _cluster_manager(values: BootstrapValues) -> dict[str, Any]:
     manager: dict[str, Any] = {}
-    if opts.metadata.get("OUTLIER_LOG_PATH"):
-        manager["outlier_detection"] = {"event_log_path": str(opts.metadata["OUTLIER_LOG_PATH"])}
-    lrs = opts.metadata.get("LOAD_STATS_CONFIG_JSON")
-    if isinstance(lrs, str) and lrs:
-        try:
-            manager["load_stats_config"] = json.loads(lrs)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"node metadata LOAD_STATS_CONFIG_JSON: invalid JSON: {exc}") from None
-    if opts.deferred_cluster_creation:
+    if values.enable_self_discovery:
+        manager["local_cluster_name"] = "local_cluster"
+    if values.outlier_log_path:
+        manager["outlier_detection"] = {"event_log_path": values.outlier_log_path}
+    lrs = values.load_stats_config()
+    if lrs is not None:
+        manager["load_stats_config"] = lrs
+    if values.opts.deferred_cluster_creation:
         manager["enable_deferred_cluster_creation"] = True
     return manager
 
 
-def render_bootstrap(opts: BootstrapOptions) -> dict[str, Any]:
-    """The bootstrap for `opts`, as a JSON-ready dict (pure: no files, no environment)."""
-    family = address_family(opts.instance_ips, opts.dual_stack)
-    cluster_name = service_cluster(opts.proxy_config, opts.metadata)
-    stats_opts = stats.stats_options(opts.annotations, opts.proxy_config, opts.instance_ips,
-                                     opts.exit_on_zero_active_connections)
-    trace = tracing.tracing_parts(opts.proxy_config.get("tracing"), opts.metadata, cluster_name,
-                                  family.dns_lookup_family, opts.lightstep_token_path, opts.host_ip)
-    discovery = opts.metadata_discovery
+def _bootstrap_extensions(metadata_discovery: bool) -> list[dict[str, Any]]:
     extensions: list[dict[str, Any]] = []
-    if discovery:
+    if metadata_discovery:
         extensions.append({"name": "metadata_discovery", "typed_config": {
-            "@type": "type.googleapis.com/udpa.type.v1.TypedStruct",
+            "@type": TYPED_STRUCT,
             "type_url": "type.googleapis.com/istio.workload.BootstrapExtension",
             "value": {"config_source": {"ads": {}}},
         }})
     extensions.append({"name": "envoy.bootstrap.internal_listener", "typed_config": {
-        "@type": "type.googleapis.com/udpa.type.v1.TypedStruct",
+        "@type": TYPED_STRUCT,
         "type_url": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener",
         "value": {"buffer_size_kb": 64},
     }})
+    return extensions
+
+
+def render_values(values: BootstrapValues) -> dict[str, Any]:
+    """The bootstrap for derived `values`, key for key as the template writes it."""
+    opts = values.opts
     log_format: dict[str, Any] = {"json_format": dict(JSON_LOG_FORMAT)} if opts.log_as_json else {
         "text_format": TEXT_LOG_FORMAT}
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
@@ -184,62 +154,60 @@ def render_bootstrap(opts: BootstrapOptions) -> dict[str, Any]:
         "application_log_config": {"log_format": log_format},
         "node": {
             "id": opts.node_id,
-            "cluster": cluster_name,
-            "locality": locality(opts.metadata),
+            "cluster": values.cluster,
+            "locality": dict(values.locality),
             "metadata": dict(opts.metadata),
         },
         "layered_runtime": {"layers": [
-            {"name": "global config",
-             "static_layer": runtime_flags(opts.proxy_config, opts.compliance_policy, opts.strip_fragment)},
+            {"name": "global config", "static_layer": values.runtime_flags},
             {"name": "admin", "admin_layer": {}},
         ]},
-        "bootstrap_extensions": extensions,
-        **stats.interval_fields(stats_opts),
-        "stats_config": stats.stats_config(stats_opts, discovery),
+        "bootstrap_extensions": _bootstrap_extensions(values.metadata_discovery),
+        **stats.interval_fields(values.stats),
+        "stats_config": stats.stats_config(values.stats, values.metadata_discovery),
         "admin": {
             "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
                 "path": "/dev/null",
             }}],
             "profile_path": "/var/lib/istio/data/envoy.prof",
-            "address": {"socket_address": {"address": family.localhost, "port_value": opts.admin_port}},
+            "address": {"socket_address": {"address": values.family.localhost, "port_value": opts.admin_port}},
         },
         "dynamic_resources": {
             "lds_config": dict(ads),
             "cds_config": dict(ads),
             "ads_config": {
-                "api_type": opts.xds_type,
+                "api_type": values.xds_type,
                 "set_node_on_first_message_only": True,
                 "transport_api_version": "V3",
                 "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}],
             },
         },
-        "static_resources": {
-            "clusters": _clusters(opts, family, trace),
-            "listeners": _listeners(opts, family, stats_opts.compression),
-        },
+        "static_resources": {"clusters": _clusters(values), "listeners": listeners(values)},
         "overload_manager": {"resource_monitors": [{
             "name": "envoy.resource_monitors.global_downstream_max_connections",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3."
                          "DownstreamConnectionsConfig",
-                "max_active_downstream_connections": max_downstream_connections(opts.proxy_config, opts.metadata),
+                "max_active_downstream_connections": values.global_downstream_max_connections,
             },
         }]},
     }
-    if trace.tracing is not None:
-        out["tracing"] = trace.tracing
-    pc = opts.proxy_config
-    metrics_service = bool((pc.get("envoyMetricsService") or {}).get("address") or pc.get("envoyMetricsServiceAddress"))
-    sinks = tracing.stats_sinks(metrics_service, str(pc.get("statsdUdpAddress", "")), opts.host_ip)
+    if values.tracer is not None:
+        out["tracing"] = tracing.tracing_config(values.tracer, values.cluster, opts.lightstep_token_path)
+    sinks = tracing.stats_sinks(values.metrics_service, values.statsd)
     if sinks:
         out["stats_sinks"] = sinks
-    manager = _cluster_manager(opts)
-    if manager:
-        out["cluster_manager"] = manager
+    if values.cluster_manager_needed:
+        out["cluster_manager"] = _cluster_manager(values)
     if opts.deferred_stats_creation:
         out["deferred_stat_options"] = {"enable_deferred_creation_stats": True}
     return out
+
+
+def render_bootstrap(opts: BootstrapOptions) -> dict[str, Any]:
+    """The bootstrap for `opts`, as a JSON-ready dict (pure: no files, no environment)."""
+    return render_values(derive(opts))
 
 
 def effective_template_path(proxy_config: Any, istio_bootstrap: str = "", template_file: str = "") -> str:

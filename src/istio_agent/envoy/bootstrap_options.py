@@ -1,18 +1,21 @@
-"""Everything the bootstrap renderer needs, in one value, and how it is derived.
+"""Everything the bootstrap renderer needs, in one value, and the small rules upstream derives from it.
 
-`BootstrapOptions` holds the inputs (node id, ProxyConfig in protojson shape,
-node metadata, pod IPs, a few process-wide switches); the options resolver
-(`config/options.py`) builds it from the environment, and tests build it
-directly. The small pure functions below derive what upstream computes from
-it (service cluster, locality, address family, runtime flags, the downstream
-connection limit). The renderer and the custom-template parameters both read
-these, so the two paths agree.
+`BootstrapOptions` holds the inputs upstream's `bootstrap.Config` has (node id,
+the node metadata with its ProxyConfig in protojson shape, the compliance
+policy, JSON logging) plus the process-wide feature flags upstream reads from
+its environment (delta xDS, dual stack, PROXY protocol on the status port,
+`HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED`, `HOST_IP`). The options
+resolver (`config/options.py`) builds it; tests build it directly. The pure
+functions below are upstream's rules for the service cluster, the locality, the
+address family, the runtime flags and the downstream connection limit;
+`bootstrap_values.derive()` applies them once for both rendering paths.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +23,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FIPS_140_2 = "fips-140-2"
-DEFAULT_MAX_DOWNSTREAM_CONNECTIONS = 2147483647
+DEFAULT_MAX_DOWNSTREAM_CONNECTIONS = 2147483647  # math.MaxInt32: effectively unlimited
 MAX_CONNECTIONS_RUNTIME_KEY = "overload.global_downstream_max_connections"
+MAX_CONNECTIONS_PROXY_METADATA = "ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"
 SDS_SOCKET_DIR = "./var/run/secrets/workload-spiffe-uds"
+FILE_CREDENTIAL_SOCKET = "./var/run/secrets/credential-uds/files-socket"  # the sds-files-grpc cluster's pipe
 LIGHTSTEP_TOKEN_FILE = "lightstep_access_token.txt"  # beside the bootstrap, where the tracer reads it
+PROXY_TYPES_WITH_METADATA_DISCOVERY = ("waypoint",)
 
 
 @dataclass(frozen=True)
@@ -34,27 +40,33 @@ class BootstrapOptions:
     proxy_config: Mapping[str, Any]
     metadata: Mapping[str, Any]
     instance_ips: tuple[str, ...] = ()
-    delta_xds: bool = True
-    dual_stack: bool = False
+    delta_xds: bool = True  # ISTIO_DELTA_XDS
+    dual_stack: bool = False  # ISTIO_DUAL_STACK
     log_as_json: bool = False
-    compliance_policy: str = ""
-    strip_fragment: bool = True
-    host_ip: str = ""
+    compliance_policy: str = ""  # COMPLIANCE_POLICY
+    strip_fragment: bool = True  # HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED
+    host_ip: str = ""  # HOST_IP, replacing $(HOST_IP) in tracer and service addresses
+    status_port_proxy_protocol: bool = False  # ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL
+    # Not upstream: switches for an Envoy older than the template's (tests of the e2e tier use the default).
     deferred_cluster_creation: bool = True
     deferred_stats_creation: bool = True
     bypass_overload_manager: bool = True
 
     @property
+    def node_type(self) -> str:
+        return self.node_id.split("~")[0]
+
+    @property
     def config_path(self) -> str:
-        return str(self.proxy_config.get("configPath", "./etc/istio/proxy"))
+        return str(self.proxy_config.get("configPath", ""))
 
     @property
     def admin_port(self) -> int:
-        return int(self.proxy_config.get("proxyAdminPort", 15000))
+        return int(self.proxy_config.get("proxyAdminPort", 0))
 
     @property
     def status_port(self) -> int:
-        return int(self.proxy_config.get("statusPort") or 15020)
+        return int(self.proxy_config.get("statusPort", 0))
 
     @property
     def xds_socket(self) -> str:
@@ -62,7 +74,7 @@ class BootstrapOptions:
 
     @property
     def sds_socket(self) -> str:
-        return f"{SDS_SOCKET_DIR}/{self.metadata.get('WORKLOAD_IDENTITY_SOCKET_FILE') or 'socket'}"
+        return f"{SDS_SOCKET_DIR}/{self.metadata.get('WORKLOAD_IDENTITY_SOCKET_FILE', '')}"
 
     @property
     def lightstep_token_path(self) -> str:
@@ -80,13 +92,14 @@ class BootstrapOptions:
     @property
     def xds_type(self) -> str:
         # Waypoints always use delta xDS (metadata discovery needs it).
-        return "DELTA_GRPC" if self.delta_xds or self.node_id.startswith("waypoint~") else "GRPC"
+        return "DELTA_GRPC" if self.delta_xds or self.node_type == "waypoint" else "GRPC"
 
     @property
     def metadata_discovery(self) -> bool:
-        wanted = self.metadata.get("METADATA_DISCOVERY") == "true" or self.node_id.startswith("waypoint~")
+        wanted = self.metadata.get("METADATA_DISCOVERY") == "true" or \
+            self.node_type in PROXY_TYPES_WITH_METADATA_DISCOVERY
         if wanted and self.xds_type == "GRPC":
-            log.warning("metadata discovery needs delta xDS; disabled")
+            log.warning("disabling metadata discovery; not supported on SotW xDS")
             return False
         return wanted
 
@@ -106,13 +119,17 @@ class AddressFamily:
         return bool(self.additional_wildcard)
 
 
+def _ip_version(text: str) -> int:
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        return 0
+
+
 def address_family(ips: Sequence[str], dual_stack: bool) -> AddressFamily:
-    versions: list[int] = []
-    for ip in ips:
-        try:
-            versions.append(ipaddress.ip_address(ip).version)
-        except ValueError:
-            versions.append(0)
+    """IPv4 when every IP is v4 (or there are none), IPv6 when every IP is v6; mixed needs ISTIO_DUAL_STACK,
+    and then the first IP's family leads."""
+    versions = [_ip_version(ip) for ip in ips]
     if all(v == 4 for v in versions):
         return AddressFamily("127.0.0.1", "0.0.0.0", "V4_ONLY")
     if all(v == 6 for v in versions):
@@ -125,7 +142,7 @@ def address_family(ips: Sequence[str], dual_stack: bool) -> AddressFamily:
 
 
 def locality(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """Region/zone/sub-zone from the `istio-locality` label (already `a/b/c` in the metadata)."""
+    """Region/zone/sub-zone from the locality label (node metadata holds it as `a/b/c`); empty parts omitted."""
     labels = metadata.get("LABELS")
     text = str(labels.get("istio-locality", "")) if isinstance(labels, Mapping) else ""
     parts = text.split("/") if text else []
@@ -136,15 +153,25 @@ def locality(metadata: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+# Label lookups go by presence (an empty value counts), in upstream's orders.
+_CANONICAL_NAME_LABELS = ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
+_APP_LABELS = ("app", "app.kubernetes.io/name", "service.istio.io/canonical-name")
+
+
+def _first_label(labels: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    return next((str(labels[key]) for key in keys if key in labels), None)
+
+
 def _canonical_name(labels: Mapping[str, Any], workload_name: str) -> str:
-    for key in ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app"):
-        if labels.get(key):
-            return str(labels[key])
-    return workload_name
+    name = _first_label(labels, _CANONICAL_NAME_LABELS)
+    return workload_name if name is None else name
 
 
 def service_cluster(proxy_config: Mapping[str, Any], metadata: Mapping[str, Any]) -> str:
-    """Envoy's `node.cluster`: the configured name, else `<app>.<namespace>` as upstream derives it."""
+    """Envoy's `node.cluster`: the configured name, else `<app>.<namespace>` as upstream derives it.
+
+    `serviceCluster` and `tracingServiceName` are one oneof: whichever is set decides.
+    """
     labels = metadata.get("LABELS")
     labels = labels if isinstance(labels, Mapping) else {}
     namespace = str(metadata.get("NAMESPACE", ""))
@@ -153,31 +180,34 @@ def service_cluster(proxy_config: Mapping[str, Any], metadata: Mapping[str, Any]
     def or_default(name: str) -> str:
         if name and name != "istio-proxy":
             return name
-        if "app" in labels:
-            return f"{labels['app']}.{namespace}"
+        app = _first_label(labels, _APP_LABELS)
+        if app is not None:
+            return f"{app}.{namespace}"
         if workload:
             return f"{workload}.{namespace}"
         if namespace:
             return f"istio-proxy.{namespace}"
         return "istio-proxy"
 
-    scheme = proxy_config.get("tracingServiceName")
-    if scheme in ("CANONICAL_NAME_ONLY", "CANONICAL_NAME_AND_NAMESPACE") and not proxy_config.get("serviceCluster"):
+    if "tracingServiceName" in proxy_config:
+        scheme = proxy_config["tracingServiceName"]
         name = _canonical_name(labels, workload or "istio-proxy")
-        if scheme == "CANONICAL_NAME_AND_NAMESPACE" and namespace:
-            return f"{name}.{namespace}"
-        return or_default(name)
-    return or_default(str(proxy_config.get("serviceCluster", "")))
+        if scheme == "CANONICAL_NAME_ONLY":
+            return or_default(name)
+        if scheme == "CANONICAL_NAME_AND_NAMESPACE":
+            return f"{name}.{namespace}" if namespace else or_default(name)
+        return or_default("istio-proxy")
+    return or_default(str(proxy_config.get("serviceCluster", "istio-proxy")))
 
 
 def runtime_flags(proxy_config: Mapping[str, Any], compliance_policy: str, strip_fragment: bool) -> dict[str, Any]:
     """Envoy runtime overrides: Istio's defaults, then ProxyConfig `runtimeValues` ("" removes a default)."""
     flags: dict[str, Any] = {
-        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst": True,
-        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update": False,
-        "envoy.reloadable_features.fixed_heap_use_allocated": True,
-        "envoy.reloadable_features.http_reject_path_with_fragment": False,
         "re2.max_program_size.error_level": "32768",
+        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst": True,
+        "envoy.reloadable_features.http_reject_path_with_fragment": False,
+        "envoy.reloadable_features.fixed_heap_use_allocated": True,
+        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update": False,
     }
     if compliance_policy == FIPS_140_2:
         flags["envoy.reloadable_features.google_grpc_disable_tls_13"] = True
@@ -194,24 +224,31 @@ def runtime_flags(proxy_config: Mapping[str, Any], compliance_policy: str, strip
     return flags
 
 
-def max_downstream_connections(proxy_config: Mapping[str, Any], metadata: Mapping[str, Any]) -> int:
-    """The overload manager's limit: connectionSettings, then GLOBAL_DOWNSTREAM_MAX_CONNECTIONS, then runtime."""
+_GO_ATOI = re.compile(r"[+-]?[0-9]+")
+
+
+def go_atoi(text: Any) -> int | None:
+    """Go's strconv.Atoi: an optional sign and decimal digits, nothing else (no spaces); None when it fails."""
+    if not isinstance(text, str) or not _GO_ATOI.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def max_downstream_connections(proxy_config: Mapping[str, Any]) -> int:
+    """The overload manager's limit, in upstream's precedence: a positive
+    `connectionSettings.globalDownstreamConnectionLimit`; else the proxyMetadata entry
+    `ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS`; else the deprecated runtime value
+    `overload.global_downstream_max_connections`; else effectively unlimited."""
     settings = proxy_config.get("connectionSettings")
-    candidates: list[Any] = []
     if isinstance(settings, Mapping):
-        candidates.append(settings.get("globalDownstreamConnectionLimit"))
-    candidates.append(metadata.get("GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"))
-    candidates.append(dict(proxy_config.get("runtimeValues") or {}).get(MAX_CONNECTIONS_RUNTIME_KEY))
-    for candidate in candidates:
-        if isinstance(candidate, Mapping):
-            candidate = candidate.get("value")
-        if candidate in (None, ""):
-            continue
-        try:
-            value = int(str(candidate))
-        except ValueError:
-            log.warning("ignoring non-numeric downstream connection limit %r", candidate)
-            continue
-        if value > 0:
-            return value
+        limit = settings.get("globalDownstreamConnectionLimit")
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    from_metadata = go_atoi(dict(proxy_config.get("proxyMetadata") or {}).get(MAX_CONNECTIONS_PROXY_METADATA))
+    if from_metadata is not None:
+        return from_metadata
+    from_runtime = go_atoi(dict(proxy_config.get("runtimeValues") or {}).get(MAX_CONNECTIONS_RUNTIME_KEY))
+    if from_runtime is not None:
+        return from_runtime
     return DEFAULT_MAX_DOWNSTREAM_CONNECTIONS

@@ -1,10 +1,13 @@
-"""The stats part of the bootstrap: tag extraction, the inclusion matcher, histograms, compression.
+"""The stats part of the bootstrap: tag extraction, the inclusion matcher, histograms, intervals, compression.
 
 Istio keeps Envoy's stats small: only names matching the inclusion list are
 created. The list is always `reporter=` first, then the user's prefixes
 (annotation, else ProxyConfig `proxyStatsMatcher`), then the ones readiness and
-draining need, and `component`/`istio` last. Every function here is pure: it
-takes the pod's annotations, the ProxyConfig (protojson shape) and the pod IPs.
+draining need, and `component`/`istio` last. The pod's annotations also set
+extra tags, histogram buckets and the flush and eviction intervals; ProxyConfig
+`statsCompression` (default on) puts the three compressors on the :15090
+listener. Every function here is pure: it takes the pod's annotations, the
+ProxyConfig (protojson shape) and the pod IPs.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from istio_agent.config.durations import format_duration, parse_duration
+from istio_agent.config.durations import parse_duration
+from istio_agent.config.protojson import format_duration_json
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +28,6 @@ INCLUSION_PREFIXES_ANNOTATION = "sidecar.istio.io/statsInclusionPrefixes"
 INCLUSION_SUFFIXES_ANNOTATION = "sidecar.istio.io/statsInclusionSuffixes"
 INCLUSION_REGEXPS_ANNOTATION = "sidecar.istio.io/statsInclusionRegexps"
 HISTOGRAM_BUCKETS_ANNOTATION = "sidecar.istio.io/statsHistogramBuckets"
-COMPRESSION_ANNOTATION = "sidecar.istio.io/statsCompression"
 FLUSH_INTERVAL_ANNOTATION = "sidecar.istio.io/statsFlushInterval"
 EVICTION_INTERVAL_ANNOTATION = "sidecar.istio.io/statsEvictionInterval"
 
@@ -35,7 +38,7 @@ RBAC_SUFFIXES = ("rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied
 DRAIN_SUFFIX = "downstream_cx_active"
 # Metrics named by a VirtualService route's stat_prefix.
 REQUIRED_REGEXPS = (r"vhost\..*\.route\..*",)
-DEFAULT_FLUSH_INTERVAL = 5.0
+DEFAULT_FLUSH_INTERVAL = 5.0  # Envoy's, against which an eviction interval is checked when none is annotated
 COMPRESSORS = ("brotli", "zstd", "gzip")
 COMPRESSION_TYPE_PREFIX = "type.googleapis.com/envoy.extensions.compression"
 COMPRESSED_CONTENT_TYPES = (
@@ -76,9 +79,8 @@ class StatsOptions:
     regexps: tuple[str, ...]
     extra_tags: tuple[str, ...]
     histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
-    compression: str = ""
-    flush_interval: float | None = None
-    eviction_interval: float | None = None
+    flush_interval: float | None = None  # seconds, when annotated
+    eviction_interval: int | None = None  # whole seconds, when annotated and a multiple of the flush interval
 
 
 def _substitute_pod_ip(patterns: Sequence[str], ips: Sequence[str]) -> list[str]:
@@ -105,15 +107,18 @@ def _dedupe(values: Sequence[str]) -> list[str]:
 
 
 def _histogram_buckets(text: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """`{"prefix": [bounds...]}`, sorted by prefix; anything else ignores the whole annotation, as upstream."""
     try:
         parsed = json.loads(text)
+        if parsed is None:
+            return ()
         if not isinstance(parsed, dict):
             raise ValueError("expected an object of prefix -> bucket list")
-        buckets = {
-            str(prefix): tuple(_number(v) for v in values)
-            for prefix, values in parsed.items()
-            if isinstance(values, list)
-        }
+        buckets: dict[str, tuple[float, ...]] = {}
+        for prefix, values in parsed.items():
+            if values is not None and not isinstance(values, list):
+                raise ValueError(f"buckets of {prefix!r} are not a list")
+            buckets[str(prefix)] = tuple(_number(v) for v in values or ())
     except (ValueError, TypeError) as exc:
         log.warning("annotation %s=%r ignored: %s", HISTOGRAM_BUCKETS_ANNOTATION, text, exc)
         return ()
@@ -149,22 +154,19 @@ def stats_options(
     buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
     if HISTOGRAM_BUCKETS_ANNOTATION in annotations:
         buckets = _histogram_buckets(annotations[HISTOGRAM_BUCKETS_ANNOTATION])
-    compression = annotations.get(COMPRESSION_ANNOTATION, "")
-    if compression and compression not in COMPRESSORS:
-        log.warning("annotation %s=%r is not one of %s; using all", COMPRESSION_ANNOTATION, compression, COMPRESSORS)
-        compression = ""
     flush = None
     if FLUSH_INTERVAL_ANNOTATION in annotations:
         flush = _interval(FLUSH_INTERVAL_ANNOTATION, annotations[FLUSH_INTERVAL_ANNOTATION])
     eviction = None
     if EVICTION_INTERVAL_ANNOTATION in annotations:
-        eviction = _interval(EVICTION_INTERVAL_ANNOTATION, annotations[EVICTION_INTERVAL_ANNOTATION])
-        # Envoy requires eviction to be a whole number of flush intervals (compared in microseconds).
-        base = round((flush if flush is not None else DEFAULT_FLUSH_INTERVAL) * 1e6)
-        if eviction is not None and (base == 0 or round(eviction * 1e6) % base != 0):
+        seconds = _interval(EVICTION_INTERVAL_ANNOTATION, annotations[EVICTION_INTERVAL_ANNOTATION])
+        # Envoy requires eviction to be a whole number of flush intervals (compared in nanoseconds).
+        base = round((flush if flush is not None else DEFAULT_FLUSH_INTERVAL) * 1e9)
+        if seconds is not None and (base == 0 or round(seconds * 1e9) % base != 0):
             log.warning("annotation %s must be a multiple of the stats flush interval; ignored",
                         EVICTION_INTERVAL_ANNOTATION)
-            eviction = None
+        elif seconds is not None:
+            eviction = int(seconds)  # upstream keeps whole seconds only
     return StatsOptions(
         prefixes=tuple(_inclusion(annotations.get(INCLUSION_PREFIXES_ANNOTATION, ""), REQUIRED_PREFIXES,
                                   matcher.get("inclusionPrefixes"), ips)),
@@ -174,7 +176,6 @@ def stats_options(
                                  matcher.get("inclusionRegexps"), ips)),
         extra_tags=tuple(tags),
         histogram_buckets=buckets,
-        compression=compression,
         flush_interval=flush,
         eviction_interval=eviction,
     )
@@ -214,15 +215,22 @@ def interval_fields(options: StatsOptions) -> dict[str, str]:
     """Top-level `stats_flush_interval` / `stats_eviction_interval`, only when annotated."""
     out: dict[str, str] = {}
     if options.flush_interval is not None:
-        out["stats_flush_interval"] = format_duration(options.flush_interval)
+        out["stats_flush_interval"] = format_duration_json(options.flush_interval)
     if options.eviction_interval is not None:
-        out["stats_eviction_interval"] = format_duration(options.eviction_interval)
+        out["stats_eviction_interval"] = f"{options.eviction_interval}s"
     return out
 
 
-def compression_filters(compression: str) -> list[dict[str, Any]]:
-    """Compressors on the :15090 stats listener: all three by default, or the annotated one."""
-    chosen = (compression,) if compression else COMPRESSORS
+def stats_compression(proxy_config: Mapping[str, Any]) -> bool:
+    """ProxyConfig `statsCompression` (a BoolValue): on unless set to false."""
+    value = proxy_config.get("statsCompression")
+    return True if value is None else bool(value)
+
+
+def compression_filters(enabled: bool) -> list[dict[str, Any]]:
+    """The brotli, zstd and gzip compressors on the :15090 stats listener, Envoy picking by Accept-Encoding."""
+    if not enabled:
+        return []
     return [
         {
             "name": f"envoy.filters.http.compressor.{lib}",
@@ -237,5 +245,5 @@ def compression_filters(compression: str) -> list[dict[str, Any]]:
                 "response_direction_config": {"common_config": {"content_type": list(COMPRESSED_CONTENT_TYPES)}},
             },
         }
-        for lib in chosen
+        for lib in COMPRESSORS
     ]
