@@ -17,6 +17,8 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 from dns_upstream_table import ALT_HOSTS, CASE_CASES, CASES, DOMAIN, NAMESPACE, SEARCH, Case, name_table
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_dns_support import asks_upstream, counts, info, query
 
 from istio_agent.dns import wire
@@ -220,6 +222,31 @@ def test_presentation_form_round_trips(text: str, wire_name: bytes) -> None:
 ])
 def test_only_canonical_presentation_has_a_wire_form(text: str) -> None:
     assert wire.name_from_text(text) is None
+
+
+_TEXT = st.text(alphabet="ab.\\0129 @\"*-é", max_size=12)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_TEXT, _TEXT)
+def test_expansion_is_the_two_parts_wire_forms_joined(host: str, suffix: str) -> None:
+    """What the builder relies on to expand without reparsing: after a host (which ends in an
+    unescaped dot, and is not the root) a search suffix starts afresh, so the expansion has a wire
+    form exactly when both parts do, and it is theirs joined."""
+    host_wire, suffix_wire = wire.name_from_text(host), wire.name_from_text(suffix)
+    if host_wire in (None, b"\x00") or suffix_wire in (None, b"\x00"):
+        return
+    assert host_wire is not None and suffix_wire is not None
+    joined = host_wire[:-1] + suffix_wire
+    assert wire.name_from_text(host + suffix) == (joined if len(joined) <= 255 else None)
+    assert wire.name_to_text(joined) == host + suffix
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(min_size=1, max_size=63))
+def test_every_wire_label_has_a_canonical_text(label: bytes) -> None:
+    name = bytes((len(label),)) + label + b"\x00"
+    assert wire.name_from_text(wire.name_to_text(name)) == name
 
 
 def test_go_lower() -> None:

@@ -115,19 +115,23 @@ HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = boolean(
 ISTIO_ENVOY_ENABLE_CORE_DUMP = boolean("ISTIO_ENVOY_ENABLE_CORE_DUMP", False, "Start Envoy with --enable-core-dump.")
 ENVOY_SKIP_DEPRECATED_LOGS = boolean(
     "ENVOY_SKIP_DEPRECATED_LOGS", True, "Start Envoy with --skip-deprecated-logs.")
-ENVOY_STATUS_PORT = integer("ENVOY_STATUS_PORT", 15021, "Envoy's health listener port.", support=ACCEPTED,
-                            note="the bootstrap's health listener is always on 15021")
-ENVOY_PROMETHEUS_PORT = integer("ENVOY_PROMETHEUS_PORT", 15090, "Envoy's Prometheus listener port.",
-                                support=ACCEPTED, note="the bootstrap's Prometheus listener is always on 15090")
+_DRAIN_PORTS = ("while draining with EXIT_ON_ZERO_ACTIVE_CONNECTIONS, only the 15021/15090 listeners are left out "
+                "of the active connection count")
+ENVOY_STATUS_PORT = integer("ENVOY_STATUS_PORT", 15021,
+                            "Envoy's health listener port (bootstrap listener and node metadata).",
+                            support=PARTIAL, note=_DRAIN_PORTS)
+ENVOY_PROMETHEUS_PORT = integer(
+    "ENVOY_PROMETHEUS_PORT", 15090,
+    "Envoy's Prometheus listener port (bootstrap listener, node metadata, the merged scrape's source).",
+    support=PARTIAL, note=_DRAIN_PORTS)
 ENVOY_SECURE_METRICS_PORT = integer(
-    "ENVOY_SECURE_METRICS_PORT", 0, "mTLS listener for Envoy's stats.", support=ACCEPTED,
-    note="no secure metrics listener is rendered")
+    "ENVOY_SECURE_METRICS_PORT", 0, "mTLS listener for Envoy's stats (0: none); in node metadata too.",
+    support=PARTIAL, note=_DRAIN_PORTS)
 ENVOY_SECURE_MERGED_METRICS_PORT = integer(
-    "ENVOY_SECURE_MERGED_METRICS_PORT", 0, "mTLS listener for the merged stats.", support=ACCEPTED,
-    note="no secure metrics listener is rendered")
+    "ENVOY_SECURE_MERGED_METRICS_PORT", 0, "mTLS listener for the merged stats (0: none); in node metadata too.",
+    support=PARTIAL, note=_DRAIN_PORTS)
 ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = boolean(
-    "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", False, "PROXY protocol on Envoy's health listener.",
-    support=ACCEPTED, note="the health listener takes no PROXY protocol")
+    "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", False, "PROXY protocol (optional) on Envoy's health listener.")
 MINIMUM_DRAIN_DURATION = duration(
     "MINIMUM_DRAIN_DURATION", 5.0, "With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, drain at least this long."
 )
@@ -136,10 +140,12 @@ EXIT_ON_ZERO_ACTIVE_CONNECTIONS = boolean(
 )
 ISTIO_META_GENERATOR = string("ISTIO_META_GENERATOR", "", "xDS generator istiod uses (grpc for proxyless).")
 ISTIO_META_ENABLE_SELF_DISCOVERY = boolean(
-    "ISTIO_META_ENABLE_SELF_DISCOVERY", False, "Add a local_cluster for zone-aware load balancing.",
-    support=PARTIAL, note="sent to istiod in node metadata; the bootstrap gets no local_cluster")
-PEER_METADATA_DISCOVERY = boolean("PEER_METADATA_DISCOVERY", False, "Envoy's peer metadata discovery extension.",
-                                  support=ACCEPTED, note="not rendered into the bootstrap")
+    "ISTIO_META_ENABLE_SELF_DISCOVERY", False,
+    "Add a local_cluster (EDS, zone-aware least-request) to the bootstrap and name it the cluster manager's "
+    "local cluster.")
+PEER_METADATA_DISCOVERY = boolean(
+    "PEER_METADATA_DISCOVERY", False,
+    "Envoy's peer metadata discovery extension (needs delta xDS); unset, it follows ISTIO_META_ENABLE_HBONE.")
 ISTIO_AGENT_ENVOY_UID = integer(
     "ISTIO_AGENT_ENVOY_UID", 0,
     "Not upstream. When the agent runs as root, run Envoy as this uid (gid of the same number), e.g. 1337, "

@@ -43,14 +43,13 @@ from istio_agent.security.options import (
     ROOT_CERT_FILE,
     SecurityOptions,
 )
-from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, MetricsOptions, parse_scrape_annotations
+from istio_agent.status.metrics_merge import MetricsOptions, parse_scrape_annotations
 from istio_agent.status.options import StatusOptions
 from istio_agent.status.probes import ProbeOptions, parse_app_probers
 from istio_agent.version import ISTIO_COMPAT_VERSION
 from istio_agent.xds.options import XDS_SOCKET_NAME, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
-ENVOY_STATUS_PORT = 15021  # upstream's default for the bootstrap's health listener
 CERT_PROVIDER_CUSTOM = "custom"
 CERT_PROVIDER_NONE = "none"
 MOUNTED_ROOT_CERT = "./etc/certs/root-cert.pem"
@@ -210,10 +209,16 @@ def metadata_options(config: AgentConfig, flags: AgentFlags) -> MetadataOptions:
         annotations=config.annotations,
         pilot_san=tuple(pilot_sans(pc.discovery_address, str(pc.get("controlPlaneAuthPolicy", "")))),
         outlier_log_path=flags.outlier_log_path,
-        envoy_status_port=ENVOY_STATUS_PORT,
-        envoy_prometheus_port=ENVOY_PROMETHEUS_PORT,
+        envoy_status_port=environment.get(env.ENVOY_STATUS_PORT),
+        envoy_prometheus_port=environment.get(env.ENVOY_PROMETHEUS_PORT),
+        envoy_secure_metrics_port=environment.get(env.ENVOY_SECURE_METRICS_PORT),
+        envoy_secure_merged_metrics_port=environment.get(env.ENVOY_SECURE_MERGED_METRICS_PORT),
         workload_identity_socket_file=environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE),
+        # PEER_METADATA_DISCOVERY when set; unset, node metadata follows ENABLE_HBONE (upstream's rule).
+        metadata_discovery=(environment.get(env.PEER_METADATA_DISCOVERY)
+                            if environment.is_set(env.PEER_METADATA_DISCOVERY) else None),
         exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+        envoy_skip_deprecated_logs=environment.get(env.ENVOY_SKIP_DEPRECATED_LOGS),
         sts_port=flags.sts_port,
         istio_version=istio_version(environment),
         dns_proxy_addr=metadata_dns_proxy_addr(environment),
@@ -335,6 +340,7 @@ def bootstrap_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[
         compliance_policy=environment.get(env.COMPLIANCE_POLICY),
         strip_fragment=environment.get(env.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED),
         host_ip=environment.get(env.HOST_IP),
+        status_port_proxy_protocol=environment.get(env.ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL),
     )
 
 
@@ -386,7 +392,8 @@ def metrics_options(config: AgentConfig) -> MetricsOptions:
                                        config.proxy_config.status_port)
     if config.identity.proxy_type != "sidecar":
         targets = ()  # gateways expose 15020; they scrape no app
-    return MetricsOptions(envoy_port=ENVOY_PROMETHEUS_PORT if merge_envoy else None, app_targets=targets,
+    envoy_port = environment.get(env.ENVOY_PROMETHEUS_PORT)  # the bootstrap's Prometheus listener
+    return MetricsOptions(envoy_port=envoy_port if merge_envoy else None, app_targets=targets,
                           localhost_only=environment.get(env.METRICS_LOCALHOST_ACCESS_ONLY))
 
 

@@ -125,41 +125,42 @@ class _Builder:
     """Collects each name's best offer per family and per expansion while entries are walked."""
 
     def __init__(self, search: Sequence[str]) -> None:
-        self.first = search[0] if search else ""
+        first = search[0] if search else ""
+        self.first = first
+        # What upstream appends, lower-cased ("" when there is no search list). A host ends in an
+        # unescaped dot, so the expansion is canonical exactly when this part is, on its own, and
+        # its wire form is the host's without the root label followed by this part's.
+        self.suffix = go_lower(first) + ("" if first.endswith(".") else ".") if first else ""
+        suffix_wire = wire.name_from_text(self.suffix) if self.suffix not in ("", ".") else None
+        self.suffix_wire = suffix_wire
         self.v4: dict[bytes, tuple[Rank, tuple[bytes, ...]]] = {}
         self.v6: dict[bytes, tuple[Rank, tuple[bytes, ...]]] = {}
         self.cnames: dict[bytes, tuple[Rank, bytes]] = {}
-        self._wire: dict[str, bytes | None] = {}
-
-    def wire_name(self, text: str) -> bytes | None:
-        known = self._wire.get(text, b"")
-        if known == b"":
-            known = self._wire[text] = wire.name_from_text(text)
-        return known
 
     def add_entry(self, hostname: str, info: nds_pb2.NameInfo, names: list[str],
                   v4: tuple[bytes, ...], v6: tuple[bytes, ...]) -> None:
         own = go_lower(hostname if hostname.endswith(".") else hostname + ".")
         kube = info.registry == KUBERNETES
-        first = self.first
-        given = set(names)
+        ends_search = self.first + "."
+        suffix, suffix_wire = self.suffix, self.suffix_wire
         for spelled in names:
             host = go_lower(spelled)
             rank = (host != own, not kube, hostname)
-            name = self.wire_name(host)
+            name = wire.name_from_text(host)
             if name is None:
                 continue  # no query can ever spell it
             if v4:
                 _offer(self.v4, name, rank, v4)
             if v6:
                 _offer(self.v6, name, rank, v6)
-            if first and not host.endswith(first + "."):
-                expanded = go_lower(host + first) + ("" if first.endswith(".") else ".")
-                # Upstream compares against the entry's names as spelled, before lower-casing.
-                if expanded not in given:
-                    target = self.wire_name(expanded)
-                    if target is not None:
-                        _offer(self.cnames, target, rank, name)
+            if suffix_wire is None or host.endswith(ends_search) or name == b"\x00":
+                continue  # (the root's expansion would start with an empty label: no name)
+            # Upstream compares the expansion with the entry's names as spelled, before lower-casing.
+            if len(names) > 1 and host + suffix in names:
+                continue
+            expanded = name[:-1] + suffix_wire
+            if len(expanded) <= 255:
+                _offer(self.cnames, expanded, rank, name)
 
     def lookup(self) -> Lookup:
         v4 = {name: addrs for name, (_, addrs) in self.v4.items()}

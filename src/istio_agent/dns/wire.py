@@ -64,7 +64,9 @@ def encode_name(name: str) -> bytes:
 # those strings: these bytes are written backslash-escaped, and bytes outside printable
 # ASCII as a three-digit \DDD.
 _ESCAPED = frozenset(b". '@;()\"\\")
-_NOT_BARE = re.compile(r"[^\x21-\x7e]|['@;()\"\\]")  # what a name without escapes cannot hold
+# A name needing no escapes: labels of 1-63 printable ASCII bytes other than those.
+_BARE_NAME = re.compile(r"(?:[^\x00-\x20\x7f-\U0010ffff\"'().;@\\]{1,63}\.)+")
+_LENGTH = [bytes((n,)) for n in range(64)]
 
 
 def name_to_text(name: bytes) -> str:
@@ -98,9 +100,10 @@ def name_from_text(text: str) -> bytes | None:
         return b"\x00"
     if "\\" in text:
         return _escaped_name_from_text(text)
-    if not text.endswith(".") or _NOT_BARE.search(text):
+    if len(text) > 254 or not _BARE_NAME.fullmatch(text):
         return None
-    return _pack_labels([label.encode("ascii") for label in text[:-1].split(".")])
+    labels = text.encode("ascii").split(b".")  # the last one is the empty root label
+    return b"".join([_LENGTH[len(label)] + label for label in labels])
 
 
 def _escaped_name_from_text(text: str) -> bytes | None:
