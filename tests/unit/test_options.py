@@ -222,9 +222,9 @@ def test_variables_without_effect_are_named(tmp_path: Path) -> None:
 
 def test_proxy_metadata_variables_count_as_set(tmp_path: Path) -> None:
     options = resolve(tmp_path, PROXY_CONFIG='{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", '
-                                             '"PEER_METADATA_DISCOVERY": "true"}}')
+                                             '"WASM_INSECURE_REGISTRIES": "localhost:5000"}}')
     assert options.dns is not None
-    assert [var.name for var in options.without_effect] == ["PEER_METADATA_DISCOVERY"]
+    assert [var.name for var in options.without_effect] == ["WASM_INSECURE_REGISTRIES"]
 
 
 def test_a_fips_policy_limits_grpcs_ciphers_for_envoy_and_the_agent(tmp_path: Path) -> None:

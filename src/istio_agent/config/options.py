@@ -35,6 +35,7 @@ from istio_agent.envoy.argv import EnvoyLaunch
 from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
+from istio_agent.envoy.stats import istio_listener_stats
 from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, go_join, xds_socket_for_bootstrap
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
@@ -378,6 +379,9 @@ def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str,
             termination_drain_duration=pc.termination_drain_duration,
             exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
             minimum_drain_duration=environment.get(env.MINIMUM_DRAIN_DURATION),
+            istio_listener_stats=istio_listener_stats(
+                environment.get(var) for var in (env.ENVOY_STATUS_PORT, env.ENVOY_PROMETHEUS_PORT,
+                                                 env.ENVOY_SECURE_METRICS_PORT, env.ENVOY_SECURE_MERGED_METRICS_PORT)),
         ),
         drain_inbound_only=config.identity.proxy_type == "sidecar",
         extra_env=(("GRPC_SSL_CIPHER_SUITES", ciphers),) if (ciphers := grpc_cipher_suites(environment)) else (),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from istio_agent.envoy.stats import ISTIO_LISTENER_STATS
+
 
 @dataclass(frozen=True)
 class DrainPolicy:
@@ -17,6 +19,8 @@ class DrainPolicy:
     exit_on_zero_active_connections: bool
     minimum_drain_duration: float
     poll_interval: float = 1.0
+    # The listeners left out of the active connection count (stats.istio_listener_stats of the ports).
+    istio_listener_stats: frozenset[str] = ISTIO_LISTENER_STATS
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-# Listeners Istio itself owns: they never count as application traffic while draining.
-ISTIO_LISTENER_STATS = frozenset({
-    "listener.admin.downstream_cx_active",
-    "listener.admin.main_thread.downstream_cx_active",
-    "listener.0.0.0.0_15090.downstream_cx_active",
-    "listener.0.0.0.0_15021.downstream_cx_active",
-    "listener.[__]_15090.downstream_cx_active",
-    "listener.[__]_15021.downstream_cx_active",
-})
+from collections.abc import Iterable
+
+
+def istio_listener_stats(ports: Iterable[int]) -> frozenset[str]:
+    """The `downstream_cx_active` stats of the listeners Istio itself owns (admin, and the bootstrap's
+    status, Prometheus and secure metrics listeners on `ports`): they never count as application
+    traffic while draining."""
+    names = {"listener.admin.downstream_cx_active", "listener.admin.main_thread.downstream_cx_active"}
+    for port in ports:
+        if port:
+            names |= {f"listener.0.0.0.0_{port}.downstream_cx_active", f"listener.[__]_{port}.downstream_cx_active"}
+    return frozenset(names)
+
+
+# With the default ports (ENVOY_STATUS_PORT 15021, ENVOY_PROMETHEUS_PORT 15090, no secure metrics).
+ISTIO_LISTENER_STATS = istio_listener_stats((15090, 15021))
+# Envoy's internal listeners (ambient HBONE plumbing) hold pipe connections, never client ones.
+INTERNAL_LISTENER_PREFIX = "listener.envoy_internal_"
 
 READY_STATS_FILTER = r"^(server\.state|listener_manager\.workers_started)"
 UPDATE_STATS_FILTER = r"^(cluster_manager\.cds|listener_manager\.lds)\.(update_success|update_rejected)$"
@@ -31,11 +40,13 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-def active_downstream_connections(stats: dict[str, int]) -> int | None:
+def active_downstream_connections(stats: dict[str, int],
+                                  istio_listeners: frozenset[str] = ISTIO_LISTENER_STATS) -> int | None:
     """Downstream connections still open on application listeners; None when Envoy reports none at all.
 
     Only `listener.*` stats count (the `http.*` twins would double-count), per-worker
-    breakdowns are skipped, and Istio's own listeners (admin, 15090, 15021) are excluded.
+    breakdowns are skipped, and Istio's own listeners (`istio_listeners`) and Envoy's
+    internal listeners are excluded.
     """
     relevant = {
         name: value for name, value in stats.items()
@@ -43,4 +54,5 @@ def active_downstream_connections(stats: dict[str, int]) -> int | None:
     }
     if not relevant:
         return None
-    return sum(value for name, value in relevant.items() if name not in ISTIO_LISTENER_STATS)
+    return sum(value for name, value in relevant.items()
+               if name not in istio_listeners and not name.startswith(INTERNAL_LISTENER_PREFIX))
