@@ -7,6 +7,7 @@ checks what the built-in bootstrap renders for it and what a custom template is 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from bootstrap_inputs import as_envoy_proto, both, clusters, endpoint, listeners, options
@@ -235,7 +236,7 @@ def test_option_enable_self_discovery() -> None:
 
 
 def test_option_global_downstream_max_connections() -> None:
-    def limit(pc: dict[str, object]) -> int:
+    def limit(pc: dict[str, Any]) -> int:
         b, p = both(options(pc))
         value = b["overload_manager"]["resource_monitors"][0]["typed_config"]["max_active_downstream_connections"]
         assert value == p["global_downstream_max_connections"]
