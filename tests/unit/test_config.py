@@ -197,3 +197,19 @@ def test_flags_and_annotation_overrides(tmp_path: Path) -> None:
     # Upstream's default ProxyConfig sets no concurrency, for any proxy type.
     assert load_agent_config(env.Environment({}), tmp_path / "x", proxy_type="router").proxy_config.concurrency is None
     assert load_agent_config(env.Environment({}), tmp_path / "x").proxy_config.concurrency is None
+
+
+def test_service_cluster_and_tracing_service_name_are_one_oneof(tmp_path: Path) -> None:
+    """A later layer's tracingServiceName clears serviceCluster, and --serviceCluster then fills nothing."""
+    annotations = tmp_path / "etc/istio/pod/annotations"
+    annotations.parent.mkdir(parents=True)
+    annotations.write_text('proxy.istio.io/config="tracingServiceName: CANONICAL_NAME_ONLY"\n')
+    environment = env.Environment({"PROXY_CONFIG": '{"serviceCluster": "from-env"}'})
+    config = load_agent_config(environment, tmp_path, service_cluster="flag").proxy_config
+    assert config.get("tracingServiceName") == "CANONICAL_NAME_ONLY"
+    assert "serviceCluster" not in config.values
+    assert load_agent_config(env.Environment({}), tmp_path / "none", service_cluster="flag").proxy_config.get(
+        "serviceCluster") == "istio-proxy"
+    empty = env.Environment({"PROXY_CONFIG": '{"serviceCluster": ""}'})
+    assert load_agent_config(empty, tmp_path / "none", service_cluster="flag").proxy_config.get(
+        "serviceCluster") == "flag"

@@ -96,8 +96,8 @@ def _apply_flags_and_annotations(
     """
     if concurrency:
         config.values["concurrency"] = concurrency
-    if not config.get("serviceCluster"):
-        config.values["serviceCluster"] = service_cluster
+    if "tracingServiceName" not in config.values and not config.get("serviceCluster"):
+        config.values["serviceCluster"] = service_cluster  # only when the cluster name is an empty serviceCluster
     if DISCOVERY_ADDRESS_ANNOTATION in annotations:
         config.values["discoveryAddress"] = annotations[DISCOVERY_ADDRESS_ANNOTATION]
     if STATUS_PORT_ANNOTATION in annotations:
