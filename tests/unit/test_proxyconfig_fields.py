@@ -9,7 +9,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from istio_agent.config import protojson
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.proxyconfig import parse_layer
+from istio_agent.config.proxyconfig import build_proxy_config, parse_layer
 from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
 from istio_agent.protos import proxyconfig_pb2
 
@@ -138,3 +138,14 @@ def test_nested_zero_values_are_left_out_and_64_bit_integers_are_strings() -> No
     values = parse_layer({"tracing": {"sampling": 0, "maxPathTagLength": 0, "stackdriver": {
         "debug": False, "maxNumberOfAttributes": 7}}}, "mesh")
     assert values["tracing"] == {"stackdriver": {"maxNumberOfAttributes": "7"}}
+
+
+def test_a_later_proxy_headers_keeps_the_header_settings_it_leaves_unset() -> None:
+    config = build_proxy_config(
+        "defaultConfig:\n  proxyHeaders: {forwardedClientCert: SANITIZE, server: {value: s}, "
+        "attemptCount: {disabled: true}, preserveHttp1HeaderCase: true}\n",
+        '{"proxyHeaders": {"requestId": {"disabled": true}, "attemptCount": {"disabled": false}}}', {})
+    assert config.get("proxyHeaders") == {
+        "requestId": {"disabled": True}, "attemptCount": {"disabled": False},
+        "forwardedClientCert": "SANITIZE", "server": {"value": "s"},
+    }, "preserveHttp1HeaderCase is not among the kept settings"

@@ -42,6 +42,8 @@ FIELDS: dict[str, protojson.Field] = {spec.json_name: spec for spec in PROXY_CON
 # Top-level durations are held as seconds (what the resolver reads) and written back as "45s".
 DURATION_FIELDS = frozenset(name for name, spec in FIELDS.items() if spec.kind == "duration")
 PORT_FIELDS = frozenset({"proxyAdminPort", "statusPort"})
+# The proxyHeaders settings a later layer that leaves them unset does not clear.
+KEPT_PROXY_HEADERS = ("forwardedClientCert", "requestId", "attemptCount", "server", "envoyDebugHeaders")
 ONEOFS: dict[str, tuple[str, ...]] = {}
 for _spec in PROXY_CONFIG.fields:
     if _spec.oneof:
@@ -107,7 +109,8 @@ class ProxyConfig:
     explicit: set[str] = field(default_factory=set)
 
     def apply(self, layer: Mapping[str, Any]) -> None:
-        """Lay a validated layer over this config: fields replace, proxyMetadata entries merge."""
+        """Lay a validated layer over this config: fields replace, proxyMetadata entries merge, and a new
+        proxyHeaders keeps the earlier layer's header settings it leaves unset (upstream's MergeProxyConfig)."""
         for name, value in layer.items():
             self.explicit.add(name)
             oneof = FIELDS[name].oneof if name in FIELDS else ""
@@ -118,6 +121,10 @@ class ProxyConfig:
                 merged = dict(self.values.get("proxyMetadata", {}))
                 merged.update(value)
                 self.values[name] = merged
+            elif name == "proxyHeaders" and isinstance(self.values.get(name), Mapping):
+                earlier = self.values[name]
+                kept = {key: earlier[key] for key in KEPT_PROXY_HEADERS if key in earlier and key not in value}
+                self.values[name] = {**copy.deepcopy(value), **copy.deepcopy(kept)}
             else:
                 self.values[name] = copy.deepcopy(value)
 
