@@ -213,3 +213,24 @@ def test_service_cluster_and_tracing_service_name_are_one_oneof(tmp_path: Path) 
     empty = env.Environment({"PROXY_CONFIG": '{"serviceCluster": ""}'})
     assert load_agent_config(empty, tmp_path / "none", service_cluster="flag").proxy_config.get(
         "serviceCluster") == "flag"
+
+
+def test_statsd_address_is_resolved_at_start_or_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Upstream resolves statsdUdpAddress once (Envoy's statsd sink takes no host name), preferring IPv4."""
+    names = {"statsd.istio-system": ["fd00::7", "10.0.0.7"], "v6only": ["fd00::8"]}
+
+    def lookup(host: str) -> list[str]:
+        if host not in names:
+            raise OSError(f"no such host {host}")
+        return names[host]
+
+    def statsd(address: str) -> object:
+        environment = env.Environment({"PROXY_CONFIG": f'{{"statsdUdpAddress": "{address}"}}'})
+        return load_agent_config(environment, tmp_path, lookup=lookup).proxy_config.get("statsdUdpAddress")
+
+    assert statsd("statsd.istio-system:9125") == "10.0.0.7:9125"
+    assert statsd("v6only:9125") == "[fd00::8]:9125"
+    assert statsd("10.1.1.1:9125") == "10.1.1.1:9125"
+    assert statsd("nowhere:9125") == ""
+    assert statsd("no-port") == ""
+    assert "resolve StatsdUdpAddress failed" in caplog.text

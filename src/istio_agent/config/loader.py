@@ -8,7 +8,9 @@ only then is the node identity derived (so `proxyMetadata` can set, say,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,11 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
+from istio_agent.netaddr import AddressError, split_host_port
+
+log = logging.getLogger(__name__)
+# Host name -> its addresses (the system resolver by default; tests pass their own).
+Lookup = Callable[[str], Sequence[str]]
 
 DEFAULT_MESH_CONFIG = "./etc/istio/config/mesh"
 POD_LABELS_FILE = "./etc/istio/pod/labels"
@@ -51,6 +58,7 @@ def load_agent_config(
     concurrency: int = 0,
     service_cluster: str = "istio-proxy",
     interfaces: Sequence[tuple[str, str]] = (),
+    lookup: Lookup | None = None,
 ) -> AgentConfig:
     """Read and validate the mesh file, PROXY_CONFIG and pod files; raise ConfigError on bad input.
 
@@ -73,11 +81,54 @@ def load_agent_config(
         mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
     )
     _apply_flags_and_annotations(proxy_config, concurrency, service_cluster, annotations)
+    if proxy_config.get("statsdUdpAddress"):
+        resolved = resolve_statsd_address(str(proxy_config.get("statsdUdpAddress")), lookup or _system_lookup)
+        proxy_config.values["statsdUdpAddress"] = resolved
     environment = environment.overlay(proxy_config.proxy_metadata)
     excluded = [name.strip() for name in annotations.get(EXCLUDE_INTERFACES_ANNOTATION, "").split(",") if name.strip()]
     ips = instance_ips(environment, interfaces, excluded)
     identity = identity_from_env(environment, proxy_type, domain, ips)
     return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations)
+
+
+def _system_lookup(host: str) -> list[str]:
+    import socket  # the one network lookup at start, and only for a statsd host name
+
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_UDP)]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def resolve_statsd_address(address: str, lookup: Lookup) -> str:
+    """`statsdUdpAddress` as an IP and port, as upstream resolves it at start (Envoy's statsd sink takes
+    no host name): the first IPv4 address, else the last address found; "" (statsd off, with a warning)
+    when the address does not parse or the name does not resolve."""
+    try:
+        host, port = split_host_port(address)
+        candidates = [host] if _is_ip(host) else lookup(host)
+    except (AddressError, OSError) as exc:
+        log.warning("resolve StatsdUdpAddress failed: %s; statsd is off", exc)
+        return ""
+    resolved = ""
+    for text in candidates:
+        try:
+            ip = ipaddress.ip_address(text.split("%")[0])
+        except ValueError:
+            continue
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        resolved = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+        if ip.version == 4:
+            break
+    if not resolved:
+        log.warning("resolve StatsdUdpAddress failed: no address for %r; statsd is off", host)
+    return resolved
 
 
 DISCOVERY_ADDRESS_ANNOTATION = "sidecar.istio.io/discoveryAddress"
