@@ -18,7 +18,6 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
-from istio_agent.netaddr import AddressError, split_host_port
 
 log = logging.getLogger(__name__)
 # Host name -> its addresses (the system resolver by default; tests pass their own).
@@ -97,6 +96,16 @@ def _system_lookup(host: str) -> list[str]:
     return [str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_UDP)]
 
 
+def _split_host_port(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` (config/ imports nothing outside it, so not netaddr's); ValueError if not."""
+    host, colon, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not port.isdigit() or int(port) > 65535 or not host or "[" in host or "]" in host:
+        raise ValueError(f"address {address!r} must be host:port")
+    return host, int(port)
+
+
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
@@ -110,9 +119,9 @@ def resolve_statsd_address(address: str, lookup: Lookup) -> str:
     no host name): the first IPv4 address, else the last address found; "" (statsd off, with a warning)
     when the address does not parse or the name does not resolve."""
     try:
-        host, port = split_host_port(address)
+        host, port = _split_host_port(address)
         candidates = [host] if _is_ip(host) else lookup(host)
-    except (AddressError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         log.warning("resolve StatsdUdpAddress failed: %s; statsd is off", exc)
         return ""
     resolved = ""
