@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import FILE_CREDENTIAL_KEY
 from istio_agent.envoy import bootstrap_stats as stats
 from istio_agent.envoy import bootstrap_tracing as tracing
 from istio_agent.envoy.bootstrap_options import (
@@ -34,6 +33,8 @@ from istio_agent.envoy.bootstrap_options import (
 from istio_agent.envoy.bootstrap_tracing import HostPort, RemoteService, Tracer
 
 METRICS_LOCALHOST_ACCESS_ONLY = "METRICS_LOCALHOST_ACCESS_ONLY"  # a proxyMetadata entry
+# The raw metadata key set when another SDS server owns the workload socket (config.node.FILE_CREDENTIAL_KEY).
+FILE_CREDENTIAL_KEY = "file-credential"
 
 
 def _int(value: Any) -> int:
