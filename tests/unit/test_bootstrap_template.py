@@ -174,3 +174,13 @@ def test_lightstep_token_file_is_written(tmp_path: Path) -> None:
     assert (tmp_path / "proxy/lightstep_access_token.txt").read_text() == "secret"
     tracer = json.loads(written.path.read_text())["tracing"]["http"]["typed_config"]
     assert tracer["access_token_file"] == str(tmp_path / "proxy/lightstep_access_token.txt")
+
+
+def test_go_formatting_of_json_floats_and_durations() -> None:
+    """What a Go template pastes: encoding/json's floats and time.Duration's String()."""
+    from istio_agent.envoy.bootstrap_gofmt import go_duration
+
+    assert go_json({"b": [1.0, 2.5, 1e-7, 1e21, 0.000001], "a": "<&>"}) == (
+        '{"a":"\\u003c\\u0026\\u003e","b":[1,2.5,1e-7,1e+21,0.000001]}')
+    assert [go_duration(s) for s in (0, 0.5, 10, 90, 3661.25)] == ["0s", "500ms", "10s", "1m30s", "1h1m1.25s"]
+    assert render_template("{{ toJson .b }}", {"b": [{"buckets": [1.0, 5.0]}]}) == '[{"buckets":[1,5]}]'

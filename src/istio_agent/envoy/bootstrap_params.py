@@ -18,8 +18,8 @@ from typing import Any
 from istio_agent.config.protojson import Field, Message
 from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
 from istio_agent.envoy import bootstrap_tracing as tracing
+from istio_agent.envoy.bootstrap_gofmt import go_duration, go_json
 from istio_agent.envoy.bootstrap_options import BootstrapOptions
-from istio_agent.envoy.bootstrap_template import go_duration, go_json
 from istio_agent.envoy.bootstrap_values import BootstrapValues, derive
 
 
