@@ -61,12 +61,13 @@ def _proxy_config(kit: Path, case: dict[str, Any], scratch: Path) -> dict[str, A
     message = text_format.Parse((kit / case["proxycfg"]).read_text(), proxyconfig_pb2.ProxyConfig())
     values = parse_layer(json_format.MessageToDict(message), case["proxycfg"])
     overrides = case["inputs"].get("proxy_config_overrides") or {}
-    values["configPath"] = _override_path(overrides.get("config_path") or f"{SCRATCH}/bootstrap/{case['name']}",
-                                          scratch)
+    # Upstream names the directory after the proxycfg it loaded (a case may reuse another's proxycfg).
+    default_path = f"{SCRATCH}/bootstrap/{Path(case['proxycfg']).stem}"
+    values["configPath"] = _override_path(overrides.get("config_path") or default_path, scratch)
     values["customConfigFile"] = f"{scratch}/envoy_bootstrap.json"
     if not values.get("statusPort"):
         values["statusPort"] = 15020
-    added = overrides.get("proxy_metadata_added") or {}
+    added = overrides.get("proxy_metadata_added") or case["inputs"].get("proxy_metadata_added") or {}
     if added:
         values["proxyMetadata"] = {**values.get("proxyMetadata", {}), **added}
     return ProxyConfig(values=values).to_json()
@@ -90,10 +91,11 @@ def _options(kit: Path, manifest: dict[str, Any], case: dict[str, Any], scratch:
     proxy_config = _proxy_config(kit, case, scratch)
     annotations_file = scratch / "annotations"
     annotations_file.write_text(inputs.get("pod_annotations_file") or "")
+    annotations = parse_annotations(annotations_file.read_text()) or dict(inputs.get("pod_annotations") or {})
     metadata = node_metadata(MetadataOptions(
         environment, proxy_config,
         instance_ips=tuple(shared["instance_ips"]),
-        annotations=parse_annotations(annotations_file.read_text()),
+        annotations=annotations,
         pilot_san=tuple(shared["pilot_subject_alt_names"]),
         outlier_log_path=shared["outlier_log_path"],
         envoy_status_port=shared["envoy_status_port"],
