@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envoy_types import as_envoy_bootstrap
 from google.protobuf import json_format, text_format
 from needs import need_conformance
 from support import CONFORMANCE
@@ -187,6 +188,8 @@ def test_bootstrap_golden(name: str, tmp_path: Path) -> None:
 
     got = json.loads(_normalise(written.path.read_text(), manifest, case, scratch))
     want = json.loads((kit / case["golden"]).read_text())
+    as_envoy_bootstrap(got)  # step 2: both must be valid Envoy v3 Bootstrap messages
+    as_envoy_bootstrap(want)
 
     expected = case["expected_stats_matcher"]
     assert _patterns(got) == expected

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
+from envoy_types import as_envoy_bootstrap
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
@@ -16,31 +15,9 @@ from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.envoy.bootstrap import render_bootstrap
 from istio_agent.envoy.bootstrap_options import BootstrapOptions
 
-# Every typed_config the renderer can emit, so Envoy's own protos can parse the result.
-_TYPES = [
-    "envoy.config.bootstrap.v3.bootstrap_pb2",
-    "envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2",
-    "envoy.extensions.filters.http.router.v3.router_pb2",
-    "envoy.extensions.filters.http.compressor.v3.compressor_pb2",
-    "envoy.extensions.compression.brotli.compressor.v3.brotli_pb2",
-    "envoy.extensions.compression.zstd.compressor.v3.zstd_pb2",
-    "envoy.extensions.compression.gzip.compressor.v3.gzip_pb2",
-    "envoy.extensions.access_loggers.file.v3.file_pb2",
-    "envoy.extensions.upstreams.http.v3.http_protocol_options_pb2",
-    "envoy.extensions.resource_monitors.downstream_connections.v3.downstream_connections_pb2",
-    "udpa.type.v1.typed_struct_pb2",
-    "envoy.config.trace.v3.zipkin_pb2",
-    "envoy.config.trace.v3.datadog_pb2",
-    "envoy.config.trace.v3.lightstep_pb2",
-    "envoy.config.metrics.v3.stats_pb2",
-    "envoy.config.metrics.v3.metrics_service_pb2",
-    "envoy.extensions.transport_sockets.tls.v3.tls_pb2",
-]
-
 
 def as_envoy_proto(bootstrap: dict[str, Any]) -> Any:
-    modules = [importlib.import_module(name) for name in _TYPES]
-    return json_format.ParseDict(bootstrap, modules[0].Bootstrap())
+    return as_envoy_bootstrap(bootstrap)
 
 
 def options(pc: dict[str, Any] | None = None, environ: dict[str, str] | None = None,
