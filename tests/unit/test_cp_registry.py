@@ -64,7 +64,10 @@ workloads:
     assert [p.protocol for p in svc.ports] == ["GRPC", "HTTP2", "TCP", "HTTP"]
     assert all(p.target_port == p.port for p in svc.ports)
     assert r.workloads[0].service_account == "default" and r.workloads[0].ip == ""
-    assert parse_registry("") == Registry()
+    assert parse_registry("{}") == Registry()
+    for empty in ("", "\n", "# nothing yet\n"):
+        with pytest.raises(RegistryError, match="the registry is empty"):
+            parse_registry(empty, "mesh.yaml")
 
 
 def test_mtls_mode_falls_back_to_root_namespace_then_permissive() -> None:
@@ -198,3 +201,23 @@ def test_watcher_reloads_and_keeps_previous_on_bad_edit(tmp_path: Path) -> None:
     path.write_text(ISSUE_EXAMPLE)
     back = watcher.poll()
     assert back == first and watcher.last_error is None
+
+
+def test_a_registry_truncated_while_serving_is_refused_and_the_previous_stays(tmp_path: Path) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_text("services:\n- {name: echo, namespace: default, ports: [{port: 80}]}\n")
+    watcher = RegistryWatcher(path, lambda registry: None)
+    first = watcher.load()
+    path.write_text("")  # what `> mesh.yaml` or an editor leaves mid-write
+    os.utime(path, ns=(1, 1))
+    assert watcher.poll() is None
+    assert watcher.current is first and [s.name for s in watcher.current.services] == ["echo"]
+    assert watcher.last_error is not None and "the registry is empty" in watcher.last_error
+    assert "previous configuration stays in service" in watcher.last_error
+
+
+def test_a_registry_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_bytes(b"services:\n- {name: caf\xe9, namespace: default}\n")
+    with pytest.raises(RegistryError, match=r"mesh.yaml:2: not UTF-8 text \(byte 0xe9"):
+        RegistryWatcher(path, lambda registry: None).load()

@@ -287,11 +287,25 @@ def _auto_vips(entries: tuple[ServiceEntry, ...]) -> dict[str, str]:
     return {keys[k]: ip for k, ip in allocated.items()}
 
 
+def decode_registry(data: bytes, source: str) -> str:
+    """The file's text; RegistryError naming the file and the byte when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RegistryError(source, line, "", f"not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+                                              f"{exc.start})") from None
+
+
 def parse_registry(text: str, source: str = "registry") -> Registry:
-    """Parse and validate a registry document; `RegistryError` names the line and field of the first problem."""
+    """Parse and validate a registry document; `RegistryError` names the line and field of the first problem.
+
+    A document with nothing in it (an empty file, the state an editor or `>` leaves
+    mid-write) is refused: an empty mesh is written `{}`.
+    """
     root = compose(text, source)
     if root is None:
-        return Registry()
+        raise RegistryError(source, 0, "", "the registry is empty (no document); write {} for an empty mesh")
     top = Fields(root, "", source, _TOP)
     trust_domain = top.string("trustDomain", DEFAULT_TRUST_DOMAIN)
     if not _DNS_NAME.match(trust_domain):

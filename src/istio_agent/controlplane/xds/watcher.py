@@ -15,7 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from istio_agent.controlplane.xds.registry import Registry, parse_registry
+from istio_agent.controlplane.xds.registry import Registry, decode_registry, parse_registry
 from istio_agent.controlplane.xds.yamlfields import RegistryError
 from istio_agent.periodic import Periodic
 
@@ -40,7 +40,7 @@ class RegistryWatcher:
         """The first load: errors propagate (a control plane must not start on a broken registry)."""
         signature = self._stat()
         data = self.path.read_bytes()
-        registry = parse_registry(data.decode("utf-8"), str(self.path))
+        registry = parse_registry(decode_registry(data, str(self.path)), str(self.path))
         self._signature, self._digest, self.current = signature, hashlib.sha256(data).digest(), registry
         return registry
 
@@ -67,7 +67,7 @@ class RegistryWatcher:
         if digest == self._digest:
             return None
         try:
-            registry = parse_registry(data.decode("utf-8", errors="replace"), str(self.path))
+            registry = parse_registry(decode_registry(data, str(self.path)), str(self.path))
         except RegistryError as exc:
             self._digest = digest
             self._record_error(f"registry refused, previous configuration stays in service: {exc}")
