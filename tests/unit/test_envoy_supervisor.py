@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from istio_agent.clock import VirtualClock
+from istio_agent.config.errors import ConfigError
 from istio_agent.envoy.argv import EnvoyLaunch
 from istio_agent.envoy.bootstrap_options import BootstrapOptions
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
+from istio_agent.envoy.stats import istio_listener_stats
 from istio_agent.envoy.supervisor import ENVOY_FAILED_EXIT_CODE, EnvoySupervisor
 
 
@@ -170,3 +175,50 @@ def test_drain_listeners_does_nothing_before_envoy_runs(tmp_path: Path) -> None:
 
     clock.run(scenario())
     assert admin.posts == []
+
+
+def test_custom_config_file_is_envoys_config_unchanged(tmp_path: Path) -> None:
+    """As upstream's agent: with customConfigFile nothing is rendered or written; Envoy runs that file."""
+    clock = VirtualClock()
+    custom = tmp_path / "mine.yaml"
+    custom.write_text("admin: {address: {pipe: {path: /tmp/a}}}\n")
+    supervisor, processes = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), FakeAdmin(clock))
+    supervisor.options = replace(supervisor.options, bootstrap=replace(
+        supervisor.options.bootstrap, proxy_config={"configPath": str(tmp_path / "proxy"),
+                                                    "customConfigFile": str(custom)}))
+    clock.run(supervisor.start())
+    assert processes[0].argv[1:3] == ["-c", str(custom)]
+    assert custom.read_text() == "admin: {address: {pipe: {path: /tmp/a}}}\n"
+    assert not (tmp_path / "proxy/envoy-rev.json").exists()
+
+
+def test_a_missing_custom_config_file_is_named_at_start(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    supervisor, processes = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), FakeAdmin(clock))
+    supervisor.options = replace(supervisor.options, bootstrap=replace(
+        supervisor.options.bootstrap, proxy_config={"customConfigFile": "absent.json"}))
+    with pytest.raises(ConfigError, match=r"customConfigFile absent\.json"):
+        clock.run(supervisor.start())
+    assert processes == []
+
+
+class PortAdmin(FakeAdmin):
+    """Connections only on a status listener moved to port 16021 (ENVOY_STATUS_PORT)."""
+
+    async def stats(self, filter_regex: str) -> str:
+        self.polls.append(self.clock.elapsed())
+        return "listener.0.0.0.0_16021.downstream_cx_active: 4\nlistener.0.0.0.0_15006.downstream_cx_active: 0\n"
+
+
+def test_drain_leaves_out_istio_listeners_on_the_configured_ports(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    admin = PortAdmin(clock)
+    policy = DrainPolicy(30.0, True, 5.0, istio_listener_stats=istio_listener_stats((15090, 16021)))
+
+    async def scenario() -> FakeProcess:
+        supervisor, processes = supervised(tmp_path, clock, policy, admin)
+        await supervisor.start()
+        await supervisor.drain()
+        return processes[0]
+
+    assert clock.run(scenario()).stopped_at == 5, "connections to the moved status port are not application traffic"

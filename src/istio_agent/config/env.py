@@ -115,21 +115,15 @@ HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED = boolean(
 ISTIO_ENVOY_ENABLE_CORE_DUMP = boolean("ISTIO_ENVOY_ENABLE_CORE_DUMP", False, "Start Envoy with --enable-core-dump.")
 ENVOY_SKIP_DEPRECATED_LOGS = boolean(
     "ENVOY_SKIP_DEPRECATED_LOGS", True, "Start Envoy with --skip-deprecated-logs.")
-_DRAIN_PORTS = ("while draining with EXIT_ON_ZERO_ACTIVE_CONNECTIONS, only the 15021/15090 listeners are left out "
-                "of the active connection count")
 ENVOY_STATUS_PORT = integer("ENVOY_STATUS_PORT", 15021,
-                            "Envoy's health listener port (bootstrap listener and node metadata).",
-                            support=PARTIAL, note=_DRAIN_PORTS)
+                            "Envoy's health listener port (bootstrap listener and node metadata).")
 ENVOY_PROMETHEUS_PORT = integer(
     "ENVOY_PROMETHEUS_PORT", 15090,
-    "Envoy's Prometheus listener port (bootstrap listener, node metadata, the merged scrape's source).",
-    support=PARTIAL, note=_DRAIN_PORTS)
+    "Envoy's Prometheus listener port (bootstrap listener, node metadata, the merged scrape's source).")
 ENVOY_SECURE_METRICS_PORT = integer(
-    "ENVOY_SECURE_METRICS_PORT", 0, "mTLS listener for Envoy's stats (0: none); in node metadata too.",
-    support=PARTIAL, note=_DRAIN_PORTS)
+    "ENVOY_SECURE_METRICS_PORT", 0, "mTLS listener for Envoy's stats (0: none); in node metadata too.")
 ENVOY_SECURE_MERGED_METRICS_PORT = integer(
-    "ENVOY_SECURE_MERGED_METRICS_PORT", 0, "mTLS listener for the merged stats (0: none); in node metadata too.",
-    support=PARTIAL, note=_DRAIN_PORTS)
+    "ENVOY_SECURE_MERGED_METRICS_PORT", 0, "mTLS listener for the merged stats (0: none); in node metadata too.")
 ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL = boolean(
     "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", False, "PROXY protocol (optional) on Envoy's health listener.")
 MINIMUM_DRAIN_DURATION = duration(

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from istio_agent.clock import Clock, SystemClock
+from istio_agent.config.errors import ConfigError
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.argv import envoy_command, read_bootstrap_override
 from istio_agent.envoy.bootstrap import write_bootstrap
@@ -67,10 +68,17 @@ class EnvoySupervisor:
     async def start(self) -> None:
         opts = self.options
         source = opts.source
-        written = write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,
-                                  template_file=source.template_file)
+        custom = str(opts.bootstrap.proxy_config.get("customConfigFile") or "")
+        if custom:
+            # As upstream: a customConfigFile is Envoy's config as it stands; nothing is written.
+            config_file = custom
+            if not (opts.workdir / custom).is_file():
+                raise ConfigError(f"customConfigFile {custom}: no such file (Envoy runs it as its config)")
+        else:
+            config_file = str(write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,
+                                              template_file=source.template_file).path)
         override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
-        launch = replace(opts.launch, config_file=str(written.path), config_override_json=override)
+        launch = replace(opts.launch, config_file=config_file, config_override_json=override)
         self._exited = asyncio.get_running_loop().create_future()
         self.process = self._spawn(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
                                    cwd=str(opts.workdir), preexec_user=opts.run_as, env=dict(opts.extra_env))
@@ -128,7 +136,8 @@ class EnvoySupervisor:
 
     async def _active_connections(self) -> int | None:
         try:
-            return active_downstream_connections(parse_stats(await self.admin.stats(ACTIVE_CONNECTIONS_FILTER)))
+            stats = parse_stats(await self.admin.stats(ACTIVE_CONNECTIONS_FILTER))
+            return active_downstream_connections(stats, self.options.drain.istio_listener_stats)
         except AdminError as exc:
             log.warning("reading active connections failed: %s", exc)
             return None
