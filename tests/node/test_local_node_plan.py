@@ -95,8 +95,10 @@ def test_in_netns_switches_user_after_entering_and_keeps_the_death_signal() -> N
     assert argv[:4] == ["ip", "netns", "exec", "ns1"]
     assert argv[4:7] == ["setpriv", "--pdeathsig", "SIGTERM"]
     assert argv[7:9] == ["--reuid", "1337"] and argv[9:12] == ["--regid", "1337", "--clear-groups"]
+    assert argv[12:15] == ["--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]  # the container's limits
     assert argv[-3:] == ["--", "prog", "--flag"]
     assert "--reuid" not in in_netns("ns1", ["prog"], gid=1337)
+    assert "--no-new-privs" not in in_netns("ns1", ["prog"], uid=0)  # root (the node's own steps) stays root
 
 
 def test_stale_namespaces_are_those_of_dead_owners_only() -> None:
@@ -133,7 +135,7 @@ def test_agent_environment_points_at_istiod_on_the_gateway() -> None:
     assert env["INSTANCE_IP"] == "10.244.0.2"
     assert env["CA_ADDR"] == "10.244.0.1:15012"
     assert env["ISTIOD_SAN"] == "istiod.istio-system.svc"
-    assert env["ISTIO_AGENT_ENVOY_UID"] == "1337"
+    assert "ISTIO_AGENT_ENVOY_UID" not in env  # the agent runs as 1337 itself: Envoy inherits its user
     assert env["EXTRA"] == "1"
     assert "ISTIO_META_DNS_CAPTURE" not in env
     assert json.loads(env["PROXY_CONFIG"]) == {"discoveryAddress": "10.244.0.1:15012", "binaryPath": "/opt/envoy",

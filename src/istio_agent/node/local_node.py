@@ -18,12 +18,11 @@ state. Logs: `<workdir>/logs/{istiod,<pod>-init,<pod>-app,<pod>-agent}.log`.
 Each pod is what Kubernetes and Istio's injector would make: `istio-iptables`
 runs first (as istio-init would), then the app, then `pilot-agent proxy
 sidecar` in a working directory laid out as the pod's (`var/run/secrets/...`
-from `istiod-local pod-files`, `etc/istio/pod/labels`). Envoy runs as uid/gid 1337 so its own connections
-bypass capture. The agent itself runs as root with group 1337 and umask 002
-(the Python interpreter may sit where uid 1337 cannot read, e.g. under
-/root): its connections to istiod pass capture's `--gid-owner 1337` rule, the
-sockets and files it creates belong to group 1337 so Envoy can use them, and
-it starts Envoy as 1337 (`ISTIO_AGENT_ENVOY_UID`, not an upstream variable).
+from `istiod-local pod-files`, `etc/istio/pod/labels`). The agent runs as the
+istio-proxy container's user, uid/gid 1337 with no capabilities, and Envoy as
+the agent's user, so their own connections bypass capture; the volumes it
+writes are its own, the rest of the pod directory root's, and its Python
+reaches it through its own mount namespace where needed (see `container.py`).
 Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
 
 The work directory may be anywhere, a 0700 home directory included: what
@@ -68,12 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from istio_agent.node import proxyless
+from istio_agent.node import container, proxyless
 from istio_agent.node.mountpoints import MountPoints
 from istio_agent.node.plan import (
     AGENT_GID,
+    AGENT_UID,
     AGENT_UMASK,
-    PROXY_GID,
     NodePlan,
     PodPlan,
     PodSpec,
@@ -186,6 +185,9 @@ class LocalNode:
         self.proxy_config = {"binaryPath": str(self.envoy_source), **self.options.proxy_config}
         self.envoy_install = ""  # how uid 1337 gets its Envoy, once a sidecar needs it (`NodeRuntime.envoy_for`)
         self._mountpoints = MountPoints(proxyless.mount_targets(), f"{os.getpid()}-{self.plan.index}")
+        self._image = container.AgentImage(self.options.bin_dir / "pilot-agent", self.options.python,
+                                           self.runtime.path / "image-stage",
+                                           {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         self._created = False
         self._closed = False
 
@@ -210,7 +212,7 @@ class LocalNode:
         sweep_stale_runs(self.options.runtime_root)
         atexit.register(self.close)
         self._created = True
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # istiod-local's state, logs: root's
         try:
             self.runtime.create()
             for argv in node_setup_commands(self.plan):
@@ -331,8 +333,9 @@ class LocalNode:
         if spec.sidecar:
             env = agent_environment(self.plan, plan, os.environ, self.proxy_config)
             argv = agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
-            running.agent = spawn(f"{spec.name} pilot-agent", in_netns(plan.netns, argv, gid=AGENT_GID),
-                                  self.logs / f"{spec.name}-agent.log", env=env, cwd=running.dir, umask=AGENT_UMASK)
+            wrapped = container.agent_command(plan.netns, self._image.script(), argv)
+            running.agent = spawn(f"{spec.name} pilot-agent", wrapped, self.logs / f"{spec.name}-agent.log", env=env,
+                                  cwd=running.dir, umask=AGENT_UMASK)
         return running
 
     def _install_envoy(self) -> None:
@@ -358,8 +361,9 @@ class LocalNode:
         argv = proxyless.agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
         mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
         env = proxyless.agent_environment(self.plan, plan, os.environ)
-        pod.agent = spawn(f"{plan.name} pilot-agent", proxyless.in_container(plan.netns, mounts, argv, gid=AGENT_GID),
-                          self.logs / f"{plan.name}-agent.log", env=env, umask=AGENT_UMASK)
+        wrapped = proxyless.in_container(plan.netns, mounts, argv, AGENT_UID, AGENT_GID, image=self._image.script())
+        pod.agent = spawn(f"{plan.name} pilot-agent", wrapped, self.logs / f"{plan.name}-agent.log", env=env,
+                          umask=AGENT_UMASK)
 
     def _finish_proxyless(self, pod: Pod) -> None:
         """postStart (`pilot-agent wait` in the agent's container) must succeed before the app container starts."""
@@ -368,8 +372,9 @@ class LocalNode:
         hook = proxyless.post_start_argv(str(self.options.bin_dir / "pilot-agent"), timeout)
         agent_mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
         watch = pod.processes() + ([self.istiod] if self.istiod else [])
-        wait_for(proxyless.in_container(plan.netns, agent_mounts, hook), f"pod {plan.name}'s postStart hook",
-                 timeout + 5, watch)
+        in_agent = proxyless.in_container(plan.netns, agent_mounts, hook, AGENT_UID, AGENT_GID,
+                                          image=self._image.script())  # a hook runs as its container's user
+        wait_for(in_agent, f"pod {plan.name}'s postStart hook", timeout + 5, watch)
         pod.post_start = 0  # wait_for returns only on exit code 0
         if plan.spec.app:
             mounts = proxyless.volume_mounts(str(pod.dir), proxyless.APP_VOLUMES)
@@ -388,7 +393,7 @@ class LocalNode:
                             f"{log.read_text(errors='replace')[-2000:]}")
 
     def _pod_files(self, pod: Pod) -> None:
-        """Mounted files (root cert, token, downward API labels); Envoy's config directory for group 1337."""
+        """Mounted files (root cert, token, downward API labels), read-only for 1337; its volumes its own."""
         spec = pod.plan.spec
         run_ip([str(self.options.bin_dir / "istiod-local"), "pod-files", "--state-dir", str(self.istiod_state),
                 "--namespace", spec.namespace, "--service-account", spec.service_account, "--pod", spec.name,
@@ -397,11 +402,7 @@ class LocalNode:
         info.mkdir(parents=True, exist_ok=True)
         (info / "labels").write_text(downward_api_text(spec.labels))
         (info / "annotations").write_text(downward_api_text({"sidecar.istio.io/status": "{}"}))
-        # The bootstrap writer would create it 0700 for the agent's user alone; Envoy (1337) reads in it.
-        proxy_dir = pod.dir / "etc/istio/proxy"
-        proxy_dir.mkdir(parents=True, exist_ok=True)
-        os.chown(proxy_dir, 0, PROXY_GID)
-        proxy_dir.chmod(0o775)
+        container.lay_out_pod(pod.dir)
 
     def wait_ready(self, pods: Iterable[Pod], ports: Mapping[str, int] | None = None) -> None:
         """Wait for each sidecar's `:15021/healthz/ready` (through Envoy, as the kubelet probes it).

@@ -37,12 +37,15 @@ DEFAULT_POD_CIDR = "10.244.0.0/24"
 DEFAULT_BRIDGE = "br0"
 PROXY_UID = 1337
 PROXY_GID = 1337
-# The agent runs as root (the Python interpreter may live where uid 1337 cannot read, e.g. under
-# /root) but with group 1337: capture's `--gid-owner 1337` rule lets its connections to istiod
-# pass, and the files and sockets it makes belong to group 1337, which Envoy (uid/gid 1337) needs.
-AGENT_UID = 0
+# The agent runs as the istio-proxy container's user (runAsUser/runAsGroup 1337), and Envoy, which it
+# starts, inherits it: capture's `--uid-owner 1337` rule lets both reach istiod and the real destinations.
+# The umask is a container runtime's default (the node's own may be anything).
+AGENT_UID = PROXY_UID
 AGENT_GID = PROXY_GID
-AGENT_UMASK = 0o002
+AGENT_UMASK = 0o022
+# What the istio-proxy container's securityContext adds to the user (allowPrivilegeEscalation: false,
+# capabilities: drop ALL): no setuid or file-capability exec regains root, and no capability is left.
+CONTAINER_RESTRICTIONS = ("--no-new-privs", "--inh-caps=-all", "--bounding-set=-all")
 ISTIOD_SAN = "istiod.istio-system.svc"
 ISTIOD_PLAINTEXT_PORT = 15010
 ISTIOD_TLS_PORT = 15012
@@ -227,12 +230,23 @@ def in_netns(netns: str, argv: Sequence[str], uid: int | None = None, gid: int |
     killed node owner still takes its pods' processes down; the namespaces
     themselves are then found by `stale_namespaces`.
     """
+    return ["ip", "netns", "exec", netns, *as_user(uid, gid, pdeathsig), "--", *argv]
+
+
+def as_user(uid: int | None = None, gid: int | None = None, pdeathsig: str = "SIGTERM") -> list[str]:
+    """The `setpriv` prefix (up to, not including, its `--`): the death signal, then the user and group.
+
+    A non-root `uid` also gets `CONTAINER_RESTRICTIONS`, as a container with that
+    user would: nothing it executes can raise its privileges again.
+    """
     wrapper = ["setpriv", "--pdeathsig", pdeathsig]
     if uid is not None:
         wrapper += ["--reuid", str(uid)]
     if gid is not None:
         wrapper += ["--regid", str(gid), "--clear-groups"]
-    return ["ip", "netns", "exec", netns, *wrapper, "--", *argv]
+    if uid:
+        wrapper += CONTAINER_RESTRICTIONS
+    return wrapper
 
 
 def stale_namespaces(names: Iterable[str], is_alive: Callable[[int], bool], own_pid: int) -> list[str]:
@@ -285,8 +299,8 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
 
     `CA_ADDR` and `discoveryAddress` point at the gateway address; since that is
     not a name on istiod's serving certificate, `ISTIOD_SAN` names the service.
-    The agent itself runs as root with group 1337 (see `AGENT_GID`); it starts
-    Envoy as uid 1337 (`ISTIO_AGENT_ENVOY_UID`), like the istio-proxy container's user.
+    The agent runs as uid/gid 1337 (`AGENT_UID`), so Envoy runs as its user, as
+    upstream's does: no `ISTIO_AGENT_ENVOY_UID`.
     """
     spec = pod.spec
     environment = {key: value for key, value in base.items() if key in ("PATH", "LANG", "LC_ALL", "TZ")}
@@ -299,7 +313,6 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
         "CA_ADDR": node.istiod_tls_addr,
         "ISTIOD_SAN": ISTIOD_SAN,
         "PROXY_CONFIG": proxy_config_json(node, pod, proxy_config_defaults),
-        "ISTIO_AGENT_ENVOY_UID": str(PROXY_UID),
         "HOME": "/tmp",
     })
     if spec.dns_capture:

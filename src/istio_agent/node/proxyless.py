@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from istio_agent.node.plan import ISTIOD_SAN, NodePlan, PodPlan
+from istio_agent.node.plan import ISTIOD_SAN, NodePlan, PodPlan, as_user
 
 STATUS_PORT = 15020
 READY_URL = f"http://localhost:{STATUS_PORT}/healthz/ready"
@@ -66,20 +66,18 @@ def volume_mounts(pod_root: str, volumes: Sequence[str]) -> list[tuple[str, str]
 
 
 def in_container(netns: str, mounts: Sequence[tuple[str, str]], argv: Sequence[str], uid: int | None = None,
-                 gid: int | None = None, pdeathsig: str = "SIGTERM") -> list[str]:
+                 gid: int | None = None, pdeathsig: str = "SIGTERM", image: str = "") -> list[str]:
     """argv as a container of a proxyless pod: the pod's network namespace, its own mount namespace, cwd `/`.
 
-    `ip netns exec`, `unshare` (no --fork), `sh` and `setpriv` all exec, so the
-    pid of the started process is the program's own, as with `plan.in_netns`.
+    `image` is shell run first, in that mount namespace (`container.image_script`:
+    what makes the interpreter reachable for a non-root `uid`). `ip netns exec`,
+    `unshare` (no --fork), `sh` and `setpriv` all exec, so the pid of the
+    started process is the program's own, as with `plan.in_netns`.
     """
-    wrapper = ["setpriv", "--pdeathsig", pdeathsig]
-    if uid is not None:
-        wrapper += ["--reuid", str(uid)]
-    if gid is not None:
-        wrapper += ["--regid", str(gid), "--clear-groups"]
     pairs = [path for pair in mounts for path in pair]
+    script = f"set -e; {image}; {MOUNT_SCRIPT}" if image else MOUNT_SCRIPT
     return ["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", MOUNT_SCRIPT, "sh", *pairs, "--", *wrapper, "--", *argv]
+            "sh", "-c", script, "sh", *pairs, "--", *as_user(uid, gid, pdeathsig), "--", *argv]
 
 
 def proxy_config_json(node: NodePlan, pod: PodPlan) -> str:
