@@ -7,11 +7,12 @@ istiod-local on the node's gateway address and two pods:
 - `echo-1` (service account `echo`, label app=echo): an HTTP echo app on 8080
   behind the `echo` service, clusterIP 10.96.0.20 port 80.
 
-Each pod gets capture rules from `istio-iptables` and runs `pilot-agent proxy
-sidecar`, whose Envoy takes its config from istiod-local through the agent.
-The run directory may be anywhere (a checkout in a 0700 home included): the
-pod directories and the Envoy that uid 1337 runs live in the node's runtime
-directory under /run/istio-agent-node, removed on exit.
+Each pod gets capture rules from `istio-iptables` (as root, as istio-init)
+and runs `pilot-agent proxy sidecar` as uid 1337, the istio-proxy container's
+user, whose Envoy (the same user) takes its config from istiod-local through
+the agent. The run directory may be anywhere (a checkout in a 0700 home
+included): the pod directories and the Envoy that uid 1337 runs live in the
+node's runtime directory under /run/istio-agent-node, removed on exit.
 Once both are ready, a request goes from the client pod to
 `http://10.96.0.20:80/`: the client's Envoy captures it, opens mTLS to the
 echo pod, whose Envoy checks the client certificate (the `default` namespace is
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         client, echo = node.add_pod(client_plan), node.add_pod(echo_plan)
         for pod in (client, echo):
             print(f"pod {pod.name}: {pod.ip} in namespace {pod.netns}, directory {pod.dir}")
-        print(f"Envoy (uid 1337): {node.proxy_config['binaryPath']} ({node.envoy_install or 'as configured'})")
+        print(f"pilot-agent and Envoy run as uid 1337; Envoy: {node.proxy_config['binaryPath']} "
+              f"({node.envoy_install or 'as configured'})")
         node.wait_ready([client, echo], {echo.name: 8080})
         print("both sidecars ready (:15021/healthz/ready)")
         answer = request(node, client, ECHO_URL, time.monotonic() + args.timeout)

@@ -3,8 +3,10 @@
 `plan` computes names, addresses and commands (pure); `local_node.LocalNode`
 builds and removes the node with `ip`, `istio-iptables`, `istiod-local` and
 `pilot-agent`; `processes` holds the process and namespace plumbing;
-`runtime` the node's directory under /run that uid 1337 (Envoy) can reach
-wherever the work directory is (pod directories, a reachable Envoy);
+`runtime` the node's directory under /run that uid 1337 (the agent and
+Envoy) can reach wherever the work directory is (pod directories, a reachable
+Envoy); `container` the istio-proxy container the agent runs in (uid 1337,
+its image of the interpreter, its volumes' owners and modes);
 `echo_app` is the HTTP echo app (and client) the demo pods run.
 `proxyless` plans pods after Istio's grpc-agent template (pure), whose
 containers get their volumes through mount namespaces on host mount points

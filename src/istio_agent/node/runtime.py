@@ -1,6 +1,6 @@
-"""The node's runtime directory: what Envoy (uid 1337) must reach, wherever the user's checkout lives.
+"""The node's runtime directory: what uid 1337 (the agent, Envoy) must reach, wherever the user's checkout lives.
 
-Envoy runs as uid 1337, so every path it opens must be searchable by other
+The agent and Envoy run as uid 1337, so every path they open must be searchable by other
 users all the way down from `/`. A checkout in a home directory (mode 0700,
 as /root is) is not: Envoy could neither exec the venv's binary nor enter
 its pod directory (the agent gives it the pod directory's absolute path as
@@ -13,6 +13,9 @@ names), where every level is 0711 (enter, not list):
   the pod's root (`etc/istio/proxy`, `var/run/secrets/...`); the work
   directory keeps the logs, istiod-local's state and the registry, which
   only root reads.
+- `image-stage/`: an empty directory where an agent's own mount namespace
+  briefly binds a directory it then covers (`container.image_mounts`);
+  nothing is ever mounted on it on the host.
 - `bin/envoy`: the Envoy binary, when the one given is not reachable by
   uid 1337 already (ProxyConfig `binaryPath` then names this one). A hard
   link when it is on the same filesystem, otherwise a copy. Measured on the
