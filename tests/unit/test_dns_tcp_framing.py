@@ -223,3 +223,45 @@ def test_partial_frame_deadline_is_off_by_default() -> None:
     assert framer.next_message() is None
     assert framer.partial_frame_deadline() is None
     assert framer.deadline() == 1.0 + IDLE
+
+
+def test_first_query_deadline_closes_a_silent_connection() -> None:
+    framer = TcpFramer(10.0, IDLE, first_message_timeout=3.0)
+    assert framer.first_message_deadline() == 13.0
+    assert framer.deadline() == 13.0  # before the idle deadline (18.0)
+    assert not framer.should_close(12.9)
+    assert framer.should_close(13.0)
+
+
+def test_first_query_deadline_is_not_pushed_by_dripping_bytes() -> None:
+    framer = TcpFramer(0.0, IDLE, first_message_timeout=3.0)
+    framed = frame(query(1))
+    for i, byte in enumerate(framed[:-1]):  # one byte every 0.1 s: each is activity, none a query
+        framer.receive_data(bytes([byte]), now=0.1 * i)
+        assert framer.next_message() is None
+        assert framer.deadline() == 3.0
+
+
+def test_first_query_deadline_ends_with_the_first_whole_frame() -> None:
+    framer = TcpFramer(0.0, IDLE, first_message_timeout=3.0, partial_frame_timeout=3.0)
+    framer.receive_data(frame(query(1)), now=2.5)
+    assert framer.first_message_deadline() == 3.0  # not yet: the frame is still to be pulled
+    assert framer.next_message() is not None
+    assert framer.first_message_deadline() is None
+    assert framer.deadline() == 2.5 + IDLE  # from now on, the idle rule between queries
+    framer.receive_data(b"\x00", now=4.0)
+    assert framer.deadline() == 7.0  # and the partial-frame rule for the next one
+
+
+def test_first_query_deadline_counts_an_empty_frame() -> None:
+    """The framer judges framing, not content: a zero-length frame is a whole one (the responder drops it)."""
+    framer = TcpFramer(0.0, IDLE, first_message_timeout=3.0)
+    framer.receive_data(b"\x00\x00", now=1.0)
+    assert framer.next_message() == b""
+    assert framer.first_message_deadline() is None
+
+
+def test_first_query_deadline_is_off_by_default() -> None:
+    framer = TcpFramer(0.0, IDLE)
+    assert framer.first_message_deadline() is None
+    assert framer.deadline() == IDLE

@@ -26,11 +26,16 @@ class DnsProxyOptions:
     forward_parallel: bool = False  # DNS_FORWARD_PARALLEL
     upstream_timeout: float = 5.0
     respond_before_sync: bool = False  # forward instead of SERVFAIL before the first NameTable
-    tcp_idle_timeout: float = 8.0
-    # Close a TCP connection whose current frame stays incomplete this long (slow senders);
-    # None (the default) leaves such a connection to the idle timeout alone.
-    tcp_partial_frame_timeout: float | None = None
-    max_tcp_connections: int = 1024
+    # DNS over TCP. No upstream variable sets these (upstream's server keeps miekg/dns's
+    # defaults: 2 s for the first read, 8 s idle); None turns a deadline off.
+    tcp_idle_timeout: float = 8.0  # between queries, while nothing is in flight
+    # A frame whose first bytes arrived but which is still incomplete this long after (slow senders).
+    tcp_partial_frame_timeout: float | None = 3.0
+    # From accept to the first complete query: a connection that sends nothing, or drips, is closed.
+    tcp_first_query_timeout: float | None = 3.0
+    max_tcp_connections: int = 1024  # when full, a newcomer takes the longest-idle connection's slot
+    # One client address holds at most this many; its newcomer then takes its own longest-idle one's slot.
+    max_tcp_connections_per_source: int = 64
     max_pending_forwards: int = 10_000
     udp_receive_buffer: int = 1 << 20  # absorbs bursts while the GIL is elsewhere (capped by rmem_max)
     use_uvloop: bool = True

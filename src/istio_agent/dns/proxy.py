@@ -40,6 +40,7 @@ from istio_agent.dns.options import DnsProxyOptions
 from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, AskUpstream, Responder
 from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
+from istio_agent.dns.tcp_admission import ConnectionTable
 from istio_agent.eventloop import new_event_loop
 from istio_agent.netaddr import AddressError, split_host_port
 from istio_agent.protos import nds_pb2
@@ -76,7 +77,9 @@ class DnsProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._forwarder: Forwarder | None = None
         self._tcp_servers: list[asyncio.AbstractServer] = []
-        self.tcp_conns: set[TcpConnection] = set()
+        # Open TCP connections and who may hold a slot; touched only on the dns-io loop.
+        self.tcp_table: ConnectionTable[TcpConnection] = ConnectionTable(
+            options.max_tcp_connections, options.max_tcp_connections_per_source)
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_forwards = 0
         self._inbox: collections.deque[tuple[bytes, tuple[Any, ...], socket.socket, int]] = collections.deque()
@@ -251,7 +254,7 @@ class DnsProxy:
     async def _io_stop(self) -> None:
         for server in self._tcp_servers:
             server.close()
-        for conn in list(self.tcp_conns):
+        for conn in self.tcp_table:
             conn.close()
         for task in list(self._tasks):
             task.cancel()

@@ -7,6 +7,14 @@ forwarded queries are answered when upstream replies (out of order, as the
 RFC allows). A connection stops reading while it has too many forwarded
 queries in flight or while the client is not reading our answers. One timer
 per connection is armed at the framer's deadline.
+
+Which connections may stay open is `tcp_admission.ConnectionTable`'s call
+(also sans-IO): each accepted connection asks it for a slot, keyed by the
+peer's IP address, and reports its activity and whether forwarded queries
+are in flight. A connection closed by a deadline or evicted for a newcomer
+is aborted rather than closed when answers are still buffered for it: a
+client that does not read them would otherwise keep the socket open, since
+a graceful close waits for the buffer to drain.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ class TcpConnection(asyncio.Protocol):
         options = proxy.options
         self.framer = TcpFramer(self._loop.time(), options.tcp_idle_timeout,
                                 partial_frame_timeout=options.tcp_partial_frame_timeout,
+                                first_message_timeout=options.tcp_first_query_timeout,
                                 max_inflight=TCP_MAX_INFLIGHT)
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -43,22 +52,37 @@ class TcpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
-        if len(self.proxy.tcp_conns) >= self.proxy.options.max_tcp_connections:
+        peer = transport.get_extra_info("peername")
+        source = peer[0] if isinstance(peer, tuple) and peer else peer
+        decision = self.proxy.tcp_table.admit(self, source, self._loop.time())
+        if decision.evict is not None:
+            decision.evict.close()
+        if not decision.admitted:
+            self._lost = True
             transport.close()
             return
-        self.proxy.tcp_conns.add(self)
         self._arm_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self.proxy.tcp_conns.discard(self)
+        self.proxy.tcp_table.remove(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        """Close now: gracefully when nothing is left to write, else abort (the client is not reading)."""
+        self._lost = True  # no timer from here on; connection_lost follows
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            transport.close()
 
     # ---- the one timer ---------------------------------------------------------------------
 
@@ -101,7 +125,11 @@ class TcpConnection(asyncio.Protocol):
     # ---- queries ---------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self.framer.receive_data(data, self._loop.time())
+        if self._lost:  # refused, evicted or timed out: bytes already on their way in are not answered
+            return
+        now = self._loop.time()
+        self.framer.receive_data(data, now)
+        self.proxy.tcp_table.touch(self, now)
         self._answer()
         self._arm_timer()
 
@@ -129,6 +157,7 @@ class TcpConnection(asyncio.Protocol):
     def _forward(self, msg: bytes, limit: int) -> None:
         if self.framer.forward_started() and self.transport is not None:
             self.transport.pause_reading()
+        self.proxy.tcp_table.set_busy(self, True)
 
         async def run() -> None:
             try:
@@ -139,7 +168,12 @@ class TcpConnection(asyncio.Protocol):
         self.proxy.spawn(run)
 
     def _forward_done(self) -> None:
-        if self.framer.forward_finished(self._loop.time()):
+        now = self._loop.time()
+        resume = self.framer.forward_finished(now)
+        table = self.proxy.tcp_table
+        table.set_busy(self, self.framer.inflight > 0)
+        table.touch(self, now)  # an answer went out (or was given up): the client was served just now
+        if resume:
             transport = self.transport
             if transport is not None and not transport.is_closing():
                 transport.resume_reading()

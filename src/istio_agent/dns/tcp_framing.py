@@ -23,7 +23,14 @@ Deadlines:
 * partial frame (off unless `partial_frame_timeout` is given): a frame whose
   first bytes arrived but which is still incomplete that long after is given
   up, however slowly its remaining bytes trickle in. It does not run while the
-  framer holds reading back, since the client cannot send then.
+  framer holds reading back, since the client cannot send then;
+* first query (off unless `first_message_timeout` is given): a connection
+  that has not delivered one complete frame that long after it was accepted
+  is given up, whether it sent nothing or trickled bytes. Without it, a client
+  that connects and stays silent keeps its slot for the whole idle timeout,
+  and a first byte sent just before each idle deadline would keep it forever.
+  Any whole frame counts (the framer does not judge its content); from then
+  on the idle and partial-frame deadlines apply as for every later query.
 """
 
 from __future__ import annotations
@@ -45,8 +52,8 @@ class TcpFramer:
     frame = staticmethod(frame)
 
     def __init__(self, now: float, idle_timeout: float, *, partial_frame_timeout: float | None = None,
-                 max_inflight: int = 64) -> None:
-        """`now`: when the connection was accepted (the idle clock starts there).
+                 first_message_timeout: float | None = None, max_inflight: int = 64) -> None:
+        """`now`: when the connection was accepted (the idle and first-query clocks start there).
 
         `max_inflight`: forwarded queries in flight at which the framer stops
         handing out queries; it resumes once fewer than half that many remain.
@@ -61,6 +68,8 @@ class TcpFramer:
         self._last_activity = now
         self._last_received = now
         self._partial_since: float | None = None  # when the incomplete frame at the head began
+        # Until the first whole frame is handed out: when the connection must have delivered one.
+        self._first_due: float | None = None if first_message_timeout is None else now + first_message_timeout
         self._inflight = 0
         self._paused = False
 
@@ -88,6 +97,7 @@ class TcpFramer:
             if len(buf) >= end:
                 message = bytes(buf[pos + 2:end])
                 self._pos = end
+                self._first_due = None
                 if self.partial_frame_timeout is not None:
                     # What is left arrived no later than the last read: a new partial frame starts then.
                     self._track_partial(self._last_received)
@@ -150,19 +160,22 @@ class TcpFramer:
             return None
         return self._partial_since + self.partial_frame_timeout
 
+    def first_message_deadline(self) -> float | None:
+        """When to give up on a connection that has not delivered its first whole frame; None after it
+        (or when off)."""
+        return self._first_due
+
     def deadline(self) -> float | None:
         """The earliest time the connection should be closed, None when nothing is due.
 
         The adapter arms one timer for it and asks again (and re-arms) whenever
         it fires or an event may have brought the deadline forward.
         """
-        idle = self.idle_deadline()
-        partial = self.partial_frame_deadline()
-        if partial is None:
-            return idle
-        if idle is None:
-            return partial
-        return min(idle, partial)
+        due = self.idle_deadline()
+        for other in (self.partial_frame_deadline(), self._first_due):
+            if other is not None and (due is None or other < due):
+                due = other
+        return due
 
     def should_close(self, now: float) -> bool:
         """Whether the connection is due to be closed at `now`."""
