@@ -462,7 +462,8 @@ def _try_lock(handle: IO[str]) -> bool:
 def local_node(prefix: str, **options: Any) -> Iterator[LocalNode]:
     """A created LocalNode (`NodeOptions(**options)`) working in a fresh directory; closed (every namespace,
     process and runtime directory it made gone) and the directory removed afterwards. Its registry is
-    `node.registry`; its pods' directories are under `node.runtime.path` (where Envoy, uid 1337, reaches them)."""
+    `node.registry`; its pods' directories are under `node.runtime.path` (where the agent and Envoy,
+    uid 1337, reach them)."""
     from istio_agent.node.local_node import LocalNode, NodeOptions
 
     with open_workdir(prefix) as base:
