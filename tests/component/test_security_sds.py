@@ -9,6 +9,7 @@ import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -156,12 +157,16 @@ async def test_delta_and_fetch_are_unimplemented(identity: WorkloadIdentity, cli
     assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_healthy_server_on_the_socket_is_left_alone(identity: WorkloadIdentity, istiod: IstiodLocal) -> None:
-    second = WorkloadIdentity(pod_options(identity.options.workdir, istiod))
+async def test_another_server_on_the_socket_leaves_ours_serving_files_only(
+        identity: WorkloadIdentity, istiod: IstiodLocal) -> None:
+    """Upstream's ServeOnlyFiles: the running server keeps the workload socket; ours asks no CA and
+    listens on the files socket."""
+    second = WorkloadIdentity(replace(pod_options(identity.options.workdir, istiod), serve_only_files=True))
     await second.start()
     try:
-        assert second.external_sds and second.sds is None
-        assert second.signer is None, "an external SDS server owns the workload certificate"
+        assert second.external_sds and second.signer is None, "the other server owns the workload certificate"
+        assert second.sds is not None and second.sds.socket_path == second.options.sds_listen_path
+        assert second.sds.socket_path.name == "files-socket" and second.sds.socket_path.exists()
     finally:
         await second.stop()
     assert identity.options.sds_socket_path.exists(), "the running server's socket is untouched"

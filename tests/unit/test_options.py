@@ -247,3 +247,23 @@ def test_status_switches_and_mutually_exclusive_client_certificates(tmp_path: Pa
         resolve(tmp_path, PROV_CERT="/prov", FILE_MOUNTED_CERTS="true")
     with pytest.raises(ConfigError, match="CA_PROVIDER='GoogleCA'"):
         resolve(tmp_path, CA_PROVIDER="GoogleCA")
+
+
+def test_another_sds_server_on_the_workload_socket_means_files_only(tmp_path: Path) -> None:
+    """Upstream's ServeOnlyFiles: no CA, our server on the files socket, file-credential in metadata."""
+    options = resolve(tmp_path, None, HostFacts(workload_sds_socket_healthy=True, credential_socket_healthy=True))
+    assert options.security.serve_only_files
+    assert options.security.sds_listen_path == tmp_path / "var/run/secrets/credential-uds/files-socket"
+    assert options.metadata["file-credential"] == "true" and options.metadata["credential"] == "true"
+    plain = resolve(tmp_path)
+    assert not plain.security.serve_only_files and "file-credential" not in plain.metadata
+    assert plain.security.sds_listen_path == tmp_path / "var/run/secrets/workload-spiffe-uds/socket"
+
+
+def test_a_non_default_workload_socket_needs_a_server_there(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"WORKLOAD_IDENTITY_SOCKET_FILE='spire.sock': no SDS server answers"):
+        resolve(tmp_path, WORKLOAD_IDENTITY_SOCKET_FILE="spire.sock")
+    options = resolve(tmp_path, None, HostFacts(workload_sds_socket_healthy=True),
+                      WORKLOAD_IDENTITY_SOCKET_FILE="spire.sock")
+    assert options.security.sds_socket_path.name == "spire.sock" and options.security.serve_only_files
+    assert options.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"] == "spire.sock"

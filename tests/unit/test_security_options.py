@@ -9,12 +9,12 @@ import pytest
 from istio_agent.config.env import Environment
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import security_options
+from istio_agent.config.options import HostFacts, security_options
 from istio_agent.security.options import SecurityOptions
 
 
-def build(values: dict[str, str], tmp_path: Path) -> SecurityOptions:
-    return security_options(load_agent_config(Environment(values), tmp_path))
+def build(values: dict[str, str], tmp_path: Path, host: HostFacts | None = None) -> SecurityOptions:
+    return security_options(load_agent_config(Environment(values), tmp_path), host)
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -37,6 +37,7 @@ def test_environment_overrides(tmp_path: Path) -> None:
             "CA_HEADER_X-Tenant": "blue", "ISTIO_META_CLUSTER_ID": "east", "WORKLOAD_IDENTITY_SOCKET_FILE": "sds",
         },
         tmp_path,
+        HostFacts(workload_sds_socket_healthy=True),  # another server's socket: it must answer there
     )
     assert opts.spiffe_id == "spiffe://example.org/ns/ns/sa/sa"
     assert opts.plaintext_ca

@@ -97,7 +97,10 @@ ISTIO_META_CERT_SIGNER = string("ISTIO_META_CERT_SIGNER", "", "Signer name sent 
 ISTIO_MULTIROOT_MESH = boolean("ISTIO_MULTIROOT_MESH", False, "Several trust roots at once: read by istiod, which "
                                "sends them over PCDS (merged into ROOTCA here); upstream's agent does not read it.")
 WORKLOAD_IDENTITY_SOCKET_FILE = string(
-    "WORKLOAD_IDENTITY_SOCKET_FILE", "socket", "File name of the SDS socket in workload-spiffe-uds."
+    "WORKLOAD_IDENTITY_SOCKET_FILE", "socket",
+    "File name of Envoy's SDS socket in workload-spiffe-uds. When another server (SPIRE) answers there, the agent "
+    "asks no CA and serves only file certificates on credential-uds/files-socket; a name other than 'socket' with "
+    "nobody answering fails the start."
 )
 
 # --- Envoy and lifecycle ------------------------------------------------------------------------------

@@ -40,8 +40,11 @@ from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOption
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
+    CREDENTIAL_SOCKET,
+    ISTIO_SDS_SOCKET_FILE,
     KEY_FILE,
     ROOT_CERT_FILE,
+    WORKLOAD_SDS_DIR,
     SecurityOptions,
 )
 from istio_agent.status.metrics_merge import MetricsOptions, parse_scrape_annotations
@@ -89,6 +92,9 @@ class HostFacts:
     euid: int = 0
     alt_resolv_conf_exists: bool = False
     mounted_root_cert: bool = False  # ./etc/certs/root-cert.pem is there at start
+    # A server answers on the workload SDS socket (WORKLOAD_IDENTITY_SOCKET_FILE) / on the credential socket.
+    workload_sds_socket_healthy: bool = False
+    credential_socket_healthy: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,8 +205,9 @@ def metadata_dns_proxy_addr(environment: env.Environment) -> str:
 
 # --- per component ---------------------------------------------------------------------------------------
 
-def metadata_options(config: AgentConfig, flags: AgentFlags) -> MetadataOptions:
+def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | None = None) -> MetadataOptions:
     pc = config.proxy_config
+    host = host or HostFacts()
     environment = config.environment
     return MetadataOptions(
         environment=environment,
@@ -223,11 +230,15 @@ def metadata_options(config: AgentConfig, flags: AgentFlags) -> MetadataOptions:
         sts_port=flags.sts_port,
         istio_version=istio_version(environment),
         dns_proxy_addr=metadata_dns_proxy_addr(environment),
+        credential_socket_exists=host.credential_socket_healthy,
+        custom_credentials_file_exists=host.workload_sds_socket_healthy,
     )
 
 
-def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> SecurityOptions:
+def security_options(config: AgentConfig, host: HostFacts | None = None, *,
+                     run_sds_server: bool = True) -> SecurityOptions:
     """The identity's options (upstream's NewSecurityOptions), every value validated."""
+    host = host or HostFacts()
     environment, node = config.environment, config.identity
     ratio = environment.get(env.SECRET_GRACE_PERIOD_RATIO)
     if not 0.0 <= ratio <= 1.0:
@@ -252,6 +263,10 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         raise ConfigError(
             f"environment variable WORKLOAD_IDENTITY_SOCKET_FILE={socket_file!r}: must be a file name, not a path"
         )
+    if socket_file != ISTIO_SDS_SOCKET_FILE and not host.workload_sds_socket_healthy:
+        # As upstream: another server's socket was asked for, and nobody answers there.
+        raise ConfigError(f"environment variable WORKLOAD_IDENTITY_SOCKET_FILE={socket_file!r}: no SDS server "
+                          f"answers on {WORKLOAD_SDS_DIR}/{socket_file}")
     if environment.get(env.CA_PROVIDER) != "Citadel":
         raise ConfigError(f"environment variable CA_PROVIDER={environment.get(env.CA_PROVIDER)!r}: only 'Citadel' "
                           "(istiod's CA) is supported")
@@ -285,6 +300,7 @@ def security_options(config: AgentConfig, *, run_sds_server: bool = True) -> Sec
         file_debounce=environment.get(env.FILE_DEBOUNCE_DURATION),
         run_sds_server=run_sds_server,
         socket_file=socket_file,
+        serve_only_files=host.workload_sds_socket_healthy,
     )
 
 
@@ -446,14 +462,14 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBoot
 
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
-    metadata = node_metadata(metadata_options(config, flags))
+    metadata = node_metadata(metadata_options(config, flags, host))
     xds = xds_options(config, host)
     with_envoy = envoy_enabled(config.environment)
     return AgentOptions(
         workdir=config.workdir,
         node=config.identity,
         metadata=metadata,
-        security=security_options(config, run_sds_server=with_envoy),
+        security=security_options(config, host, run_sds_server=with_envoy),
         xds=xds,
         dns=dns_options(config, host),
         envoy=envoy_options(config, flags, metadata),
@@ -483,6 +499,12 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
         service_cluster=flags.service_cluster,
         interfaces=interfaces,
     )
+    from istio_agent.security.socket_check import check_socket
+
+    socket_file = config.environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or ISTIO_SDS_SOCKET_FILE
+    workload_socket = config.path(WORKLOAD_SDS_DIR) / Path(socket_file).name
     host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
-                     mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file())
+                     mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
+                     workload_sds_socket_healthy=check_socket(workload_socket),
+                     credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)))
     return resolve_agent_options(config, flags, host)

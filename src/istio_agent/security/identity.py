@@ -1,8 +1,9 @@
 """The agent's identity component: CA client + secret cache + SDS server, started and stopped as one.
 
 Decisions made at start, as upstream's agent makes them:
-- a healthy SDS server already on the socket → use it: no SDS server of ours and
-  no CA (only mounted files would be served from our cache);
+- another SDS server answering on the workload socket (found by the options
+  resolver, `serve_only_files`) → that server owns the workload certificate: no
+  CA client, and ours serves only file certificates on the files socket;
 - mounted workload certificates, or FILE_MOUNTED_CERTS=true → no CA client;
 - `run_sds_server=False` (DISABLE_ENVOY) → no SDS server, but the cache still
   pre-warms and rotates so OUTPUT_CERTS stays fresh for proxyless clients.
@@ -46,12 +47,13 @@ class WorkloadIdentity:
 
     async def start(self) -> None:
         # The SDS server (and Envoy's protos) load only when there is an Envoy to serve.
-        from istio_agent.security.sds import SdsServer, socket_is_healthy
+        from istio_agent.security.sds import SdsServer
 
         opts = self.options
-        if opts.run_sds_server and await socket_is_healthy(opts.sds_socket_path):
-            self.external_sds = True
-            log.info("existing SDS server found at %s: not starting ours", opts.sds_socket_path)
+        self.external_sds = opts.serve_only_files
+        if self.external_sds:
+            log.info("existing workload SDS socket found at %s: ours serves only files, on %s",
+                     opts.sds_socket_path, opts.sds_listen_path)
         self.signer = None
         if not self.external_sds and not opts.file_mounted_certs:
             self.signer = self._signer_override or CaClient(opts)
@@ -62,8 +64,8 @@ class WorkloadIdentity:
             log.info("CA endpoint %s (%s) for %s", opts.ca_address, "plaintext" if opts.plaintext_ca else "TLS",
                      opts.spiffe_id)
         await self.cache.start()
-        if opts.run_sds_server and not self.external_sds:
-            self.sds = SdsServer(self.cache, opts.sds_socket_path)
+        if opts.run_sds_server:
+            self.sds = SdsServer(self.cache, opts.sds_listen_path)
             await self.sds.start()
         self._started = True
 

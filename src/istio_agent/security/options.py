@@ -18,6 +18,10 @@ CA_ROOT_DEFAULT_PATH = "./var/run/secrets/istio/root-cert.pem"
 MOUNTED_CERTS_DIR = "./etc/certs"
 WORKLOAD_CREDENTIALS_DIR = "./var/run/secrets/workload-spiffe-credentials"
 WORKLOAD_SDS_DIR = "./var/run/secrets/workload-spiffe-uds"
+ISTIO_SDS_SOCKET_FILE = "socket"  # the agent's own server's file name in WORKLOAD_SDS_DIR
+# Another SDS server's sockets: credentials by name, and the agent's files-only server when it owns the workload one.
+CREDENTIAL_SOCKET = "./var/run/secrets/credential-uds/socket"
+FILE_CREDENTIAL_SOCKET = "./var/run/secrets/credential-uds/files-socket"
 SYSTEM_ROOTS = "SYSTEM"
 
 CERT_CHAIN_FILE = "cert-chain.pem"
@@ -64,6 +68,9 @@ class SecurityOptions:
     # SDS server.
     run_sds_server: bool = True
     socket_file: str = "socket"
+    # Another SDS server answers on the workload socket: ours serves only file certificates, on
+    # FILE_CREDENTIAL_SOCKET, and asks no CA (upstream's ServeOnlyFiles).
+    serve_only_files: bool = False
     # Retry pacing of the cache (pre-warm and rotation) and file polling.
     retry_initial: float = 0.1
     retry_max: float = 10.0
@@ -86,6 +93,11 @@ class SecurityOptions:
     @property
     def sds_socket_path(self) -> Path:
         return self.path(WORKLOAD_SDS_DIR) / self.socket_file
+
+    @property
+    def sds_listen_path(self) -> Path:
+        """Where the agent's own SDS server listens."""
+        return self.path(FILE_CREDENTIAL_SOCKET) if self.serve_only_files else self.sds_socket_path
 
     @property
     def output_dir(self) -> Path | None:

@@ -67,21 +67,6 @@ def to_envoy_secret(item: SecretItem) -> secret_pb2.Secret:
     return secret
 
 
-async def socket_is_healthy(path: Path, timeout: float = 1.0) -> bool:
-    """True when a gRPC server accepts connections on the UDS `path` (upstream's socket health check)."""
-    if not path.exists() or path.is_file():
-        return False
-    with uds_address(path) as target:
-        channel = grpc.aio.insecure_channel(target)
-        try:
-            await asyncio.wait_for(channel.channel_ready(), timeout)
-            return True
-        except (TimeoutError, grpc.aio.AioRpcError):
-            return False
-        finally:
-            await channel.close()
-
-
 class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
     def __init__(self, server: SdsServer) -> None:
         self._server = server
