@@ -20,8 +20,8 @@ newcomer takes an idle slot rather than being refused, an attacker with
 more connections than slots makes the proxy evict as fast as it can accept
 (each eviction is answered by a reconnect): `tcp_attack_evicted_per_s` is
 that churn, the price of never locking a real client out. No peer:
-dnsmasq serves TCP from at most 20 forked children, so the same attack locks
-it out entirely and there is no like-for-like figure to divide by.
+dnsmasq serves TCP from a fixed number of forked children (20 by default),
+a different design with no like-for-like figure to divide by.
 
 Usage: python benchmarks/bench_dns_tcp_attack.py [--runs N]
 Last line: one JSON object with the figures.

@@ -5,7 +5,8 @@ Public API: `DnsProxy` (the component, in `proxy`), `DnsProxyOptions` and
 `options`), `name_table_json` (the /debug/ndsz view). The sans-IO core lives
 in `table` (upstream's naming rules), `answers` (pre-packed wire answers),
 `responder` (per-packet decision), `tcp_framing` (DNS-over-TCP framing and
-deadlines) and `wire` (message validation, truncation).
+deadlines), `tcp_admission` (who keeps a TCP connection slot) and `wire`
+(message validation, truncation).
 
 `DnsProxy` and `name_table_json` are loaded on first use: importing this
 package (as the options resolver does, for `istio_agent.dns.options`) must not
