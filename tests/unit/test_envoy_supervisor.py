@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -222,3 +223,72 @@ def test_drain_leaves_out_istio_listeners_on_the_configured_ports(tmp_path: Path
         return processes[0]
 
     assert clock.run(scenario()).stopped_at == 5, "connections to the moved status port are not application traffic"
+
+
+class FakeValidator:
+    """Envoy's `--mode validate`, answering from a script of (exit code, output)."""
+
+    def __init__(self, *answers: tuple[int, str]) -> None:
+        self.answers = list(answers)
+        self.calls: list[list[str]] = []
+
+    async def __call__(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[int, str]:
+        self.calls.append(list(argv))
+        return self.answers.pop(0)
+
+
+UNREGISTERED_METADATA = ("error initializing configuration 'x': Didn't find a registered implementation for "
+                         "'metadata_discovery' with type URL: 'istio.workload.BootstrapExtension'")
+
+
+def waypoint_supervisor(tmp_path: Path, validator: FakeValidator) -> tuple[EnvoySupervisor, list[FakeProcess]]:
+    clock = VirtualClock()
+    processes: list[FakeProcess] = []
+
+    def spawn(argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
+              preexec_user: tuple[int, int] | None, env: dict[str, str]) -> FakeProcess:
+        processes.append(FakeProcess(clock, argv, on_exit))
+        return processes[-1]
+
+    options = envoy_options(tmp_path, DrainPolicy(5.0, False, 5.0))
+    options = replace(options, bootstrap=BootstrapOptions(
+        "waypoint~10.1.1.1~w.ns~ns.svc.cluster.local", {"configPath": str(tmp_path / "proxy")}, {}))
+    return EnvoySupervisor(options, FakeAdmin(clock), clock, spawn, validator), processes  # type: ignore[arg-type]
+
+
+def extension_names(tmp_path: Path) -> list[str]:
+    return [e["name"] for e in json.loads((tmp_path / "proxy/envoy-rev.json").read_text())["bootstrap_extensions"]]
+
+
+def test_a_stock_envoy_runs_a_waypoint_without_istio_proxys_extension(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    validator = FakeValidator((1, UNREGISTERED_METADATA))
+    supervisor, processes = waypoint_supervisor(tmp_path, validator)
+    VirtualClock().run(supervisor.start())
+    assert validator.calls[0][-2:] == ["--mode", "validate"] and validator.calls[0][1:3] == processes[0].argv[1:3]
+    assert extension_names(tmp_path) == ["envoy.bootstrap.internal_listener"]
+    assert "lacks istio-proxy's istio.workload.BootstrapExtension" in caplog.text
+
+
+def test_istio_proxy_keeps_the_whole_bootstrap(tmp_path: Path) -> None:
+    validator = FakeValidator((0, "configuration '/p/envoy-rev.json' OK"))
+    supervisor, processes = waypoint_supervisor(tmp_path, validator)
+    VirtualClock().run(supervisor.start())
+    assert len(validator.calls) == 1 and processes
+    assert extension_names(tmp_path) == ["metadata_discovery", "envoy.bootstrap.internal_listener"]
+
+
+def test_another_validation_error_leaves_the_bootstrap_for_envoy_to_report(tmp_path: Path) -> None:
+    validator = FakeValidator((1, "error initializing configuration: Unable to parse JSON as proto"))
+    supervisor, processes = waypoint_supervisor(tmp_path, validator)
+    VirtualClock().run(supervisor.start())
+    assert extension_names(tmp_path) == ["metadata_discovery", "envoy.bootstrap.internal_listener"] and processes
+
+
+def test_a_plain_sidecar_bootstrap_is_not_validated(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    validator = FakeValidator()
+    supervisor, _ = supervised(tmp_path, clock, DrainPolicy(5.0, False, 5.0), FakeAdmin(clock))
+    supervisor._validate = validator
+    clock.run(supervisor.start())
+    assert validator.calls == []

@@ -43,6 +43,21 @@ def _detach_and_die_with_parent(user: tuple[int, int] | None = None) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+async def run_to_completion(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+                            timeout: float = 30.0) -> tuple[int, str]:
+    """Run a short-lived Envoy (`--mode validate`) with the agent's environment plus `env`: (exit code, output)."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **env}, cwd=cwd)
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return -1, f"{argv[0]} did not finish within {timeout:g}s"
+    return process.returncode or 0, output.decode(errors="replace")
+
+
 class EnvoyProcess:
     def __init__(
         self,

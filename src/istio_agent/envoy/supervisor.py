@@ -10,14 +10,20 @@
   (after `MINIMUM_DRAIN_DURATION`), then stop Envoy. The decisions are the pure
   `envoy.drain.next_step`; time comes from the clock.
 - `drain_listeners()` is what `/drain` on the status server does.
+
+A bootstrap using parts only istio-proxy knows (`envoy.istio_proxy_only`) is first
+checked with this Envoy's `--mode validate`; a part it names as unregistered is left
+out with a warning, so a stock Envoy still runs a waypoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from istio_agent.clock import Clock, SystemClock
@@ -26,8 +32,14 @@ from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.argv import envoy_command, read_bootstrap_override
 from istio_agent.envoy.bootstrap import write_bootstrap
 from istio_agent.envoy.drain import next_step
+from istio_agent.envoy.istio_proxy_only import (
+    ISTIO_PROXY_ONLY_TYPES,
+    istio_proxy_only_types,
+    unregistered_type,
+    without_types,
+)
 from istio_agent.envoy.options import EnvoyOptions
-from istio_agent.envoy.process import EnvoyProcess
+from istio_agent.envoy.process import EnvoyProcess, run_to_completion
 from istio_agent.envoy.stats import ACTIVE_CONNECTIONS_FILTER, active_downstream_connections, parse_stats
 
 log = logging.getLogger(__name__)
@@ -47,17 +59,22 @@ class ProcessFactory(Protocol):
                  preexec_user: tuple[int, int] | None, env: dict[str, str]) -> ChildProcess: ...
 
 
+# Runs `argv` (Envoy in validate mode) with `env` added, in `cwd`; returns its exit code and output.
+Validator = Callable[[Sequence[str], dict[str, str], str], Awaitable[tuple[int, str]]]
+
+
 class EnvoySupervisor:
     """The agent's Envoy; `admin` is the one admin client, shared with the status server."""
 
     name = "envoy"
 
     def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin, clock: Clock | None = None,
-                 spawn: ProcessFactory = EnvoyProcess) -> None:
+                 spawn: ProcessFactory = EnvoyProcess, validate: Validator = run_to_completion) -> None:
         self.options = options
         self.admin = admin
         self._clock: Clock = clock or SystemClock()
         self._spawn = spawn  # tests pass a stand-in for the child process
+        self._validate = validate
         self.process: ChildProcess | None = None
         self._exited: asyncio.Future[int] | None = None
 
@@ -79,10 +96,31 @@ class EnvoySupervisor:
                                               template_file=source.template_file).path)
         override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
         launch = replace(opts.launch, config_file=config_file, config_override_json=override)
+        if not custom and config_file.endswith(".json"):
+            await self._fit_to_this_envoy(Path(config_file), envoy_command(opts.binary_path, launch))
         self._exited = asyncio.get_running_loop().create_future()
         self.process = self._spawn(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
                                    cwd=str(opts.workdir), preexec_user=opts.run_as, env=dict(opts.extra_env))
         await self.process.start()
+
+    async def _fit_to_this_envoy(self, bootstrap_file: Path, command: list[str]) -> None:
+        """Leave out the istio-proxy-only parts this Envoy says it lacks (a no-op for istio-proxy)."""
+        bootstrap = json.loads(bootstrap_file.read_text())
+        present = istio_proxy_only_types(bootstrap)
+        dropped: set[str] = set()
+        while present - dropped:
+            code, output = await self._validate([*command, "--mode", "validate"], dict(self.options.extra_env),
+                                                str(self.options.workdir))
+            missing = unregistered_type(output) if code != 0 else ""
+            if missing not in present - dropped:
+                return  # valid, or a problem of another kind: Envoy reports it when it starts
+            dropped.add(missing)
+            log.warning("this Envoy (%s) lacks istio-proxy's %s: left out of the bootstrap, running without %s",
+                        command[0], missing, ISTIO_PROXY_ONLY_TYPES[missing])
+            bootstrap = without_types(bootstrap, [missing])
+            tmp = bootstrap_file.with_name(bootstrap_file.name + ".tmp")
+            tmp.write_text(json.dumps(bootstrap, indent=2) + "\n")
+            tmp.replace(bootstrap_file)
 
     def _on_exit(self, code: int) -> None:
         if self._exited is not None and not self._exited.done():
