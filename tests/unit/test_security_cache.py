@@ -288,6 +288,8 @@ def test_kubernetes_data_symlink_swap_is_caught(tmp_path: Path) -> None:
         cache.on_update(pushed.append)
         await cache.start()
         name = f"file-cert:{volume}/cert-chain.pem~{volume}/key.pem"
+        for subscribed in (name, "file-root:certs/root-cert.pem"):
+            cache.retain(subscribed)  # as the SDS server does for a stream's names: watched while subscribed
         try:
             assert serial(await cache.get(name)) == first
             root = await cache.get("file-root:certs/root-cert.pem")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.security.sds_state import SdsProtocolError, SubscriptionState
+from istio_agent.security.sds_state import (
+    MAX_NAMES_PER_REQUEST,
+    NameSubscribers,
+    SdsProtocolError,
+    SubscriptionState,
+)
 
 NODE = "sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local"
 
@@ -105,3 +110,22 @@ def test_push_goes_only_to_watchers_of_that_name() -> None:
 
 def test_push_before_any_request_is_not_sent() -> None:
     assert SubscriptionState().on_push("default") == ()
+
+
+def test_a_request_naming_too_many_resources_is_refused() -> None:
+    state = SubscriptionState()
+    names = [f"file-root:/etc/{i}.pem" for i in range(MAX_NAMES_PER_REQUEST)]
+    assert len(state.on_request(names, "", None, NODE)) == MAX_NAMES_PER_REQUEST
+    with pytest.raises(SdsProtocolError, match=f"at most {MAX_NAMES_PER_REQUEST} resources; this one names 101"):
+        state.on_request([*names, "default"], "", None, NODE)
+    assert state.watched == frozenset(names), "the refused request changed nothing"
+
+
+def test_name_subscribers_report_the_first_and_the_last() -> None:
+    subscribers = NameSubscribers()
+    assert subscribers.change(None, frozenset({"a", "b"})) == (["a", "b"], [])
+    assert subscribers.change(None, frozenset({"b"})) == ([], []), "b already had a subscriber"
+    assert subscribers.change(frozenset({"a", "b"}), frozenset({"b", "c"})) == (["c"], ["a"])
+    assert subscribers.change(frozenset({"b", "c"}), None) == ([], ["c"])
+    assert subscribers.change(frozenset({"b"}), frozenset()) == ([], ["b"])
+    assert subscribers.counts == {}

@@ -12,22 +12,24 @@ class drives with a `Clock` and whose actions it performs:
 - A new certificate is pushed (`default`) to listeners, and `ROOTCA` too when its
   root differs; OUTPUT_CERTS is rewritten.
 - Mounted files (`./etc/certs`, `./var/run/secrets/workload-spiffe-credentials`)
-  and `file-cert:` / `file-root:` names are read from disk on demand and watched;
-  a change is pushed to the names that depend on the file.
+  and `file-cert:` / `file-root:` names are read from disk on demand, off the
+  event loop, by `FileSecretStore` (`file_store.py`), which watches them (the
+  names SDS callers chose only while a stream subscribes); a change is pushed to
+  the names that depend on the file. A `file-cert:`/`file-root:` file is served
+  to an SDS caller only if that caller could read it itself (`peercred.py`).
+- Keys are generated on a daemon thread (`offloop.py`): a stop abandons a key
+  generation in progress instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-
-from cryptography.hazmat.primitives import serialization
 
 from istio_agent.clock import Cancellable, Clock, SystemClock
 from istio_agent.pki import certs, keys
@@ -42,7 +44,8 @@ from istio_agent.security.cert_lifecycle import (
     Retry,
     Write,
 )
-from istio_agent.security.filewatch import FileWatcher
+from istio_agent.security.file_store import FileSecretStore, FileSpec
+from istio_agent.security.offloop import in_daemon_thread
 from istio_agent.security.options import (
     CERT_CHAIN_FILE,
     KEY_FILE,
@@ -52,6 +55,7 @@ from istio_agent.security.options import (
     SecurityOptions,
 )
 from istio_agent.security.output import write_output_certs
+from istio_agent.security.peercred import PeerCredentials
 from istio_agent.security.secrets import (
     FILE_ROOT_SYSTEM,
     ROOT_RESOURCE,
@@ -60,7 +64,6 @@ from istio_agent.security.secrets import (
     SecretItem,
     merge_roots,
     parse_file_resource,
-    pem_certificates,
     system_bundle_path,
 )
 
@@ -111,9 +114,8 @@ class SecretCache:
         self._timer: Cancellable | None = None
         self._maintained = False
         self._issued_event = asyncio.Event()  # set whenever a CA-issued certificate arrives
-        self._served_files: dict[str, SecretItem] = {}
-        self._watcher = FileWatcher(options.file_poll_interval, self._on_files_changed)
-        self._retry_handles: dict[str, Cancellable] = {}
+        self._files = FileSecretStore(self._clock, options.file_poll_interval, options.file_debounce,
+                                      self._on_file_reloaded)
         self._mounted = self._find_mounted_dir()
 
     @property
@@ -144,7 +146,7 @@ class SecretCache:
 
     async def start(self, prewarm: bool = True) -> None:
         """Start file watching and, with a CA, keep a valid certificate from now on (pre-warm + rotation)."""
-        await self._watcher.start()
+        await self._files.start()
         if prewarm and self.uses_ca and not self._maintained:
             self._maintained = True
             self._apply(self._lifecycle.start(self._clock.now()))
@@ -152,15 +154,13 @@ class SecretCache:
     async def stop(self) -> None:
         self._maintained = False
         self._lifecycle.stop()
-        for handle in self._retry_handles.values():
-            handle.cancel()
-        self._retry_handles.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        await self._watcher.stop()
+        await self._files.stop()
         task, self._request_task = self._request_task, None
         if task is not None and not task.done():
+            log.info("stopping while a workload certificate is being requested: abandoning it")
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -169,9 +169,13 @@ class SecretCache:
         self._inflight = None
 
     # --- serving ----------------------------------------------------------------------------------------
-    async def get(self, name: str) -> SecretItem:
-        """The secret for `name`, generating the workload certificate if needed; SecretError when impossible."""
-        item = self._from_files(name)
+    async def get(self, name: str, caller: PeerCredentials | None = None) -> SecretItem:
+        """The secret for `name`, generating the workload certificate if needed; SecretError when impossible.
+
+        `caller` is the SDS peer asking: a `file-cert:`/`file-root:` file it could not read itself is refused
+        (SecretRefused). None is the agent itself.
+        """
+        item = await self._from_files(name, caller)
         if item is not None:
             if name in (WORKLOAD_RESOURCE, ROOT_RESOURCE):
                 self._write_file_output(item)
@@ -200,8 +204,23 @@ class SecretCache:
         workload = self.current_workload()
         if workload is not None:
             items += [workload, self._root_item(workload)]
-        items += [self._served_files[name] for name in sorted(self._served_files)]
+        for item in self._files.served():
+            if item.resource_name == ROOT_RESOURCE:
+                item = replace(item, root_cert=self._merged_roots(item.root_cert))
+            items.append(item)
         return items
+
+    def retain(self, name: str) -> None:
+        """The SDS server's first stream subscribing to `name`: its files are watched once they load."""
+        self._files.retain(name)
+
+    def release(self, name: str) -> None:
+        """The SDS server's last stream subscribing to `name` went: its files are no longer watched."""
+        self._files.release(name)
+
+    def watched_files(self) -> dict[Path, set[str]]:
+        """Every watched file and the names depending on it, for diagnostics and tests."""
+        return self._files.watched_files()
 
     def set_extra_roots(self, source: str, pems: Iterable[bytes | str]) -> None:
         """Trust extra roots (e.g. PCDS trust bundles) from `source` in `ROOTCA`, replacing that source's set.
@@ -320,7 +339,7 @@ class SecretCache:
 
     async def _issue(self) -> SecretItem:
         assert self._signer is not None
-        key_pem, csr_pem = await asyncio.to_thread(self._new_key_and_csr)
+        key_pem, csr_pem = await in_daemon_thread("workload-keygen", self._new_key_and_csr)
         chain = await self._signer.sign(csr_pem, int(self.options.secret_ttl))
         try:
             leaf = certs.load_pem_chain(chain[0])[0]
@@ -381,89 +400,44 @@ class SecretCache:
             and not self._mounted_is_output()
         )
 
-    def _from_files(self, name: str) -> SecretItem | None:
-        """The secret for `name` read from disk, None when `name` is not file-backed; SecretError when unreadable."""
+    def _file_spec(self, name: str) -> FileSpec | None:
+        """Which files back `name`; None when `name` is not file-backed; SecretError when it cannot be."""
         if name == ROOT_RESOURCE:
             root = self._mounted / ROOT_CERT_FILE
             if not _non_empty(root) or self._mounted_is_output():
                 return None
-            item = self._load_root(name, root, merge=True)
-        elif name == WORKLOAD_RESOURCE:
+            return FileSpec(root=root, checked=False, always_watched=True)
+        if name == WORKLOAD_RESOURCE:
             if not self._workload_files_present():
                 return None
-            item = self._load_key_cert(name, self._mounted / CERT_CHAIN_FILE, self._mounted / KEY_FILE)
-        elif name == FILE_ROOT_SYSTEM:
+            return FileSpec(cert=self._mounted / CERT_CHAIN_FILE, key=self._mounted / KEY_FILE, checked=False,
+                            always_watched=True)
+        if name == FILE_ROOT_SYSTEM:
             bundle = system_bundle_path()
             if bundle is None:
                 raise SecretError("file-root:system: no OS certificate bundle found")
-            item = self._load_root(name, bundle, merge=False)
-        else:
-            parsed = parse_file_resource(name)
-            if parsed is None:
-                return None
-            if parsed.is_root:
-                item = self._load_root(name, self.options.path(parsed.ca), merge=False)
-            else:
-                item = self._load_key_cert(name, self.options.path(parsed.cert), self.options.path(parsed.key))
-        self._served_files[name] = item
+            return FileSpec(root=bundle, checked=False)
+        parsed = parse_file_resource(name)
+        if parsed is None:
+            return None
+        if parsed.is_root:
+            return FileSpec(root=self.options.path(parsed.ca))
+        return FileSpec(cert=self.options.path(parsed.cert), key=self.options.path(parsed.key))
+
+    async def _from_files(self, name: str, caller: PeerCredentials | None) -> SecretItem | None:
+        """The secret for `name` read from disk, None when `name` is not file-backed; SecretError when unreadable."""
+        spec = self._file_spec(name)
+        if spec is None:
+            return None
+        item = await self._files.load(name, spec, caller)
+        if name == ROOT_RESOURCE:
+            item = replace(item, root_cert=self._merged_roots(item.root_cert))
         return item
 
-    def _load_root(self, name: str, path: Path, merge: bool) -> SecretItem:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise SecretError(f"{name}: cannot read root certificate {path}: {exc.strerror}") from None
-        roots = pem_certificates(data)
-        if not roots:
-            raise SecretError(f"{name}: no valid certificate in {path}")
-        self._watcher.watch(path, name)
-        bundle = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in roots)
-        if merge:
-            bundle = self._merged_roots(bundle)
-        expires = min(certs.not_after(c) for c in roots)
-        return SecretItem(name, root_cert=bundle, created=self._clock.now(), expires=expires, source=f"file:{path}")
-
-    def _load_key_cert(self, name: str, cert_path: Path, key_path: Path) -> SecretItem:
-        try:
-            chain_pem, key_pem = cert_path.read_bytes(), key_path.read_bytes()
-        except OSError as exc:
-            raise SecretError(f"{name}: cannot read {exc.filename}: {exc.strerror}") from None
-        self._watcher.watch(cert_path, name)
-        self._watcher.watch(key_path, name)
-        try:
-            leaf = certs.load_pem_chain(chain_pem)[0]
-            key = keys.key_from_pem(key_pem)
-        except (ValueError, TypeError, IndexError) as exc:
-            raise SecretError(f"{name}: invalid certificate or key in {cert_path}, {key_path}: {exc}") from None
-        if not certs.public_key_matches(leaf, key):
-            raise SecretError(f"{name}: the key in {key_path} does not match the certificate in {cert_path}")
-        return SecretItem(
-            name, cert_chain=chain_pem, private_key=key_pem, created=self._clock.now(), expires=certs.not_after(leaf),
-            source=f"file:{cert_path}",
-        )
-
-    def _on_files_changed(self, names: set[str]) -> None:
-        """A watched file changed: read it FILE_DEBOUNCE_DURATION later, once (writers often touch it twice)."""
-        for name in sorted(names):
-            if name not in self._retry_handles:
-                self._schedule_reload(name, self.options.file_debounce)
-
-    def _schedule_reload(self, name: str, delay: float) -> None:
-        when = self._clock.now() + delay
-        self._retry_handles[name] = self._clock.call_at(when, functools.partial(self._reload_file, name))
-
-    def _reload_file(self, name: str) -> None:
-        self._retry_handles.pop(name, None)
-        try:
-            item = self._from_files(name)
-        except SecretError as exc:
-            # Often a half-written update (key before chain): try again shortly.
-            log.warning("certificate files for %s changed but cannot be loaded yet: %s", name, exc)
-            self._schedule_reload(name, self.options.file_poll_interval)
-            return
-        if item is None:
-            return
-        log.info("certificate files for %s changed: pushing", name)
+    def _on_file_reloaded(self, name: str, item: SecretItem) -> None:
+        """A watched file changed and loads: mirror the pod's own into OUTPUT_CERTS, then push."""
+        if name == ROOT_RESOURCE:
+            item = replace(item, root_cert=self._merged_roots(item.root_cert))
         if name in (WORKLOAD_RESOURCE, ROOT_RESOURCE):
             self._write_file_output(item)
         self._notify(name)

@@ -4,6 +4,15 @@ Only StreamSecrets is served (Delta/Fetch → UNIMPLEMENTED, as upstream). Each
 stream runs the sans-IO `SubscriptionState`; this file only moves messages
 between it, the secret cache and the socket. Envoy opens one stream per secret
 name, so pushes are fanned out to every stream and each decides for itself.
+
+The socket Envoy dials is served by `PeerRelay` (`sds_relay.py`), which knows the
+caller's uid, gid and groups; gRPC itself listens on a private socket in a 0700
+directory beside it. Each stream is asked for its caller, and a `file-cert:` /
+`file-root:` file is served only if that caller could read it itself (the
+refusal ends the stream with PERMISSION_DENIED naming the file, and is logged).
+`default`, `ROOTCA` and `file-root:system` are served to any caller, as upstream.
+The server also tells the cache when a name's first stream subscribes and its
+last one goes, so that files are watched only while someone wants them.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import datetime as dt
 import itertools
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,33 +37,29 @@ from envoy.service.secret.v3 import sds_pb2_grpc
 
 from istio_agent.protos import typeurls
 from istio_agent.security.cache import SecretCache
-from istio_agent.security.sds_state import SdsProtocolError, SubscriptionState
+from istio_agent.security.file_secrets import SecretRefused
+from istio_agent.security.peercred import PeerCredentials
+from istio_agent.security.sds_relay import PeerRelay, make_private_dir, reachable_path
+from istio_agent.security.sds_state import NameSubscribers, SdsProtocolError, SubscriptionState
 from istio_agent.security.secrets import SecretError, SecretItem
 
 log = logging.getLogger(__name__)
 
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_UDS_PATH = 107
+PRIVATE_SOCKET_NAME = "grpc"
 
 
 @contextlib.contextmanager
 def uds_address(path: Path) -> Iterator[str]:
-    """A gRPC `unix:` target for `path`, even when it is longer than a socket address allows.
+    """A gRPC `unix:` target for `path`, even when it is longer than a socket address allows."""
+    with reachable_path(path) as address:
+        yield f"unix:{address}"
 
-    Pods' working directories can be deep; a long path is reached through an open
-    descriptor of its directory (`/proc/self/fd/N/<name>`), which the kernel
-    resolves at bind/connect time. The descriptor is only needed until then.
-    """
-    if len(os.fsencode(str(path))) <= MAX_UDS_PATH:
-        yield f"unix:{path}"
-        return
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"unix:/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
+
+def private_socket_path(public: Path) -> Path:
+    """Where the gRPC server listens behind the relay: `.<socket>.private/grpc` beside the public socket."""
+    return public.parent / f".{public.name}.private" / PRIVATE_SOCKET_NAME
 
 
 def to_envoy_secret(item: SecretItem) -> secret_pb2.Secret:
@@ -87,8 +93,11 @@ class SdsServer:
     def __init__(self, cache: SecretCache, socket_path: Path) -> None:
         self.cache = cache
         self.socket_path = socket_path
+        self.private_socket_path = private_socket_path(socket_path)
         self._server: grpc.aio.Server | None = None
+        self._relay: PeerRelay | None = None
         self._streams: dict[asyncio.Queue[tuple[str, Any]], SubscriptionState] = {}
+        self._subscribers = NameSubscribers()
         self._versions = itertools.count(1)
         cache.on_update(self.push)
 
@@ -107,28 +116,49 @@ class SdsServer:
             os.chmod(directory, SOCKET_DIR_MODE)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        make_private_dir(self.private_socket_path.parent)
         server = grpc.aio.server()
         sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        with uds_address(self.socket_path) as target:
+        with uds_address(self.private_socket_path) as target:
             server.add_insecure_port(target)
             await server.start()
-        os.chmod(self.socket_path, SOCKET_MODE)
         self._server = server
+        relay = PeerRelay(self.socket_path, self.private_socket_path, SOCKET_MODE)
+        try:
+            await relay.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._relay = relay
         log.info("SDS server listening on %s", self.socket_path)
 
     async def stop(self, grace: float = 0.2) -> None:
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            await relay.stop()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        shutil.rmtree(self.private_socket_path.parent, ignore_errors=True)
 
     def push(self, name: str) -> None:
         """A secret changed: offer it to every stream (each forwards it only if it watches `name`)."""
         for queue in list(self._streams):
             queue.put_nowait(("push", name))
 
-    async def _response(self, names: tuple[str, ...]) -> discovery_pb2.DiscoveryResponse:
+    def _caller(self, context: Any) -> PeerCredentials | None:
+        return self._relay.caller(context.peer()) if self._relay is not None else None
+
+    def _subscriptions_changed(self, before: frozenset[str] | None, after: frozenset[str] | None) -> None:
+        first, gone = self._subscribers.change(before, after)
+        for name in first:
+            self.cache.retain(name)
+        for name in gone:
+            self.cache.release(name)
+
+    async def _response(self, names: tuple[str, ...], caller: PeerCredentials) -> discovery_pb2.DiscoveryResponse:
         response = discovery_pb2.DiscoveryResponse(
             type_url=typeurls.SECRET,
             version_info=f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}/{next(self._versions)}",
@@ -136,13 +166,22 @@ class SdsServer:
         )
         for name in names:
             try:
-                item = await self.cache.get(name)
+                item = await self.cache.get(name, caller)
+            except SecretRefused as exc:
+                raise SecretRefused(f"failed to generate secret for {name}: {exc}") from None
             except SecretError as exc:
                 raise SecretError(f"failed to generate secret for {name}: {exc}") from None
             response.resources.add().Pack(to_envoy_secret(item))
         return response
 
     async def serve_stream(self, request_iterator: AsyncIterator[Any], context: Any) -> None:
+        caller = self._caller(context)
+        if caller is None:
+            log.warning("SDS: refusing a stream from %s: it did not connect through %s", context.peer(),
+                        self.socket_path)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"unknown SDS peer {context.peer()}: connect through {self.socket_path}")
+            return
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
         async def read() -> None:
@@ -165,18 +204,26 @@ class SdsServer:
                     error = value.error_detail.message if value.HasField("error_detail") else None
                     if error is not None:
                         log.warning("SDS: Envoy rejected %s: %s", list(value.resource_names), error)
+                    before = state.watched
                     try:
                         names = state.on_request(list(value.resource_names), value.response_nonce, error,
                                                  value.node.id if value.HasField("node") else "")
                     except SdsProtocolError as exc:
+                        log.warning("SDS: closing stream of %s (%s): %s", state.node_id or "unknown node",
+                                    caller.describe(), exc)
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                         return
+                    self._subscriptions_changed(before, state.watched)
                 else:
                     names = state.on_push(value)
                 if not names:
                     continue
                 try:
-                    response = await self._response(names)
+                    response = await self._response(names, caller)
+                except SecretRefused as exc:
+                    log.warning("SDS: refused, closing stream of %s (%s): %s", state.node_id, caller.describe(), exc)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+                    return
                 except SecretError as exc:
                     log.warning("SDS: closing stream of %s: %s", state.node_id, exc)
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
@@ -186,4 +233,5 @@ class SdsServer:
                 log.debug("SDS: pushed %s to %s", ",".join(names), state.node_id)
         finally:
             self._streams.pop(events, None)
+            self._subscriptions_changed(state.watched, None)
             reader.cancel()

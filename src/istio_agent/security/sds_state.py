@@ -8,12 +8,20 @@ Upstream's agent answers SotW SDS with these rules (pkg/xds ShouldRespond):
 - a request whose nonce is not the last one sent is stale: answer nothing;
 - otherwise it ACKs: answer only the names it newly added (none → pure ACK);
 - a push (rotation, file change) goes out only if this stream watches that name.
+
+One rule is ours: a request may name at most `MAX_NAMES_PER_REQUEST` (100)
+resources. Envoy asks for one name per stream; the bound keeps one caller from
+making the agent load and watch an unbounded number of files. `NameSubscribers`
+counts, across all streams, who watches each name, so that the cache hears when
+a name's first subscriber comes and its last one goes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+MAX_NAMES_PER_REQUEST = 100
 
 
 class SdsProtocolError(Exception):
@@ -44,6 +52,9 @@ class SubscriptionState:
             if not node_id:
                 raise SdsProtocolError("missing node information")
             self.node_id = node_id
+        if len(names) > MAX_NAMES_PER_REQUEST:
+            raise SdsProtocolError(
+                f"a request may name at most {MAX_NAMES_PER_REQUEST} resources; this one names {len(names)}")
         if error_message is not None:
             self.last_error = error_message
             return ()
@@ -70,3 +81,28 @@ class SubscriptionState:
 
     def on_sent(self, nonce: str) -> None:
         self.nonce_sent = nonce
+
+
+@dataclass
+class NameSubscribers:
+    """How many streams watch each name, server-wide."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def change(self, before: frozenset[str] | None, after: frozenset[str] | None) -> tuple[list[str], list[str]]:
+        """One stream's watch set went from `before` to `after`: (names now first watched, names no longer watched)."""
+        old, new = before or frozenset(), after or frozenset()
+        first: list[str] = []
+        gone: list[str] = []
+        for name in sorted(new - old):
+            self.counts[name] = self.counts.get(name, 0) + 1
+            if self.counts[name] == 1:
+                first.append(name)
+        for name in sorted(old - new):
+            left = self.counts.get(name, 0) - 1
+            if left > 0:
+                self.counts[name] = left
+            else:
+                self.counts.pop(name, None)
+                gone.append(name)
+        return first, gone
