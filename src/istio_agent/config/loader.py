@@ -18,6 +18,7 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
+from istio_agent.config.textfile import read_text
 
 log = logging.getLogger(__name__)
 # Host name -> its addresses (the system resolver by default; tests pass their own).
@@ -69,11 +70,9 @@ def load_agent_config(
 
     mesh_file = resolve(mesh_config_path)
     try:
-        mesh_text: str | None = mesh_file.read_text()
+        mesh_text: str | None = read_text(mesh_file, f"mesh config {mesh_file}")
     except FileNotFoundError:
         mesh_text = None
-    except OSError as exc:
-        raise ConfigError(f"mesh config {mesh_file}: {exc.strerror}") from None
     labels = read_pod_file(resolve(POD_LABELS_FILE))
     annotations = read_pod_file(resolve(POD_ANNOTATIONS_FILE))
     proxy_config = build_proxy_config(

@@ -21,7 +21,6 @@ in a later layer clears the other, as it does upstream.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,9 @@ import yaml
 from istio_agent.config import protojson
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gounquote import go_unquote
 from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
+from istio_agent.config.textfile import read_text
 
 log = logging.getLogger(__name__)
 
@@ -187,29 +188,31 @@ PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
 
 
 def parse_annotations(text: str) -> dict[str, str]:
-    """Parse the downward-API annotations file: `key="value"` lines, values Go-quoted."""
+    """A downward-API labels/annotations file, read as upstream reads it: `key="value"` lines with Go-quoted
+    values; a line without `=` is skipped; a value that does not unquote fails the whole file (ConfigError)."""
     out: dict[str, str] = {}
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for line_no, line in enumerate(text.split("\n"), start=1):
         key, sep, value = line.partition("=")
         if not sep:
-            raise ConfigError(f"annotations line {line_no}: expected key=\"value\", got {line!r}")
-        value = value.strip()
-        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                value = value[1:-1]
-        out[key.strip()] = value
+            continue
+        try:
+            out[key] = go_unquote(value)
+        except ValueError as exc:
+            raise ConfigError(f"line {line_no}: {exc}") from None
     return out
 
 
 def read_pod_file(path: Path) -> dict[str, str]:
-    """Read a downward-API labels/annotations file; a missing file is an empty map."""
+    """A downward-API labels/annotations file; missing is an empty map. A file that does not parse is left out
+    with a warning naming it and the line, as upstream's agent carries on without it."""
+    source = f"pod file {path}"
     try:
-        return parse_annotations(path.read_text())
+        return parse_annotations(read_text(path, source))
     except FileNotFoundError:
+        return {}
+    except ConfigError as exc:
+        message = str(exc) if str(exc).startswith(source) else f"{source} {exc}"
+        log.warning("%s; its labels or annotations are not used", message)
         return {}
 
 

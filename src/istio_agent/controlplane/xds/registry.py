@@ -34,6 +34,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from istio_agent.config.textfile import non_utf8_problem
 from istio_agent.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips
 from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose, line_of
 
@@ -288,13 +289,11 @@ def _auto_vips(entries: tuple[ServiceEntry, ...]) -> dict[str, str]:
 
 
 def decode_registry(data: bytes, source: str) -> str:
-    """The file's text; RegistryError naming the file and the byte when it is not UTF-8."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise RegistryError(source, line, "", f"not UTF-8 text (byte {data[exc.start]:#04x} at offset "
-                                              f"{exc.start})") from None
+    """The file's text; RegistryError naming the file, line and byte when it is not UTF-8."""
+    problem = non_utf8_problem(data)
+    if problem is not None:
+        raise RegistryError(source, problem[0], "", problem[1])
+    return data.decode("utf-8")
 
 
 def parse_registry(text: str, source: str = "registry") -> Registry:
