@@ -65,6 +65,17 @@ def test_bad_values_name_the_variable(name: str, value: str, tmp_path: Path) -> 
         build({name: value}, tmp_path)
 
 
+@pytest.mark.parametrize("bits", ["1024", "8193", "65536"])
+def test_rsa_key_sizes_outside_2048_to_8192_are_refused_by_name_and_value(bits: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"WORKLOAD_RSA_KEY_SIZE={bits}: must be between 2048 and 8192 bits"):
+        build({"WORKLOAD_RSA_KEY_SIZE": bits}, tmp_path)
+
+
+@pytest.mark.parametrize("bits", [2048, 3072, 8192])
+def test_rsa_key_sizes_in_range_are_taken(bits: int, tmp_path: Path) -> None:
+    assert build({"WORKLOAD_RSA_KEY_SIZE": str(bits)}, tmp_path).rsa_key_size == bits
+
+
 def test_plaintext_follows_the_15010_rule_unless_forced(tmp_path: Path) -> None:
     assert SecurityOptions(ca_address="istiod:15010").plaintext_ca
     assert not SecurityOptions(ca_address="istiod:15012").plaintext_ca

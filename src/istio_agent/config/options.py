@@ -256,8 +256,9 @@ def security_options(config: AgentConfig, host: HostFacts | None = None, *,
     if curve not in ("P256", "P384"):
         raise ConfigError(f"environment variable ECC_CURVE={curve!r}: expected P256 or P384")
     rsa_bits = environment.get(env.WORKLOAD_RSA_KEY_SIZE)
-    if rsa_bits < 2048:
-        raise ConfigError(f"environment variable WORKLOAD_RSA_KEY_SIZE={rsa_bits}: at least 2048 bits")
+    if not 2048 <= rsa_bits <= 8192:
+        # Above 8192 bits a key takes minutes to generate on one core (65536: hours), for no gain.
+        raise ConfigError(f"environment variable WORKLOAD_RSA_KEY_SIZE={rsa_bits}: must be between 2048 and 8192 bits")
     socket_file = environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or "socket"
     if Path(socket_file).name != socket_file or socket_file in (".", ".."):
         raise ConfigError(
