@@ -9,6 +9,7 @@ import pytest
 from istio_agent.config import env
 from istio_agent.config.loader import load_agent_config
 from istio_agent.config.options import xds_options
+from istio_agent.pki import certs, keys
 from istio_agent.protos import typeurls
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import (
@@ -56,10 +57,11 @@ def test_root_resolution(tmp_path: Path) -> None:
         root_certificates(UpstreamSettings("localhost:15012", workdir=tmp_path))
     default = tmp_path / "var/run/secrets/istio/root-cert.pem"
     default.parent.mkdir(parents=True)
-    default.write_bytes(b"ROOT")
-    assert root_certificates(UpstreamSettings("localhost:15012", workdir=tmp_path)) == b"ROOT"
-    (tmp_path / "custom.pem").write_bytes(b"CUSTOM")
-    assert root_certificates(UpstreamSettings("l:1", workdir=tmp_path, root_ca="custom.pem")) == b"CUSTOM"
+    root, custom = (certs.new_root_ca(keys.generate_key("ECDSA"), org, 1e9, 3600).cert_pem for org in "ab")
+    default.write_bytes(root)
+    assert root_certificates(UpstreamSettings("localhost:15012", workdir=tmp_path)) == root
+    (tmp_path / "custom.pem").write_bytes(custom)
+    assert root_certificates(UpstreamSettings("l:1", workdir=tmp_path, root_ca="custom.pem")) == custom
     system = root_certificates(UpstreamSettings("l:1", workdir=tmp_path, root_ca="SYSTEM"))
     assert system is None or b"BEGIN CERTIFICATE" in system
 

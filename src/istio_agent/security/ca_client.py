@@ -6,6 +6,10 @@ insecure port 15010, TLS elsewhere with a root from `CA_ROOT_CA` /
 `./var/run/secrets/istio/root-cert.pem`, and a server name taken from the
 address (`localhost` stands for `istiod.istio-system.svc`; `ISTIOD_SAN` wins).
 The bearer token is re-read on every call because Kubernetes rotates it on disk.
+A token file that cannot be read means no authorization header (as upstream),
+with a warning naming the path, so that the CA's "no authorization header"
+refusal is not the only clue; a root file holding no certificate is refused by
+name before any connection is tried.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from istio_agent.security.options import (
     SecurityOptions,
 )
 from istio_agent.security.rotation import CA_MAX_ATTEMPTS, ca_retry_delay
-from istio_agent.security.secrets import SecretError, system_bundle_path
+from istio_agent.security.secrets import SecretError, pem_certificates, system_bundle_path
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +145,26 @@ def ca_metadata(options: SecurityOptions, token: str | None) -> list[tuple[str, 
 
 
 def read_token(path: Path) -> str | None:
+    """The bearer token in `path`, None (no authorization header, as upstream) when it is missing or empty.
+
+    Upstream warns on every call that finds no token; so does this, naming the path tried.
+    """
     try:
         token = path.read_text().strip()
-    except FileNotFoundError:
-        return None
     except OSError as exc:
-        log.warning("cannot read token %s: %s", path, exc)
+        log.warning("no bearer token sent: cannot read token file %s: %s", path, exc.strerror or exc)
         return None
+    if not token:
+        log.warning("no bearer token sent: token file %s is empty", path)
     return token or None
+
+
+def require_certificates(pem: bytes, path: Path, what: str) -> bytes:
+    """`pem` if it holds at least one certificate; else SecretError naming `path` (gRPC would only say the
+    handshake failed)."""
+    if not pem_certificates(pem):
+        raise SecretError(f"{what} {path} holds no certificate")
+    return pem
 
 
 class CaClient:
@@ -174,7 +190,8 @@ class CaClient:
         self._channel = None
         self._stub = None
 
-    def _credentials(self) -> tuple[grpc.ChannelCredentials, bytes]:
+    def _credentials(self) -> tuple[grpc.ChannelCredentials, bytes, bytes, Path]:
+        """Channel credentials, the trust material they hold (to notice a change), the root and its path."""
         root_path = resolve_ca_root(self.options)
         root = root_path.read_bytes()
         key: bytes | None = None
@@ -182,7 +199,7 @@ class CaClient:
         if self.options.prov_cert:
             key, cert = client_key_and_chain(self.options.path(self.options.prov_cert))
         creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
-        return creds, root + (key or b"") + (cert or b"")
+        return creds, root + (key or b"") + (cert or b""), root, root_path
 
     def _ensure_stub(self) -> istioca_pb2_grpc.IstioCertificateServiceStub:
         """The stub, (re)building the channel when the trust material on disk changed."""
@@ -192,9 +209,10 @@ class CaClient:
                 self._channel = grpc.aio.insecure_channel(address, options=self._channel_options())
                 self._stub = istioca_pb2_grpc.IstioCertificateServiceStub(self._channel)
             return self._stub
-        creds, material = self._credentials()
+        creds, material, root, root_path = self._credentials()
         if self._stub is not None and material == self._channel_key:
             return self._stub
+        require_certificates(root, root_path, "root CA file for CA")  # checked when it changes, not per call
         if self._channel is not None:
             old = self._channel
             asyncio.get_running_loop().create_task(old.close())
@@ -225,16 +243,17 @@ class CaClient:
             if delay:
                 await self._sleep(delay)
             stub = self._ensure_stub()
-            metadata = ca_metadata(self.options, read_token(self.options.token_path))
+            token = read_token(self.options.token_path)
+            metadata = ca_metadata(self.options, token)
             try:
                 response = await stub.CreateCertificate(
                     request, metadata=metadata, timeout=self.options.ca_call_timeout
                 )
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
+                note = "" if token else f" (no bearer token was sent: {self.options.token_path} is missing or empty)"
                 last = CaError(
-                    f"CreateCertificate to {self.options.ca_address} failed: {code.name}: {exc.details()}", code
-                )
+                    f"CreateCertificate to {self.options.ca_address} failed: {code.name}: {exc.details()}{note}", code)
                 if not is_retryable(code):
                     raise last from None
                 log.debug("CA call %d/%d failed, retrying: %s", attempt + 1, CA_MAX_ATTEMPTS, last)

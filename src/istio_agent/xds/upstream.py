@@ -32,7 +32,7 @@ from istio_agent.security.ca_client import (
     tls_server_name,
 )
 from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH
-from istio_agent.security.secrets import system_bundle_path
+from istio_agent.security.secrets import pem_certificates, system_bundle_path
 
 PLAINTEXT_PORT = 15010
 
@@ -80,9 +80,12 @@ def root_certificates(settings: UpstreamSettings) -> bytes | None:
         return bundle.read_bytes() if bundle is not None else None
     path = settings.path(settings.root_ca or CA_ROOT_DEFAULT_PATH)
     try:
-        return path.read_bytes()
+        roots = path.read_bytes()
     except OSError as exc:
         raise UpstreamError(f"root CA for XDS {path}: {exc.strerror or exc}") from None
+    if not pem_certificates(roots):  # else gRPC reports only a failed handshake
+        raise UpstreamError(f"root CA for XDS {path} holds no certificate")
+    return roots
 
 
 def channel_credentials(settings: UpstreamSettings) -> grpc.ChannelCredentials:
