@@ -207,9 +207,15 @@ def test_merged_metrics_options(tmp_path: Path) -> None:
 
 
 def test_status_port_zero_means_no_status_server_but_probes_are_still_checked(tmp_path: Path) -> None:
-    assert resolve(tmp_path, PROXY_CONFIG='{"statusPort": 0}').status is None
+    """Upstream refuses statusPort 0 in ProxyConfig; the status annotation, applied after its check, may say 0."""
+    with pytest.raises(ConfigError, match=r"invalid statusPort: port number 0 must be in the range 1\.\.65535"):
+        resolve(tmp_path, PROXY_CONFIG='{"statusPort": 0}')
+    annotations = tmp_path / "etc/istio/pod/annotations"
+    annotations.parent.mkdir(parents=True)
+    annotations.write_text('status.sidecar.istio.io/port="0"\n')
+    assert resolve(tmp_path).status is None
     with pytest.raises(ConfigError, match="ISTIO_KUBE_APP_PROBERS"):
-        resolve(tmp_path, PROXY_CONFIG='{"statusPort": 0}', ISTIO_KUBE_APP_PROBERS="{not json")
+        resolve(tmp_path, ISTIO_KUBE_APP_PROBERS="{not json")
 
 
 def test_variables_without_effect_are_named(tmp_path: Path) -> None:

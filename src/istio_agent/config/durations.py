@@ -20,6 +20,8 @@ _UNIT_SECONDS = {
     "m": 60.0,
     "h": 3600.0,
 }
+# Go's time.Duration is int64 nanoseconds: ParseDuration refuses anything longer (about 292 years).
+MAX_SECONDS = (2**63 - 1) / 1e9
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
@@ -42,6 +44,8 @@ def parse_duration(text: str) -> float:
         pos = match.end()
     if pos == 0:
         raise ValueError(f"invalid duration {text!r}")
+    if total > MAX_SECONDS:
+        raise ValueError(f"invalid duration {text!r}: longer than Go's 2562047h47m16.854775807s")
     return sign * total
 
 

@@ -18,6 +18,7 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
+from istio_agent.config.proxyconfig_validation import validate_proxy_config
 from istio_agent.config.textfile import read_text
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,12 @@ def load_agent_config(
     proxy_config = build_proxy_config(
         mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
     )
-    _apply_flags_and_annotations(proxy_config, concurrency, service_cluster, annotations)
+    _apply_flags(proxy_config, concurrency, service_cluster)
     if proxy_config.get("statsdUdpAddress"):
         resolved = resolve_statsd_address(str(proxy_config.get("statsdUdpAddress")), lookup or _system_lookup)
         proxy_config.values["statsdUdpAddress"] = resolved
+    validate_proxy_config(proxy_config)  # as upstream: after flags and statsd, before the two annotations
+    _apply_annotations(proxy_config, annotations)
     environment = environment.overlay(proxy_config.proxy_metadata)
     excluded = [name.strip() for name in annotations.get(EXCLUDE_INTERFACES_ANNOTATION, "").split(",") if name.strip()]
     ips = instance_ips(environment, interfaces, excluded)
@@ -144,10 +147,8 @@ EXCLUDE_INTERFACES_ANNOTATION = "traffic.sidecar.istio.io/excludeInterfaces"
 STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
 
 
-def _apply_flags_and_annotations(
-    config: ProxyConfig, concurrency: int, service_cluster: str, annotations: dict[str, str]
-) -> None:
-    """What upstream applies after layering: `--concurrency`, `--serviceCluster`, two pod annotations.
+def _apply_flags(config: ProxyConfig, concurrency: int, service_cluster: str) -> None:
+    """What upstream applies after layering: `--concurrency` and `--serviceCluster`.
 
     A non-zero `--concurrency` wins over every layer (upstream's legacy flag). With no
     concurrency anywhere, the resolver falls back to ISTIO_CPU_LIMIT and then to Envoy's
@@ -157,6 +158,10 @@ def _apply_flags_and_annotations(
         config.values["concurrency"] = concurrency
     if "tracingServiceName" not in config.values and not config.get("serviceCluster"):
         config.values["serviceCluster"] = service_cluster  # only when the cluster name is an empty serviceCluster
+
+
+def _apply_annotations(config: ProxyConfig, annotations: dict[str, str]) -> None:
+    """The two pod annotations upstream applies last, after its validation."""
     if DISCOVERY_ADDRESS_ANNOTATION in annotations:
         config.values["discoveryAddress"] = annotations[DISCOVERY_ADDRESS_ANNOTATION]
     if STATUS_PORT_ANNOTATION in annotations:

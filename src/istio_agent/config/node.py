@@ -70,9 +70,15 @@ def instance_ips(environment: env.Environment, interfaces: Sequence[tuple[str, s
     of the interfaces the `traffic.sidecar.istio.io/excludeInterfaces` annotation
     names and minus what is already listed.
     """
-    first = [ip for ip in (_valid_ip(environment.get(env.INSTANCE_IP)),
-                           *(_valid_ip(t) for t in environment.get(env.INSTANCE_IPS).split(",") if t.strip()))
-             if ip is not None]
+    given = [("INSTANCE_IP", environment.get(env.INSTANCE_IP))] if environment.get(env.INSTANCE_IP) else []
+    given += [("INSTANCE_IPS", text) for text in environment.get(env.INSTANCE_IPS).split(",") if text.strip()]
+    first = []
+    for name, text in given:
+        ip = _valid_ip(text)
+        if ip is None:  # upstream drops it without a word; the proxy then goes by the host's addresses
+            log.warning("environment variable %s=%r is not an IP address: ignored", name, text)
+        else:
+            first.append(ip)
     listed = list(dict.fromkeys(first))
     found = private_addresses(interfaces) or list(LOOPBACKS)
     excluded = {address for name, address in interfaces if name in set(excluded_interfaces)} | set(listed)
@@ -80,7 +86,8 @@ def instance_ips(environment: env.Environment, interfaces: Sequence[tuple[str, s
 
 
 def default_domain(namespace: str) -> str:
-    return f"{namespace}.svc.cluster.local" if namespace else "cluster.local"
+    """Upstream's getDNSDomain: `<namespace>.svc.cluster.local`, even for an empty namespace."""
+    return f"{namespace}.svc.cluster.local"
 
 
 def check_proxy_type(proxy_type: str) -> str:
@@ -124,6 +131,9 @@ def identity_from_env(environment: env.Environment, proxy_type: str, domain: str
                       ips: Sequence[str] | None = None) -> NodeIdentity:
     """Who this proxy is, from the environment; `ips` as `instance_ips` lists them (default: no host interfaces)."""
     namespace = environment.get(env.POD_NAMESPACE)
+    if not namespace:  # upstream carries on; istiod then cannot place the proxy, nor the CA sign its identity
+        log.warning("environment variable POD_NAMESPACE is empty: the node id and the workload identity "
+                    "(spiffe://.../ns//sa/...) name no namespace")
     return NodeIdentity(
         proxy_type=check_proxy_type(proxy_type),
         ips=tuple(ips if ips is not None else instance_ips(environment)),
@@ -185,6 +195,8 @@ class MetadataOptions:
     credential_socket_exists: bool = False
     custom_credentials_file_exists: bool = False  # another SDS server owns the workload socket
     dns_proxy_addr: str = ""  # set only when the agent runs its DNS proxy
+    # PLATFORM_METADATA: what the cloud platform's environment says (config.platform.discover); empty: left out.
+    platform_metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 def node_metadata(options: MetadataOptions) -> dict[str, Any]:
@@ -269,6 +281,8 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
         typed["OUTLIER_LOG_PATH"] = options.outlier_log_path
     if options.workload_identity_socket_file:
         typed["WORKLOAD_IDENTITY_SOCKET_FILE"] = options.workload_identity_socket_file
+    if options.platform_metadata:  # replaces a PLATFORM_METADATA from ISTIO_METAJSON_* only when there is some
+        typed["PLATFORM_METADATA"] = dict(options.platform_metadata)
     if options.credential_socket_exists:
         raw[CREDENTIAL_KEY] = "true"
     if options.custom_credentials_file_exists:

@@ -175,7 +175,10 @@ def _duration(path: str, value: Any) -> str:
         raise _fail(path, 'a duration string such as "45s"', value)
     try:
         seconds = parse_duration(value)
-    except ValueError:
+    except ValueError as exc:
+        if "longer than" in str(exc):
+            raise ConfigError(f"field {path}: duration {value!r} is out of range (longer than Go's "
+                              "2562047h47m16.854775807s)") from None
         raise _fail(path, 'a duration such as "45s"', value) from None
     if seconds < 0:
         raise ConfigError(f"field {path}: duration {value!r} is negative")
