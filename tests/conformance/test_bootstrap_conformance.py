@@ -87,7 +87,7 @@ def _options(kit: Path, manifest: dict[str, Any], case: dict[str, Any], scratch:
     inputs = case["inputs"]
     platform = shared.get("platform") or {}
     assert not (platform.get("locality") or platform.get("metadata") or platform.get("labels")), \
-        "platform locality, metadata or labels: not modelled (the agent knows no cloud platform)"
+        "platform locality, metadata or labels in the kit: this test feeds none (see test_options_platform.py)"
     environment = _environment(case)
     proxy_config = _proxy_config(kit, case, scratch)
     annotations_file = scratch / "annotations"

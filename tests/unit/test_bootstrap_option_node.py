@@ -47,6 +47,18 @@ def test_option_region_zone_sub_zone(key: str, label: str, want: dict[str, str])
     assert "region" not in both(options())[1], "unset locality parts are absent from the parameters"
 
 
+def test_option_region_and_zone_from_the_platform_without_a_locality_label() -> None:
+    platform = {"region": "us-central1", "zone": "us-central1-f"}
+    b, p = both(options(platform_locality=platform))
+    assert b["node"]["locality"] == platform and (p["region"], p["zone"]) == ("us-central1", "us-central1-f")
+    labelled = both(options(environ={"ISTIO_METAJSON_LABELS": '{"istio-locality": "r1"}'}, platform_locality=platform))
+    assert labelled[0]["node"]["locality"] == {"region": "r1"}, "a locality label wins, even with fewer parts"
+    empty_topology = options(environ={"ISTIO_METAJSON_LABELS": json.dumps(
+        {"topology.istio.io/locality": "", "istio-locality": "r1.z1"})}, platform_locality=platform)
+    assert both(empty_topology)[0]["node"]["locality"] == platform, \
+        "an empty topology.istio.io/locality is the label found, and it is empty: the platform decides"
+
+
 def test_option_meta_json_str() -> None:
     b, p = both(options(environ={"ISTIO_META_FOO": "a<b"}))
     assert json.loads(p["meta_json_str"]) == b["node"]["metadata"]
@@ -274,6 +286,11 @@ def test_option_sts_and_sts_port() -> None:
 
 
 def test_option_gcp_project_id_and_number() -> None:
-    """No platform metadata is discovered here, so upstream's GCP options never appear."""
+    """From PLATFORM_METADATA (GCP_METADATA): the number always, the project id only with an STS port."""
+    gcp = {"gcp_project": "my-proj", "gcp_project_number": "1234"}
+    _, p = both(options(metadata={"sts_port": 15463, "platform_metadata": gcp}))
+    assert (p["gcp_project_id"], p["gcp_project_number"]) == ("my-proj", "1234")
+    _, p = both(options(metadata={"platform_metadata": gcp}))
+    assert "gcp_project_id" not in p and p["gcp_project_number"] == "1234"
     _, p = both(options(metadata={"sts_port": 15463}))
-    assert "gcp_project_id" not in p and "gcp_project_number" not in p
+    assert "gcp_project_id" not in p and "gcp_project_number" not in p, "no platform metadata, no GCP options"

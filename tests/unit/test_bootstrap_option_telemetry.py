@@ -131,6 +131,14 @@ def test_option_lightstep_token() -> None:
 def test_option_stackdriver() -> None:
     with pytest.raises(ConfigError, match="missing GCP Project"):
         both(options({"tracing": {"stackdriver": {"debug": True}}}))
+    gcp = {"platform_metadata": {"gcp_project": "my-proj"}}
+    b, p = both(options({"tracing": {"stackdriver": {"debug": True, "maxNumberOfAttributes": 7}}}, metadata=gcp))
+    assert "tracing" not in b, "upstream's template renders no Stackdriver tracer"
+    as_envoy_proto(b)
+    assert {k: v for k, v in p.items() if k.startswith("stackdriver")} == {
+        "stackdriver": True, "stackdriverProjectID": "my-proj", "stackdriverDebug": True,
+        "stackdriverMaxAnnotations": 200, "stackdriverMaxAttributes": 7, "stackdriverMaxEvents": 200}
+    assert "stackdriver" not in both(options({"tracing": {"zipkin": {"address": "z:9411"}}}, metadata=gcp))[1]
 
 
 def test_an_empty_tracer_address_renders_no_tracer() -> None:

@@ -11,6 +11,8 @@ touches more than one of them is stated here, once:
 - there is an Envoy unless `DISABLE_ENVOY` (and then no SDS server either);
 - readiness waits for a NameTable only when both the DNS proxy and Envoy run;
 - node metadata is computed once and shared by the Envoy and gRPC bootstraps;
+- the cloud platform comes from the environment only (`config/platform.py`): PLATFORM_METADATA, and the
+  node's locality when the pod has no locality label, for both bootstraps;
 - istiod's client certificate is `PROV_CERT`, else the mounted certs with `FILE_MOUNTED_CERTS`;
 - the Istio version reported is `ISTIO_VERSION`, else the one this agent is compatible with.
 
@@ -30,9 +32,10 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.loader import AgentConfig, load_agent_config
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
+from istio_agent.config.platform import RESOLV_CONF, Platform, discover, platform_locality
 from istio_agent.dns.options import ALT_RESOLV_CONF, DnsProxyOptions, port53_rules
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality
+from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality, locality_label
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats
@@ -95,6 +98,8 @@ class HostFacts:
     # A server answers on the workload SDS socket (WORKLOAD_IDENTITY_SOCKET_FILE) / on the credential socket.
     workload_sds_socket_healthy: bool = False
     credential_socket_healthy: bool = False
+    # /etc/resolv.conf's text (None: unreadable): on GCP its search list may name the node's zone.
+    resolv_conf: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,8 @@ def metadata_dns_proxy_addr(environment: env.Environment) -> str:
 
 # --- per component ---------------------------------------------------------------------------------------
 
-def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | None = None) -> MetadataOptions:
+def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | None = None,
+                     platform: Platform | None = None) -> MetadataOptions:
     pc = config.proxy_config
     host = host or HostFacts()
     environment = config.environment
@@ -232,6 +238,7 @@ def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | N
         dns_proxy_addr=metadata_dns_proxy_addr(environment),
         credential_socket_exists=host.credential_socket_healthy,
         custom_credentials_file_exists=host.workload_sds_socket_healthy,
+        platform_metadata=platform.metadata if platform is not None else {},
     )
 
 
@@ -345,7 +352,13 @@ def dns_options(config: AgentConfig, host: HostFacts) -> DnsProxyOptions | None:
     return port53_rules(options, host.euid, host.alt_resolv_conf_exists)
 
 
-def bootstrap_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any]) -> BootstrapOptions:
+def node_platform_locality(metadata: Mapping[str, Any], platform: Platform, host: HostFacts) -> dict[str, str]:
+    """The platform's locality when the pod has no locality label (only then is the platform asked, as upstream)."""
+    return {} if locality_label(metadata) else platform_locality(platform, host.resolv_conf)
+
+
+def bootstrap_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any],
+                      platform_locality: Mapping[str, str] | None = None) -> BootstrapOptions:
     environment = config.environment
     return BootstrapOptions(
         node_id=config.identity.id,
@@ -359,10 +372,12 @@ def bootstrap_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[
         strip_fragment=environment.get(env.HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED),
         host_ip=environment.get(env.HOST_IP),
         status_port_proxy_protocol=environment.get(env.ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL),
+        platform_locality=dict(platform_locality or {}),
     )
 
 
-def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any]) -> EnvoyOptions | None:
+def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str, Any],
+                  platform_locality: Mapping[str, str] | None = None) -> EnvoyOptions | None:
     environment, pc = config.environment, config.proxy_config
     if not envoy_enabled(environment):
         return None
@@ -380,7 +395,7 @@ def envoy_options(config: AgentConfig, flags: AgentFlags, metadata: Mapping[str,
     )
     uid = environment.get(env.ISTIO_AGENT_ENVOY_UID)
     return EnvoyOptions(
-        bootstrap=bootstrap_options(config, flags, metadata),
+        bootstrap=bootstrap_options(config, flags, metadata, platform_locality),
         source=BootstrapSource(
             istio_bootstrap=environment.get(env.ISTIO_BOOTSTRAP),
             template_file=flags.template_file,
@@ -445,7 +460,8 @@ def status_options(config: AgentConfig) -> StatusOptions | None:
     )
 
 
-def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBootstrapFile | None:
+def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any],
+                   platform_locality: Mapping[str, str] | None = None) -> GrpcBootstrapFile | None:
     """GRPC_XDS_BOOTSTRAP for proxyless apps; upstream writes it whenever the path is set (default: always)."""
     target = config.environment.get(env.GRPC_XDS_BOOTSTRAP)
     if not target:
@@ -454,7 +470,7 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBoot
         node_id=config.identity.id,
         metadata=metadata,
         xds_uds_path=xds_socket_for_bootstrap(config.proxy_config.config_path),
-        locality=locality(metadata),
+        locality=locality(metadata, platform_locality),
         discovery_address=config.proxy_config.discovery_address,
         cert_dir=config.environment.get(env.OUTPUT_CERTS),
     )
@@ -463,7 +479,9 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any]) -> GrpcBoot
 
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
-    metadata = node_metadata(metadata_options(config, flags, host))
+    platform = discover(config.environment)
+    metadata = node_metadata(metadata_options(config, flags, host, platform))
+    node_locality = node_platform_locality(metadata, platform, host)
     xds = xds_options(config, host)
     with_envoy = envoy_enabled(config.environment)
     return AgentOptions(
@@ -473,9 +491,9 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         security=security_options(config, host, run_sds_server=with_envoy),
         xds=xds,
         dns=dns_options(config, host),
-        envoy=envoy_options(config, flags, metadata),
+        envoy=envoy_options(config, flags, metadata, node_locality),
         status=status_options(config),
-        grpc_bootstrap=grpc_bootstrap(config, metadata),
+        grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
         without_effect=tuple(config.environment.without_effect()),
         grpc_cipher_suites=grpc_cipher_suites(config.environment),
     )
@@ -507,5 +525,14 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
     host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
                      mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
                      workload_sds_socket_healthy=check_socket(workload_socket),
-                     credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)))
+                     credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
+                     resolv_conf=_read_resolv_conf())
     return resolve_agent_options(config, flags, host)
+
+
+def _read_resolv_conf() -> str | None:
+    """/etc/resolv.conf's text for the platform's zone rule, None when it cannot be read (as upstream, not fatal)."""
+    try:
+        return Path(RESOLV_CONF).read_text(errors="replace")
+    except OSError:
+        return None

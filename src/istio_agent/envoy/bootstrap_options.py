@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class BootstrapOptions:
     strip_fragment: bool = True  # HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED
     host_ip: str = ""  # HOST_IP, replacing $(HOST_IP) in tracer and service addresses
     status_port_proxy_protocol: bool = False  # ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL
+    # The cloud platform's region/zone (config.platform), the node's locality when the pod has no locality label.
+    platform_locality: Mapping[str, str] = field(default_factory=dict)
     # Not upstream: switches for an Envoy older than the template's (tests of the e2e tier use the default).
     deferred_cluster_creation: bool = True
     deferred_stats_creation: bool = True
@@ -141,13 +143,36 @@ def address_family(ips: Sequence[str], dual_stack: bool) -> AddressFamily:
     return AddressFamily("127.0.0.1", "0.0.0.0", "ALL", "::1", "::")
 
 
-def locality(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """Region/zone/sub-zone from the locality label (node metadata holds it as `a/b/c`); empty parts omitted."""
+_LOCALITY_LABELS = ("topology.istio.io/locality", "istio-locality")  # upstream's GetLocalityLabel order
+_LOCALITY_PARTS = ("region", "zone", "sub_zone")
+
+
+def locality_label(metadata: Mapping[str, Any]) -> str:
+    """The pod's locality label as `region/zone/subzone`, "" when there is none (or it is empty).
+
+    The first of topology.istio.io/locality and istio-locality present in LABELS
+    counts, even when empty, as upstream's GetLocalityLabel; Kubernetes labels
+    cannot hold `/`, so a label without one reads `.` as `/`.
+    """
     labels = metadata.get("LABELS")
-    text = str(labels.get("istio-locality", "")) if isinstance(labels, Mapping) else ""
-    parts = text.split("/") if text else []
+    if not isinstance(labels, Mapping):
+        return ""
+    text = next((str(labels[key]) for key in _LOCALITY_LABELS if key in labels), "")
+    return text if "/" in text else text.replace(".", "/")
+
+
+def locality(metadata: Mapping[str, Any], platform_locality: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Region/zone/sub-zone from the locality label; without a label, the platform's; empty parts omitted.
+
+    `platform_locality` is what the cloud platform says (`config.platform.platform_locality`),
+    used only when the pod has no locality label, as upstream asks its platform then.
+    """
+    text = locality_label(metadata)
+    if not text:
+        given = platform_locality or {}
+        return {key: str(given[key]) for key in _LOCALITY_PARTS if given.get(key)}
     out: dict[str, str] = {}
-    for key, value in zip(("region", "zone", "sub_zone"), parts, strict=False):
+    for key, value in zip(_LOCALITY_PARTS, text.split("/"), strict=False):
         if value:
             out[key] = value
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from istio_agent.config.platform import GCP_PROJECT, GCP_PROJECT_NUMBER
 from istio_agent.config.protojson import Field, Message
 from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
 from istio_agent.envoy import bootstrap_tracing as tracing
@@ -126,6 +127,11 @@ def _address_params(params: dict[str, Any], values: BootstrapValues) -> None:
     if values.statsd is not None:
         params["statsd"] = values.statsd.fragment()
     trace = values.tracer
+    sd = values.stackdriver
+    if sd is not None:
+        params.update(stackdriver=True, stackdriverProjectID=sd.project_id, stackdriverDebug=sd.debug,
+                      stackdriverMaxAnnotations=sd.max_annotations, stackdriverMaxAttributes=sd.max_attributes,
+                      stackdriverMaxEvents=sd.max_events)
     if trace is not None:
         params[trace.kind] = trace.address.fragment()
         if trace.kind == "lightstep":
@@ -196,8 +202,13 @@ def params_for(values: BootstrapValues, xds_root_cert: str = "") -> dict[str, An
                        ("load_stats_config_json_str", values.load_stats_config_json)):
         if value or (key == "load_stats_config_json_str" and value is not None):
             params[key] = value
+    platform = values.platform_metadata
+    if GCP_PROJECT_NUMBER in platform:
+        params["gcp_project_number"] = platform[GCP_PROJECT_NUMBER]
     if values.sts_port > 0:
         params.update(sts=True, sts_port=values.sts_port)
+        if GCP_PROJECT in platform:
+            params["gcp_project_id"] = platform[GCP_PROJECT]
     if family.dual_stack:
         params.update(dual_stack=True, additional_wildcard=family.additional_wildcard,
                       additional_localhost=family.additional_localhost)

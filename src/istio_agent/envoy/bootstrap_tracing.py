@@ -6,8 +6,10 @@ the agent's SDS server by file name (`file-cert:<cert>~<key>`,
 `file-root:<ca>`), or the workload identity (`default`/`ROOTCA`) for
 ISTIO_MUTUAL. The rules are upstream's: a tracer with an empty address is
 skipped; of the tracers, Zipkin, Lightstep and Datadog are rendered, while
-Stackdriver needs a GCP project (which this agent never discovers, so it is an
-error, as upstream on any other platform) and OpenCensus renders nothing.
+Stackdriver needs the GCP project in PLATFORM_METADATA (from GCP_METADATA, see
+`config/platform.py`; without it the start fails, as upstream's) and then, as
+OpenCensus, renders nothing: upstream's template has no Stackdriver tracer, it
+only hands the settings to a custom template.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.platform import GCP_PROJECT
 from istio_agent.netaddr import AddressError, split_host_port
 
 log = logging.getLogger(__name__)
@@ -173,13 +176,59 @@ class Tracer:
     tls_set: bool
 
 
+@dataclass(frozen=True)
+class Stackdriver:
+    """The Stackdriver tracer's settings, as upstream hands them to a custom template."""
+
+    project_id: str
+    debug: bool
+    max_annotations: int
+    max_attributes: int
+    max_events: int
+
+
+STACKDRIVER_DEFAULT_MAX = 200  # upstream's default for each of the three limits
+
+
+def platform_metadata(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Node metadata's PLATFORM_METADATA (config/platform.py), {} when there is none."""
+    value = metadata.get("PLATFORM_METADATA")
+    return value if isinstance(value, Mapping) else {}
+
+
+def stackdriver(tracing: Mapping[str, Any] | None, metadata: Mapping[str, Any]) -> Stackdriver | None:
+    """The Stackdriver settings when ProxyConfig asks for that tracer, else None.
+
+    Its project is PLATFORM_METADATA's gcp_project (present, even if empty, as
+    upstream checks it); without one it is a ConfigError, as upstream fails then.
+    """
+    if not tracing or "stackdriver" not in tracing:
+        return None
+    platform = platform_metadata(metadata)
+    if GCP_PROJECT not in platform:
+        raise ConfigError("tracing.stackdriver: unable to process Stackdriver tracer: missing GCP Project "
+                          "(PLATFORM_METADATA has it only from GCP_METADATA: this agent never asks the GCP "
+                          "metadata server)")
+    settings = tracing["stackdriver"] or {}
+
+    def limit(name: str) -> int:
+        value = settings.get(name)
+        return STACKDRIVER_DEFAULT_MAX if value is None else int(value)
+
+    return Stackdriver(str(platform[GCP_PROJECT]), bool(settings.get("debug", False)),
+                       limit("maxNumberOfAnnotations"), limit("maxNumberOfAttributes"),
+                       limit("maxNumberOfMessageEvents"))
+
+
 def tracer(tracing: Mapping[str, Any] | None, metadata: Mapping[str, Any], host_ip: str = "") -> Tracer | None:
-    """The tracer ProxyConfig `tracing` asks for, or None; ConfigError for Stackdriver (no GCP project here)."""
+    """The tracer ProxyConfig `tracing` asks for, or None (Stackdriver too: it renders no tracer).
+
+    ConfigError for Stackdriver without a GCP project (`stackdriver()`).
+    """
     if not tracing:
         return None
-    if "stackdriver" in tracing:
-        raise ConfigError("tracing.stackdriver: unable to process Stackdriver tracer: missing GCP Project "
-                          "(this agent does not discover GCP platform metadata)")
+    if stackdriver(tracing, metadata) is not None:
+        return None  # upstream's template renders no Stackdriver tracer
     if "openCensusAgent" in tracing:
         log.warning("tracing.openCensusAgent renders no bootstrap tracer (as upstream); use the Telemetry API")
     for kind in TRACERS:

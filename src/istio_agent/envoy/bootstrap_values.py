@@ -66,6 +66,7 @@ class BootstrapValues:
     stats: stats.StatsOptions
     stats_compression: bool
     tracer: Tracer | None
+    stackdriver: tracing.Stackdriver | None  # no tracer rendered; its settings go to a custom template
     statsd: HostPort | None
     metrics_service: RemoteService | None
     access_log_service: RemoteService | None
@@ -78,6 +79,11 @@ class BootstrapValues:
     @property
     def metadata(self) -> Mapping[str, Any]:
         return self.opts.metadata
+
+    @property
+    def platform_metadata(self) -> Mapping[str, Any]:
+        """PLATFORM_METADATA (config/platform.py): GCP project facts for custom templates and Stackdriver."""
+        return tracing.platform_metadata(self.metadata)
 
     @property
     def proxy_config(self) -> Mapping[str, Any]:
@@ -124,7 +130,7 @@ def derive(opts: BootstrapOptions) -> BootstrapValues:
     return BootstrapValues(
         opts=opts,
         cluster=service_cluster(pc, meta),
-        locality=locality(meta),
+        locality=locality(meta, opts.platform_locality),
         runtime_flags=runtime_flags(pc, opts.compliance_policy, opts.strip_fragment),
         xds_type=opts.xds_type,
         metadata_discovery=opts.metadata_discovery,
@@ -140,6 +146,7 @@ def derive(opts: BootstrapOptions) -> BootstrapValues:
         stats=stats.stats_options(opts.annotations, pc, opts.instance_ips, opts.exit_on_zero_active_connections),
         stats_compression=stats.stats_compression(pc),
         tracer=tracing.tracer(pc.get("tracing"), meta, opts.host_ip),
+        stackdriver=tracing.stackdriver(pc.get("tracing"), meta),
         statsd=tracing.host_port(statsd, "statsdUdpAddress", opts.host_ip) if statsd else None,
         metrics_service=tracing.metrics_service(pc, meta, opts.host_ip),
         access_log_service=tracing.remote_service("envoy_accesslog_service", "envoyAccessLogService",
