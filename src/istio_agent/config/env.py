@@ -25,7 +25,8 @@ from istio_agent.config.envvar import (
 __all__ = ["REGISTRY", "EnvVar", "Environment", "parse_bool"]
 
 _WASM = "the agent does not fetch Wasm modules: extension configs go to Envoy as istiod sent them"
-_GCP = "GCP platform detection and metadata are not implemented"
+_GCE_FETCHER = ("the token is always read from its file (upstream's JWT fetcher); the GoogleComputeEngine fetcher "
+                "asks the GCE metadata server, which this agent never contacts")
 
 # --- identity of the pod --------------------------------------------------------------------------
 POD_NAME = string("POD_NAME", "", "Name of the pod, part of the node id.")
@@ -67,11 +68,12 @@ JWT_POLICY = string("JWT_POLICY", "third-party-jwt",
                     "(./var/run/secrets/tokens/istio-token).")
 KUBERNETES_SERVICE_HOST = string(
     "KUBERNETES_SERVICE_HOST", "", "Set in every Kubernetes pod: OUTPUT_CERTS files are then 0644, to share them.")
-CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "", "Plugin that fetches the token.", support=ACCEPTED,
-                                 note=_GCP)
+CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "JWT",
+                                 "Plugin that fetches the token: JWT (the token file) or GoogleComputeEngine.",
+                                 support=ACCEPTED, note=_GCE_FETCHER)
 CREDENTIAL_IDENTITY_PROVIDER = string(
-    "CREDENTIAL_IDENTITY_PROVIDER", "GoogleComputeEngine", "Identity provider of the credential fetcher.",
-    support=ACCEPTED, note=_GCP)
+    "CREDENTIAL_IDENTITY_PROVIDER", "GoogleComputeEngine",
+    "Identity provider the GoogleComputeEngine credential fetcher reports.", support=ACCEPTED, note=_GCE_FETCHER)
 GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.")
 GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.")
 
@@ -162,10 +164,29 @@ WASM_HTTP_REQUEST_TIMEOUT = duration("WASM_HTTP_REQUEST_TIMEOUT", 15.0, "Timeout
                                      support=ACCEPTED, note=_WASM)
 WASM_HTTP_REQUEST_MAX_RETRIES = integer("WASM_HTTP_REQUEST_MAX_RETRIES", 5, "Retries of a Wasm module download.",
                                         support=ACCEPTED, note=_WASM)
-CLOUD_PLATFORM = string("CLOUD_PLATFORM", "", "The cloud platform the proxy runs on.", support=ACCEPTED, note=_GCP)
-GCP_METADATA = string("GCP_METADATA", "", "GCP project and cluster metadata.", support=ACCEPTED, note=_GCP)
-GCP_QUOTA_PROJECT = string("GCP_QUOTA_PROJECT", "", "GCP quota project.", support=ACCEPTED, note=_GCP)
-GCP_ZONE = string("GCP_ZONE", "", "GCP zone of the workload.", support=ACCEPTED, note=_GCP)
+
+# --- cloud platform (config/platform.py: from the environment only; no metadata server is ever contacted) ------
+CLOUD_PLATFORM = string(
+    "CLOUD_PLATFORM", "",
+    "Cloud platform the proxy runs on: aws, azure, gcp or none; unset (or another value), it is detected.",
+    support=PARTIAL,
+    note="gcp and none as upstream, except that GCP facts come only from GCP_METADATA, GCP_ZONE and resolv.conf, "
+         "where upstream fills the rest from the GCE metadata server (and instance labels off Kubernetes from "
+         "compute.googleapis.com); aws and azure need their metadata servers, so they set nothing (warned); "
+         "detection finds GCP from GCP_METADATA only, where upstream also probes the GCE, AWS and Azure metadata "
+         "servers. This agent never contacts any of them")
+GCP_METADATA = string(
+    "GCP_METADATA", "",
+    "PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_ZONE: PLATFORM_METADATA gcp_project, gcp_project_number, "
+    "gcp_gke_cluster_name, gcp_location and gcp_gke_cluster_url (Stackdriver's project; gcp_project_number and, "
+    "with an STS port, gcp_project_id for custom templates). Whenever it yields metadata the platform is GCP; "
+    "a value of another number of parts gives none of those keys (warned).")
+GCP_QUOTA_PROJECT = string("GCP_QUOTA_PROJECT", "",
+                           "PLATFORM_METADATA gcp_quota_project; only with GCP_METADATA set, as upstream.")
+GCP_ZONE = string(
+    "GCP_ZONE", "",
+    "PLATFORM_METADATA gcp_zone and, without a locality label, the node's zone (region: the zone less its last "
+    "part); only with GCP_METADATA set, as upstream. Unset, the zone comes from resolv.conf's search list.")
 
 # --- DNS ------------------------------------------------------------------------------------------------
 ISTIO_META_DNS_CAPTURE = boolean("ISTIO_META_DNS_CAPTURE", False, "Run the DNS proxy (sidecar).")
