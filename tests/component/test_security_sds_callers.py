@@ -4,11 +4,14 @@ The agent runs here as root (it can read anything); each caller is a real SDS
 client in a child process that drops to another uid (1337, Envoy's in a pod)
 before it connects (`sds_caller.py`), so the agent sees it through SO_PEERCRED
 as that user. `default` and `ROOTCA` are served to any caller, as upstream does.
+The tests run on asyncio's loop; the last one repeats the essentials on uvloop's,
+which the agent runs on (its transports are not asyncio's classes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import uvloop
 from needs import need_root
 from security_harness import SdsClient, secrets_of
 from support import eventually, open_workdir
@@ -76,6 +80,12 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 async def pod(workdir: Path) -> AsyncIterator[Pod]:
+    async with running_pod(workdir) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def running_pod(workdir: Path) -> AsyncIterator[Pod]:
     ca = certs.new_root_ca(keys.generate_key("ECDSA"), "cluster.local", time.time(), 86400)
     mounted = workdir / "etc/certs"
     cert, _ = write_pair(mounted, ca)
@@ -87,8 +97,10 @@ async def pod(workdir: Path) -> AsyncIterator[Pod]:
     # In a pod the socket's directory (0750) belongs to the proxy's uid; here the agent is root and the
     # callers are other uids, so let every uid reach the socket, which is 0666 as upstream.
     os.chmod(identity.options.sds_socket_path.parent, 0o755)
-    yield Pod(workdir, ca, identity)
-    await identity.stop()
+    try:
+        yield Pod(workdir, ca, identity)
+    finally:
+        await identity.stop()
 
 
 async def ask_as(pod: Pod, names: list[str], uid: int = ENVOY_UID, gid: int = ENVOY_UID,
@@ -248,3 +260,17 @@ async def test_too_many_names_in_one_request_are_refused(pod: Pod) -> None:
     finally:
         await client.close()
     assert pod.identity.cache.watched_files() == {}
+
+
+def test_the_essentials_on_uvloop_the_agents_loop(workdir: Path) -> None:
+    async def scenario() -> None:
+        async with running_pod(workdir) as pod:
+            cert, key = write_pair(pod.workdir / "istiod", pod.ca)
+            owned(key, 0o600)
+            name = f"file-cert:{cert}~{key}"
+            assert str(key) in refusal(await ask_as(pod, [name]))
+            assert served(await ask_as(pod, [name], uid=0, gid=0))[name]["key"] == key.read_text()
+            assert served(await ask_as(pod, ["default"]))["default"]["chain"]
+            await test_a_connection_to_the_private_grpc_socket_is_refused(pod)
+
+    uvloop.run(scenario())

@@ -10,6 +10,7 @@ GIL, as OpenSSL's prime search does, and would run for hours.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def test_sigterm_during_key_generation_exits_within_the_drain(tmp_path: Path, st
     status_port = free_port()
     environment = agent_environment(
         pod="sleep-1", service_account="sleep", discovery=f"127.0.0.1:{free_port()}", DISABLE_ENVOY="true",
-        PYTHONPATH=str(hook), WORKLOAD_RSA_KEY_SIZE="8192",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        WORKLOAD_RSA_KEY_SIZE="8192",
         PROXY_CONFIG=f'{{"statusPort": {status_port}, "discoveryAddress": "127.0.0.1:{free_port()}"}}')
     agent = start_agent(pod, environment)
     assert agent.log is not None

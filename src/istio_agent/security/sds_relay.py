@@ -31,6 +31,7 @@ import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 from istio_agent.security.peercred import PeerCredentials, read_peer_credentials
 
@@ -82,11 +83,10 @@ class _Splice(asyncio.Protocol):
         self._on_closed = on_closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         if self.other is not None and self.other._early:
             for data in self.other._early:
-                transport.write(data)
+                self.transport.write(data)
             self.other._early.clear()
 
     def data_received(self, data: bytes) -> None:
