@@ -172,6 +172,7 @@ class AgentAssembly:
             routes=[lambda app: add_probe_routes(app, status.probes), lambda app: add_secrets_debug_route(app, cache),
                     lambda app: add_metrics_routes(app, status.metrics, registry),
                     lambda app: add_ndsz_route(app, name_table)],
+            on_malformed=metrics.status_malformed_requests.inc,
         )
 
 

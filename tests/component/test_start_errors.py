@@ -47,7 +47,8 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], expected: str)
 def test_bad_configuration_stops_the_start_with_one_line(tmp_path: Path, case: str) -> None:
     need_file(PILOT_AGENT)
     proxy_config, variables, expected = CASES[case]
-    environment = agent_environment(discovery="localhost:1", **variables)
+    environment = agent_environment(discovery="localhost:1")
+    environment.update(variables)
     layer = json.loads(environment.get("PROXY_CONFIG", "{}"))
     layer.update(proxy_config)
     environment["PROXY_CONFIG"] = json.dumps(layer)

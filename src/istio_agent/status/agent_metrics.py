@@ -124,6 +124,9 @@ class AgentMetrics:
         self.xds_nacks = Counter(
             "istio_agent_xds_nacks", "xDS responses rejected, by type and by whom (envoy or agent).",
             ["type", "by"], registry=registry)
+        self.status_malformed_requests = Counter(
+            "istio_agent_status_malformed_requests", "Requests to the status port that did not parse (answered 400).",
+            registry=registry)
         self.istiod_failures = Counter(
             "istio_agent_istiod_connection_failures", "The total number of connection failures to Istiod",
             registry=registry)

@@ -7,7 +7,8 @@ stats through the agent's one admin client and runs the gRPC bootstrap check).
 only from localhost (upstream's rule): anything else gets 405 or 403. The app
 probes (`/app-health/...`), merged metrics (`/stats/prometheus`, `/metrics`)
 and debug views (`/debug/ndsz`, `/debug/secrets`) are registered by their own
-modules through `routes`.
+modules through `routes`. A request that does not parse is answered 400 and
+counted, and logged in one line per minute at most (`malformed_requests.py`).
 
 As a component, `drain()` marks the agent as draining, so readiness fails from
 the moment a termination drain starts.
@@ -24,6 +25,7 @@ from aiohttp import web
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
 from istio_agent.netaddr import is_localhost
+from istio_agent.status.malformed_requests import MalformedRequestLog
 from istio_agent.status.options import StatusOptions
 from istio_agent.status.readiness import ReadinessState
 
@@ -52,6 +54,7 @@ class StatusServer:
         on_quit: Callable[[], None] = lambda: None,
         on_drain: Callable[[], Awaitable[None]] = _nothing_to_drain,
         routes: Sequence[RouteAdder] = (),
+        on_malformed: Callable[[], None] = lambda: None,
     ) -> None:
         self.options = options
         self.readiness = readiness
@@ -66,9 +69,11 @@ class StatusServer:
         for add_routes in routes:  # app probes, metrics, debug endpoints: each part registers its own routes
             add_routes(self.app)
         self._runner: web.AppRunner | None = None
+        # Requests aiohttp cannot parse: 400, counted, one log line per interval (not a traceback each).
+        self.malformed = MalformedRequestLog(logging.getLogger("aiohttp.server"), on_malformed=on_malformed)
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, logger=self.malformed)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_address=True)
         await site.start()
