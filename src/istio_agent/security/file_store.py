@@ -79,6 +79,7 @@ class FileSecretStore:
         self._reload_timers: dict[str, Cancellable] = {}
         self._reloads: dict[str, asyncio.Task[None]] = {}
         self._failing: dict[str, str] = {}  # the last reload error per name, logged once until it changes
+        self._changed_while_reloading: set[str] = set()
 
     async def start(self) -> None:
         await self._watcher.start()
@@ -118,6 +119,7 @@ class FileSecretStore:
         return spec.always_watched or name in self._retained
 
     def _forget(self, name: str) -> None:
+        self._changed_while_reloading.discard(name)
         self._specs.pop(name, None)
         self._served.pop(name, None)
         self._watcher.unwatch(name)
@@ -149,7 +151,9 @@ class FileSecretStore:
     # --- reloading -----------------------------------------------------------------------------------------
     def _on_files_changed(self, names: set[str]) -> None:
         for name in sorted(names):
-            if name not in self._reload_timers and name not in self._reloads:
+            if name in self._reloads:
+                self._changed_while_reloading.add(name)  # that reload may have read the earlier content
+            elif name not in self._reload_timers:
                 self._schedule_reload(name, self._debounce)
 
     def _schedule_reload(self, name: str, delay: float) -> None:
@@ -165,6 +169,15 @@ class FileSecretStore:
         task.add_done_callback(lambda done: self._reloads.pop(name, None) if self._reloads.get(name) is done else None)
 
     async def _reload(self, name: str) -> None:
+        try:
+            await self._reload_once(name)
+        finally:
+            if name in self._changed_while_reloading:
+                self._changed_while_reloading.discard(name)
+                if name in self._specs and name not in self._reload_timers:
+                    self._schedule_reload(name, self._debounce)
+
+    async def _reload_once(self, name: str) -> None:
         spec = self._specs.get(name)
         if spec is None:
             return
