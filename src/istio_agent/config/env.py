@@ -85,7 +85,7 @@ SECRET_GRACE_PERIOD_RATIO = floating(
 SECRET_GRACE_PERIOD_RATIO_JITTER = floating(
     "SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01, "Random spread added to the grace ratio, so pods do not rotate together."
 )
-WORKLOAD_RSA_KEY_SIZE = integer("WORKLOAD_RSA_KEY_SIZE", 2048, "RSA key size of workload keys.")
+WORKLOAD_RSA_KEY_SIZE = integer("WORKLOAD_RSA_KEY_SIZE", 2048, "RSA key size of workload keys: 2048 to 8192 bits.")
 ECC_SIGNATURE_ALGORITHM = string("ECC_SIGNATURE_ALGORITHM", "", "ECDSA for elliptic-curve workload keys.")
 ECC_CURVE = string("ECC_CURVE", "P256", "Curve for ECDSA workload keys: P256 or P384.")
 PKCS8_KEY = boolean("PKCS8_KEY", False, "Write workload keys as PKCS#8 rather than PKCS#1 (RSA) / SEC1 (EC).")
