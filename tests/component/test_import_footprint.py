@@ -48,6 +48,13 @@ def test_health_messages_are_not_imported_with_the_prober() -> None:
     assert not {m for m in loaded if m.startswith("grpc_health.")}
 
 
+def test_http2_client_is_not_imported_with_the_prober() -> None:
+    """h2 and h11 (ISTIO_ENABLE_HTTP2_PROBING's HTTPS client) load on the first HTTPS probe, not at start."""
+    loaded = loaded_after("import istio_agent.status.probes_prober, istio_agent.status.server")
+    heavy = {"h2", "h11", "hpack", "hyperframe", "istio_agent.status.probes_https"}
+    assert not loaded & heavy, loaded & heavy
+
+
 @pytest.mark.parametrize("entry", ["istio_agent.config.options", "istio_agent.agent"])
 def test_resolving_options_loads_no_component(entry: str) -> None:
     """Options are resolved before anything starts; the components (and aiohttp, Envoy's protos, the DNS

@@ -68,6 +68,7 @@ class App:
         app.router.add_get("/loop", partial(self.redirect, location="/loop"))
         app.router.add_get("/to-tls", partial(self.redirect, location=f"https://{LOOPBACK}:{self.tls_port}/echo"))
         app.router.add_get("/not-modified", self.not_modified)
+        app.router.add_get("/gzip", self.gzipped)
 
     def record(self, request: web.Request) -> None:
         self.seen.append({"path": request.path_qs, "headers": dict(request.headers), "remote": request.remote,
@@ -95,6 +96,12 @@ class App:
     async def redirect(self, request: web.Request, location: str) -> web.Response:
         self.record(request)
         return web.Response(status=302, headers={"Location": location})
+
+    async def gzipped(self, request: web.Request) -> web.Response:
+        self.record(request)
+        response = web.Response(body=b"y" * (10 * MAX_BODY_BYTES), status=503)
+        response.enable_compression(web.ContentCoding.gzip)
+        return response
 
     async def not_modified(self, request: web.Request) -> web.Response:
         self.record(request)
@@ -155,6 +162,9 @@ def probers(app: App, tcp_port: int, grpc_port: int, bare_grpc_port: int) -> str
         "/app-health/to-tls/livez": http("/to-tls"),
         "/app-health/not-modified/livez": http("/not-modified"),
         "/app-health/tls/livez": {"httpGet": {"path": "/echo", "port": app.tls_port, "scheme": "HTTPS"}},
+        "/app-health/gzip/livez": http("/gzip"),
+        "/app-health/tlsgzip/livez": {"httpGet": {"path": "/gzip", "port": app.tls_port, "scheme": "HTTPS"}},
+        "/app-health/tlsbig/livez": {"httpGet": {"path": "/big", "port": app.tls_port, "scheme": "HTTPS"}},
         "/app-health/down/livez": {"httpGet": {"path": "/", "port": closed_port()}},
         "/app-health/db/readyz": {"tcpSocket": {"port": tcp_port}},
         "/app-health/db/livez": {"tcpSocket": {"port": closed_port()}},
@@ -265,6 +275,18 @@ async def test_body_is_capped(setup: Setup) -> None:
     status, body = await setup.get("/app-health/big/livez")
     assert status == 500
     assert body == b"x" * MAX_BODY_BYTES
+
+
+@pytest.mark.parametrize("scheme", ["", "tls"])
+async def test_gzip_body_is_decoded_then_capped(setup: Setup, scheme: str) -> None:
+    """Over HTTP (aiohttp) and over HTTPS with HTTP/2 offered (this app selects no protocol: HTTP/1.1 on h11)."""
+    assert await setup.get(f"/app-health/{scheme}gzip/livez") == (503, b"y" * MAX_BODY_BYTES)
+    assert setup.app.seen[0]["headers"]["Accept-Encoding"] == "gzip, deflate"
+    assert setup.app.seen[0]["tls"] is bool(scheme)
+
+
+async def test_https_body_is_capped(setup: Setup) -> None:
+    assert await setup.get("/app-health/tlsbig/livez") == (500, b"x" * MAX_BODY_BYTES)
 
 
 async def test_timeout_fails_the_probe(setup: Setup) -> None:

@@ -135,6 +135,21 @@ def test_options_from_agent_config(tmp_path: Path) -> None:
         probe_options(load_agent_config(bad, tmp_path))
 
 
+@pytest.mark.parametrize(("value", "http2"), [(None, True), ("true", True), ("1", True), ("false", False),
+                                             ("0", False), ("False", False)])
+def test_http2_probing_follows_istio_enable_http2_probing(tmp_path: Path, value: str | None, http2: bool) -> None:
+    """Upstream's default is on; Go's boolean spellings turn it off."""
+    environment = env.Environment({} if value is None else {"ISTIO_ENABLE_HTTP2_PROBING": value})
+    options = probe_options(load_agent_config(environment, tmp_path))
+    assert options.http2 is http2
+    assert options.keepalive is False  # independent of ENABLE_PROBE_KEEPALIVE_CONNECTIONS
+
+
+def test_a_malformed_istio_enable_http2_probing_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="ISTIO_ENABLE_HTTP2_PROBING"):
+        probe_options(load_agent_config(env.Environment({"ISTIO_ENABLE_HTTP2_PROBING": "sometimes"}), tmp_path))
+
+
 # ---- requests --------------------------------------------------------------------------------------------
 
 

@@ -206,8 +206,10 @@ METRICS_LOCALHOST_ACCESS_ONLY = boolean(
     "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics (and Envoy's stats listener) to localhost only.")
 REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(
     "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.")
-ISTIO_ENABLE_HTTP2_PROBING = boolean("ISTIO_ENABLE_HTTP2_PROBING", True, "HTTP/2 for app probes that ask for it.",
-                                     support=ACCEPTED, note="HTTP probes use HTTP/1.1")
+ISTIO_ENABLE_HTTP2_PROBING = boolean(
+    "ISTIO_ENABLE_HTTP2_PROBING", True,
+    "HTTPS app probes offer HTTP/2 (ALPN h2, http/1.1) and use it when the app selects h2, with Kubernetes' "
+    "ping settings; off: HTTP/1.1 only. Plain-HTTP probes are always HTTP/1.1.")
 ENABLE_PROBE_KEEPALIVE_CONNECTIONS = boolean(
     "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", False, "Reuse HTTP connections between app probes.")
 

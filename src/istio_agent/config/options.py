@@ -434,7 +434,8 @@ def metrics_options(config: AgentConfig) -> MetricsOptions:
 
 
 def probe_options(config: AgentConfig) -> ProbeOptions:
-    """ISTIO_KUBE_APP_PROBERS, validated (ConfigError naming the probe path and field fails the start)."""
+    """ISTIO_KUBE_APP_PROBERS, validated (ConfigError naming the probe path and field fails the start), and how
+    probes connect (ENABLE_PROBE_KEEPALIVE_CONNECTIONS, ISTIO_ENABLE_HTTP2_PROBING)."""
     return ProbeOptions(
         probers=parse_app_probers(config.environment.get(env.ISTIO_KUBE_APP_PROBERS)),
         # REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: probe the app on localhost, as before upstream used the pod IP.
@@ -442,6 +443,7 @@ def probe_options(config: AgentConfig) -> ProbeOptions:
                 else config.identity.ips[0] if config.identity.ips else "127.0.0.1"),
         status_port=config.proxy_config.status_port,
         keepalive=config.environment.get(env.ENABLE_PROBE_KEEPALIVE_CONNECTIONS),
+        http2=config.environment.get(env.ISTIO_ENABLE_HTTP2_PROBING),
     )
 
 

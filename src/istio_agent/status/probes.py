@@ -189,6 +189,7 @@ class ProbeOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     bind_probe_source: bool = True  # bind 127.0.0.6 / ::6 like upstream, so capture rules let probes through
     keepalive: bool = False  # ENABLE_PROBE_KEEPALIVE_CONNECTIONS: reuse HTTP connections between probes
+    http2: bool = True  # ISTIO_ENABLE_HTTP2_PROBING: HTTPS probes offer h2 (ALPN), as Kubernetes' prober does
 
 
 # ---- requests -------------------------------------------------------------------------------------------

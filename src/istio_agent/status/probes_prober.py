@@ -7,16 +7,23 @@ never fail a probe) and the probe's whole time budget covers connecting,
 redirects and reading the body. Any failure to get an answer is a 500 with an
 empty body; the reason goes to the `probes` log, which is about the app, not
 the agent.
+
+HTTP probes are HTTP/1.1 (aiohttp; no h2c, as upstream). HTTPS probes offer
+HTTP/2 through ALPN (`probes_https`, loaded on the first one) unless
+ISTIO_ENABLE_HTTP2_PROBING is off, when they are HTTP/1.1 through aiohttp and
+offer no ALPN, as upstream's transport without HTTP/2 configured.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 import grpc
@@ -42,6 +49,9 @@ from istio_agent.status.probes import (
     target_host,
 )
 
+if TYPE_CHECKING:
+    from istio_agent.status.probes_https import HttpsProber
+
 log = logging.getLogger("istio_agent.probes")
 
 HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
@@ -52,6 +62,46 @@ class ProbeResult:
     status: int
     body: bytes = b""
     content_type: str | None = None
+
+
+class Reply(Protocol):
+    """An app's answer as the prober reads it, whichever HTTP client got it."""
+
+    status: int
+
+    def header(self, name: str) -> str | None: ...
+
+    async def read(self, size: int) -> bytes: ...
+
+
+class _AiohttpReply:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+        self.status = response.status
+
+    def header(self, name: str) -> str | None:
+        return self.response.headers.get(name)
+
+    async def read(self, size: int) -> bytes:
+        return await self.response.content.read(size)
+
+
+class _Sessions:
+    """The aiohttp session of one probe, made on its first plain-HTTP (or HTTP/1.1-only HTTPS) request."""
+
+    def __init__(self, connector: Callable[[], tuple[aiohttp.TCPConnector, bool]]) -> None:
+        self._connector = connector
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector, owned = self._connector()
+            self._session = aiohttp.ClientSession(connector=connector, connector_owner=owned, auto_decompress=True)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 # ---- the prober ------------------------------------------------------------------------------------------
@@ -69,6 +119,7 @@ class AppProber:
         self.options = options
         self._v6_source_ok: bool | None = None
         self._connectors: dict[str | None, aiohttp.TCPConnector] = {}
+        self._https_prober: HttpsProber | None = None
 
     def _connector(self, source: str | None) -> tuple[aiohttp.TCPConnector, bool]:
         """(connector, owned by the session): a fresh one per probe, or the kept one for this source."""
@@ -84,6 +135,8 @@ class AppProber:
         for connector in self._connectors.values():
             await connector.close()
         self._connectors.clear()
+        if self._https_prober is not None:
+            await self._https_prober.close()
 
     def _bindable(self, source: str | None) -> str | None:
         """::6 exists only where the pod set it up (127.0.0.6 is always local); fall back to no bind."""
@@ -118,45 +171,63 @@ class AppProber:
             log.info("probe %s: no answer within %gs", probe.path, probe.timeout)
             return ProbeResult(500)
 
+    def _https(self) -> HttpsProber:
+        # Imported on the first HTTPS probe with HTTP/2 on, not at agent start: most pods have none.
+        if self._https_prober is None:
+            from istio_agent.status.probes_https import HttpsProber
+
+            self._https_prober = HttpsProber(self.options.keepalive)
+        return self._https_prober
+
+    @contextlib.asynccontextmanager
+    async def _get(self, sessions: _Sessions, url: str, headers: list[tuple[str, str]], host: str | None,
+                   source: str | None) -> AsyncIterator[Reply]:
+        """One GET: HTTPS with HTTP/2 offered (`probes_https`), or HTTP/1.1 through aiohttp."""
+        if self.options.http2 and url.startswith("https:"):
+            async with self._https().get(url, headers, host, source) as reply:
+                yield reply
+            return
+        sent = [*headers, *([("Host", host)] if host else [])]
+        async with sessions.session().get(URL(url, encoded=True), headers=sent, allow_redirects=False,
+                                          skip_auto_headers=("User-Agent",)) as response:
+            yield _AiohttpReply(response)
+
     async def _http(self, probe: AppProbe, action: HttpGetAction, incoming: list[tuple[str, str]],
                     incoming_host: str | None) -> ProbeResult:
         first = url = probe_url(action, self.options.pod_ip)
         headers, host = request_headers(action, incoming, incoming_host, self.options.status_port)
         source = self._source(target_host(action, self.options.pod_ip))
-        connector, owned = self._connector(source)
         requests = 0
+        sessions = _Sessions(lambda: self._connector(source))
         try:
-            async with aiohttp.ClientSession(connector=connector, connector_owner=owned,
-                                             auto_decompress=True) as session:
-                while True:
-                    requests += 1
-                    request_headers_now = [*headers, *([("Host", host)] if host else [])]
-                    async with session.get(URL(url, encoded=True), headers=request_headers_now,
-                                           allow_redirects=False, skip_auto_headers=("User-Agent",)) as response:
-                        step = next_step(response.status, response.headers.get("Location"), url, first, requests,
-                                         host)
-                        if isinstance(step, Follow):
-                            url, host = step.url, step.host
-                            continue
-                        if isinstance(step, Fail):
-                            log.info("probe %s: %s", probe.path, step.reason)
-                            return ProbeResult(500)
-                        return await self._answer(step, response)
+            while True:
+                requests += 1
+                async with self._get(sessions, url, headers, host, source) as reply:
+                    step = next_step(reply.status, reply.header("Location"), url, first, requests, host)
+                    if isinstance(step, Follow):
+                        url, host = step.url, step.host
+                        continue
+                    if isinstance(step, Fail):
+                        log.info("probe %s: %s", probe.path, step.reason)
+                        return ProbeResult(500)
+                    return await self._answer(step, reply)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             log.info("probe %s: request to %s failed: %s", probe.path, url, exc or type(exc).__name__)
             return ProbeResult(500)
+        finally:
+            await sessions.close()
 
-    async def _answer(self, step: Answer, response: aiohttp.ClientResponse) -> ProbeResult:
+    async def _answer(self, step: Answer, reply: Reply) -> ProbeResult:
         if not step.pass_body:
             return ProbeResult(step.status)
         body = bytearray()
         cap = self.options.max_body_bytes
         while len(body) < cap:
-            chunk = await response.content.read(cap - len(body))
+            chunk = await reply.read(cap - len(body))
             if not chunk:
                 break
             body += chunk
-        return ProbeResult(step.status, bytes(body), response.headers.get("Content-Type"))
+        return ProbeResult(step.status, bytes(body), reply.header("Content-Type"))
 
     async def _tcp(self, action: TcpSocketAction) -> ProbeResult:
         host = target_host(action, self.options.pod_ip)
