@@ -106,7 +106,8 @@ class AgentAssembly:
         status = options.status
         readiness = ReadinessState(dns_enabled=status.dns_enabled if status else False,
                                    envoy_enabled=options.envoy is not None)
-        components: list[Component] = [MemoryTrimmer()]
+        trimmer = MemoryTrimmer()
+        components: list[Component] = [trimmer]
 
         dns: DnsProxy | None = None
         feed: NameTableFeed | None = None
@@ -118,10 +119,16 @@ class AgentAssembly:
             components += [dns, feed]
 
         cache = identity.cache
+
+        def xds_event(kind: str, detail: str) -> None:
+            metrics.xds_event(kind, detail)
+            if kind == "disconnect":  # what the stream held is free now: give it back soon, not in 15 s
+                trimmer.soon()
+
         xds = XdsProxy(options.xds, XdsProxyHooks(
             on_name_table=feed.on_name_table if feed is not None else None,
             on_trust_bundle=lambda pems: cache.set_extra_roots("pcds", pems),
-            on_event=metrics.xds_event,
+            on_event=xds_event,
         ))
         metrics.watch_xds(xds)
         components.append(xds)

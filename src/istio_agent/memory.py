@@ -3,11 +3,15 @@
 Two glibc knobs, both measured on the 5,000-cluster push benchmark: capping
 malloc arenas (gRPC's threads each get their own arena otherwise, and freed
 push buffers stay mapped in them) and returning freed heap pages to the
-kernel with `malloc_trim` after bursts. Both are no-ops off glibc.
+kernel with `malloc_trim` after bursts: every 15 s, and a second after the
+agent says a burst just ended (`MemoryTrimmer.soon()`: XDS streams closing,
+measured by `benchmarks/bench_xds_hostile_streams.py`). Both are no-ops off
+glibc.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -19,6 +23,7 @@ log = logging.getLogger(__name__)
 M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
 TRIM_INTERVAL = 15.0
+TRIM_SETTLE = 1.0
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -47,19 +52,37 @@ def trim() -> None:
 
 
 class MemoryTrimmer:
-    """A component that hands freed heap back to the kernel every `interval` seconds."""
+    """A component that hands freed heap back to the kernel every `interval` seconds, and `settle`
+    seconds after `soon()`."""
 
-    def __init__(self, interval: float = TRIM_INTERVAL) -> None:
+    def __init__(self, interval: float = TRIM_INTERVAL, settle: float = TRIM_SETTLE) -> None:
         self._libc = _libc()
+        self._settle = settle
         self._ticker = Periodic(interval, self._trim, "malloc-trim")
+        self._soon: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         if self._libc is not None:
             await self._ticker.start()
+
+    def soon(self) -> None:
+        """Trim `settle` seconds from now: memory was just freed (streams closed). Calls made until then
+        add nothing, so a burst of them costs one trim a second at most. Call it on the event loop."""
+        if self._libc is None or not self._ticker.running or self._soon is not None:
+            return
+        self._soon = asyncio.get_running_loop().call_later(self._settle, self._trim_soon)
+
+    def _trim_soon(self) -> None:
+        self._soon = None
+        assert self._libc is not None
+        self._libc.malloc_trim(0)
 
     async def _trim(self) -> None:
         assert self._libc is not None
         self._libc.malloc_trim(0)
 
     async def stop(self) -> None:
+        soon, self._soon = self._soon, None
+        if soon is not None:
+            soon.cancel()
         await self._ticker.stop()

@@ -89,3 +89,20 @@ async def test_memory_trimmer_is_a_no_op_without_glibc(monkeypatch: pytest.Monke
     await asyncio.sleep(0.01)
     # A trim without a libc would fail its step, and stop() would re-raise that: nothing ran.
     await trimmer.stop()
+
+
+async def test_memory_trimmer_soon_trims_once_per_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    libc = FakeLibc()
+    monkeypatch.setattr(memory, "_libc", lambda: libc)
+    trimmer = MemoryTrimmer(interval=3600, settle=0.001)
+    trimmer.soon()  # not started: nothing to do
+    await trimmer.start()
+    for _ in range(100):  # a burst of closing streams
+        trimmer.soon()
+    await eventually(lambda: libc.trims >= 1, "the trim after the burst", timeout=5)
+    await asyncio.sleep(0.01)
+    assert libc.trims == 1
+    trimmer.soon()
+    await trimmer.stop()  # a trim asked for and not yet run is dropped with the trimmer
+    await asyncio.sleep(0.01)
+    assert libc.trims == 1
