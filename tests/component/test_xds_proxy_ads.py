@@ -473,3 +473,75 @@ async def test_stale_socket_is_replaced(tmp_path: Path) -> None:
         client = h.client(SOTW)
         await client.subscribe(typeurls.CLUSTER, NODE)
         assert (await client.read()).type_url == typeurls.CLUSTER
+
+
+def _resource_names_request(size: int, delta: bool) -> Any:
+    """A well-formed request of about `size` bytes (a node and many resource names)."""
+    names = [f"outbound|80||svc-{i:07d}.default.svc.cluster.local" for i in range(size // 52)]
+    if delta:
+        request: Any = discovery_pb2.DeltaDiscoveryRequest(type_url=typeurls.CLUSTER, resource_names_subscribe=names)
+    else:
+        request = discovery_pb2.DiscoveryRequest(type_url=typeurls.CLUSTER, resource_names=names)
+    request.node.id = NODE
+    return request
+
+
+@pytest.mark.parametrize("delta", [SOTW, DELTA], ids=["sotw", "delta"])
+async def test_oversized_and_garbage_streams_neither_replace_envoy_nor_reach_istiod(tmp_path: Path,
+                                                                                   delta: bool) -> None:
+    async with harness(tmp_path, dns_enabled=False) as h:
+        envoy = h.client(delta)
+        await envoy.subscribe(typeurls.CLUSTER, NODE)
+        await envoy.read()
+        upstream_streams = len(h.ads.metadata)
+        # Over upstream's 4 MiB: refused by its length prefix, before anything reads it.
+        oversized = h.client(delta)
+        await oversized.call.write(_resource_names_request(5 * 1024 * 1024, delta))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(oversized.call.read(), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Not a (Delta)DiscoveryRequest at all.
+        channel = grpc.aio.insecure_channel(f"unix:{h.socket}")
+        try:
+            garbage: Any = channel.stream_stream(routing.DELTA_METHOD if delta else routing.SOTW_METHOD)()
+            await garbage.write(b"\xff\xff\xff\xff not protobuf")
+            with pytest.raises(grpc.aio.AioRpcError) as rejected:
+                await asyncio.wait_for(garbage.read(), 10)
+            assert rejected.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        finally:
+            await channel.close()
+        await eventually(lambda: h.proxy.stats.streams == 3, what="both streams to have been served")
+        # Envoy's stream is still the one proxied: a push reaches it, and istiod never saw the other two.
+        h.ads.push(typeurls.CLUSTER, clusters(2, prefix="after"))
+        pushed = await envoy.read()
+        assert "after-0" in resource_names(pushed)[0]
+        assert len(h.ads.metadata) == upstream_streams
+        await eventually(lambda: h.proxy.pending_io == 2, what="only Envoy's stream to be reading")
+
+
+async def test_large_request_under_the_limit_is_relayed(tmp_path: Path) -> None:
+    async with harness(tmp_path, dns_enabled=False) as h:
+        client = h.client(SOTW)
+        request = _resource_names_request(3 * 1024 * 1024, delta=False)
+        await client.call.write(request)
+        await client.read()
+        await eventually(lambda: h.ads.requests, what="the request upstream")
+        assert list(h.ads.requests[0][1].resource_names) == list(request.resource_names)
+
+
+async def test_ended_streams_leave_no_read_or_write_behind(tmp_path: Path) -> None:
+    """Streams replaced, cut by the client, or ended by istiod: each one's tasks end on their own."""
+    async with harness(tmp_path, dns_enabled=False) as h:
+        for _ in range(3):  # each replaces the previous
+            client = h.client(DELTA)
+            await client.subscribe(typeurls.CLUSTER, NODE)
+            await client.read()
+        await h.clients[-1].close()  # the client goes away mid-stream
+        await eventually(lambda: not h.proxy.connected, what="the last stream to end")
+        again = h.client(SOTW)
+        await again.subscribe(typeurls.CLUSTER, NODE)
+        await again.read()
+        await h.ads.stop()  # istiod goes away
+        with pytest.raises(grpc.aio.AioRpcError):
+            await asyncio.wait_for(again.call.read(), 10)
+        await eventually(lambda: h.proxy.pending_io == 0, what="every stream task to end")

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 XDS_SOCKET_NAME = "XDS"
 MOUNTED_CERTS_DIR = "./etc/certs"
+# Upstream serves Envoy with istiod's gRPC server options, whose receive limit is ISTIO_GPRC_MAXRECVMSGSIZE
+# (4 MiB by default): a larger request is refused by its length prefix, before it is buffered.
+MAX_RECEIVE_MESSAGE_SIZE = 4 * 1024 * 1024
 
 NameTableHandler = Callable[["nds_pb2.NameTable"], None]
 TrustBundleHandler = Callable[[list[str]], None]
@@ -46,6 +49,8 @@ class XdsProxyOptions:
     pcds_enabled: bool = False
     # How long stop() lets streams finish before cancelling them.
     stop_grace: float = 1.0
+    # The largest request accepted from Envoy, in bytes (responses from istiod are never capped).
+    max_receive_message_size: int = MAX_RECEIVE_MESSAGE_SIZE
 
 
 @dataclass(frozen=True)

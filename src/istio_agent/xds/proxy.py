@@ -1,14 +1,22 @@
 """The XDS proxy: Envoy's ADS server on `<configPath>/XDS`, relaying to istiod.
 
 Thin I/O around `StreamSession`. Each Envoy stream (SotW or Delta) gets its own
-upstream channel and stream, dialled when the stream opens, so that a new
-Envoy connection never inherits another stream's pending messages and a
-restarted istiod is reached anew. Messages travel as raw bytes in both
-directions (no serializer on either side).
+upstream channel and stream, so that a new Envoy connection never inherits
+another stream's pending messages and a restarted istiod is reached anew.
+Messages travel as raw bytes in both directions (no serializer on either side).
 
-Per stream, three tasks:
+A stream becomes Envoy's once its first request has been read and parses as a
+(Delta)DiscoveryRequest: only then does it replace the previous stream (only
+the newest is kept, and health reports go to it) and dial istiod. Upstream
+replaces and dials as soon as a stream opens; waiting for one valid request
+means that a client sending garbage, a truncated message or one over the size
+limit costs neither Envoy its stream nor istiod a connection. A request over
+`max_receive_message_size` (4 MiB, upstream's limit) is refused by gRPC from
+its length prefix, before it is buffered (RESOURCE_EXHAUSTED).
+
+Per stream, two tasks and the upstream call's request iterator:
 - Envoy → queue: read a request, let the session add the agent's own requests;
-- queue → istiod: write requests upstream in order;
+- queue → istiod: grpc writes the queued requests upstream in order;
 - istiod → Envoy: read one response, forward it and wait for the write to be
   accepted before reading the next (or hand a consumed type to its callback
   and queue the ACK). This keeps at most one response in the proxy, so memory
@@ -16,10 +24,19 @@ Per stream, three tasks:
   istiod. The request queue is unbounded, as upstream's is: requests are small
   and a bounded queue could deadlock both directions under load.
 
-The first task to finish decides how the Envoy stream ends: an upstream error
+The first task to end decides how the Envoy stream ends: an upstream error
 ends it with that status (Envoy reconnects with its own backoff), Envoy
-closing ends the upstream stream. Only the newest Envoy stream is kept: a new
-one closes the previous, and health reports go to it.
+closing ends the upstream stream, a newer stream replaces it.
+
+No task awaiting a gRPC read or write is ever cancelled. grpcio's aio layer
+releases a batch (its operations and the message it received) only when the
+awaiting coroutine takes the result (grpc/grpc#43360 describes the operation
+arrays); a read whose task is cancelled while a message arrives leaves that
+message allocated in C for good: measured, 1.8 MB of every 3 MB message, and
+100 MB and more per round of `benchmarks/bench_xds_hostile_streams.py`. A
+stream is ended by ending its calls instead (the upstream call cancelled, the
+handler returning), which completes every pending batch; its tasks then finish
+on their own, held by the proxy until they do.
 """
 
 from __future__ import annotations
@@ -27,8 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -40,6 +58,7 @@ from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _identity(data: bytes) -> bytes:
@@ -80,6 +99,8 @@ class XdsProxy:
         self._current: _ProxiedStream | None = None
         self._health: Health | None = None
         self._next_id = 0
+        # Tasks awaiting gRPC reads and writes of streams, held until they end (they are never cancelled).
+        self._pending: set[asyncio.Task[Any]] = set()
         consumed: set[str] = set()
         if options.dns_enabled and self.hooks.on_name_table is not None:
             consumed.add(typeurls.NAME_TABLE)
@@ -94,9 +115,13 @@ class XdsProxy:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run would make bind fail
         settings = self.options.upstream
-        # Upstream serves Envoy with the same keepalive parameters it dials istiod with.
+        # Upstream serves Envoy with the same keepalive parameters it dials istiod with. No BDP probing:
+        # Envoy's requests are small, and without it the receive window stays at 64 KB, so an oversized
+        # message costs that much before its refusal instead of whatever the window had grown to (~400 KB).
         server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", self.options.max_receive_message_size),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.http2.bdp_probe", 0),
             *keepalive_options(settings.keepalive_interval, settings.keepalive_timeout),
         ])
         methods = {
@@ -116,6 +141,11 @@ class XdsProxy:
             self._current.superseded.set()
         if server is not None:
             await server.stop(self.options.stop_grace)
+        # Every call has ended with the server, so its pending reads and writes have completed or soon will.
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=self.options.stop_grace)
+        for task in list(self._pending):
+            task.cancel()
         with contextlib.suppress(FileNotFoundError):
             self.options.socket_path.absolute().unlink()
 
@@ -134,6 +164,11 @@ class XdsProxy:
         """Whether an Envoy stream is currently being proxied."""
         return self._current is not None
 
+    @property
+    def pending_io(self) -> int:
+        """How many of the streams' tasks still await a gRPC read or write (none once every stream has ended)."""
+        return len(self._pending)
+
     # --- gRPC handlers ------------------------------------------------------------------------------------
     async def _sotw(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
         await self._serve(context, delta=False)
@@ -144,10 +179,6 @@ class XdsProxy:
     async def _serve(self, context: grpc.aio.ServicerContext, delta: bool) -> None:
         self._next_id += 1
         stream = _ProxiedStream(self, self._next_id, delta, context)
-        previous, self._current = self._current, stream
-        if previous is not None:
-            log.warning("XDS proxy: new Envoy stream %d replaces stream %d", stream.id, previous.id)
-            previous.superseded.set()
         self.stats.streams += 1
         mode = "delta" if delta else "sotw"
         self._event("connect", mode)
@@ -157,6 +188,20 @@ class XdsProxy:
             self._event("disconnect", mode)
             if self._current is stream:
                 self._current = None
+
+    def _register(self, stream: _ProxiedStream) -> None:
+        """`stream` sent a valid first request: it is Envoy's stream now, and the previous one ends."""
+        previous, self._current = self._current, stream
+        if previous is not None:
+            log.warning("XDS proxy: new Envoy stream %d replaces stream %d", stream.id, previous.id)
+            previous.superseded.set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A task that awaits gRPC operations: referenced until it ends, and never cancelled by a stream."""
+        task = asyncio.create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
 
     def _event(self, kind: str, detail: str) -> None:
         """Tell the metrics hook, if any; a failing hook is logged, never fatal to the stream."""
@@ -188,14 +233,22 @@ class _ProxiedStream:
         self.delta = delta
         self.context = context
         self.session = StreamSession(delta=delta, consumed=proxy.consumed, health=proxy._health)
-        self.outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        # Requests for istiod; None tells the writer to stop.
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.superseded = asyncio.Event()
+        self.ended = False  # set once the stream's end is decided: no task starts another read or write
 
     def report_health(self, health: Health) -> None:
         for data in self.session.on_health(health):
             self.outbox.put_nowait(data)
 
     async def run(self) -> None:
+        # The handler's task is cancelled by grpc when Envoy goes away: the read is awaited in a task of its own.
+        first = await asyncio.shield(self.proxy._spawn(self._guarded(self._first_requests())))
+        if isinstance(first, _End):
+            self._finish(first)
+            return
+        self.proxy._register(self)
         settings = self.proxy.options.upstream
         try:
             channel = await upstream.dial(settings)
@@ -203,98 +256,140 @@ class _ProxiedStream:
             self.proxy.stats.upstream_failures += 1
             self.proxy._event("upstream_failure", "dial")
             log.warning("XDS proxy: failed to connect to upstream %s: %s", settings.address, exc)
-            self.context.set_code(grpc.StatusCode.UNAVAILABLE)
-            self.context.set_details(str(exc))
+            self._finish(_End(grpc.StatusCode.UNAVAILABLE, str(exc), "upstream"))
             return
         try:
             method = routing.DELTA_METHOD if self.delta else routing.SOTW_METHOD
+            for data in first:
+                self.outbox.put_nowait(data)
+            del first
             call = channel.stream_stream(method, request_serializer=_identity, response_deserializer=_identity)(
-                metadata=upstream.call_metadata(settings)
+                self._requests(), metadata=upstream.call_metadata(settings)
             )
             log.info("XDS proxy: stream %d (%s) connected to %s", self.id, "delta" if self.delta else "sotw",
                      settings.address)
             end = await self._relay(call)
-            call.cancel()
         finally:
             await channel.close()
         if end.side == "upstream" and end.code != grpc.StatusCode.OK:
             self.proxy.stats.upstream_failures += 1
             self.proxy._event("upstream_failure", end.code.name)
             log.info("XDS proxy: stream %d ended by %s: %s %s", self.id, end.side, end.code.name, end.details)
+        self._finish(end)
+
+    def _finish(self, end: _End) -> None:
         if end.code != grpc.StatusCode.OK:
             self.context.set_code(end.code)
             self.context.set_details(end.details)
 
-    async def _relay(self, call: Any) -> _End:
-        readers = asyncio.create_task(self._from_upstream(call))
-        writer = asyncio.create_task(self._to_upstream(call))
-        downstream = asyncio.create_task(self._from_downstream())
-        superseded = asyncio.create_task(self._wait_superseded())
-        tasks = [readers, writer, downstream, superseded]  # priority order when several end at once
+    async def _first_requests(self) -> list[bytes] | _End:
+        """The stream's first request, with the node hook applied, and what goes upstream for it."""
+        data = await self._read_downstream()
+        if isinstance(data, _End):
+            return data
+        hook = self.proxy.hooks.node_hook
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, _End):
-                return result
-            if isinstance(result, Exception):  # a bug, not a peer's doing: say so, end the stream
-                log.error("XDS proxy: stream %d failed", self.id, exc_info=result)
-                return _End(grpc.StatusCode.INTERNAL, f"xds proxy error: {result}", "proxy")
-        return _End(grpc.StatusCode.CANCELLED, "stream cancelled", "proxy")
+            if hook is not None:
+                data = apply_node_hook(data, self.delta, hook)
+            return self._accept(data)
+        except messages.DecodeError as exc:
+            return _End(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "downstream")
 
-    async def _wait_superseded(self) -> _End:
-        await self.superseded.wait()
+    def _accept(self, data: bytes) -> list[bytes]:
+        """A request from Envoy: what to send upstream for it. Raises DecodeError on garbage."""
+        head = messages.request_head(data, self.delta)
+        out = self.session.upstream_requests(head, data)
+        if head.error is not None:  # Envoy's NACK, for the metrics hook
+            self.proxy._event("envoy_nack", head.type_url)
+        self.proxy.stats.requests += 1
+        return out
+
+    async def _read_downstream(self) -> bytes | _End:
+        try:
+            data = await self.context.read()
+        except Exception as exc:  # the RPC was torn down under us
+            return _End(grpc.StatusCode.CANCELLED, f"downstream read failed: {exc}", "downstream")
+        if data is grpc.aio.EOF:
+            # Also how a request over the size limit shows here: gRPC has already failed the call.
+            return _End(grpc.StatusCode.OK, "", "downstream")
+        assert isinstance(data, bytes)
+        return data
+
+    async def _relay(self, call: Any) -> _End:
+        spawn = self.proxy._spawn
+        tasks = [  # priority order when several end at once
+            spawn(self._guarded(self._from_upstream(call))),
+            spawn(self._guarded(self._from_downstream())),
+        ]
+        superseded = asyncio.create_task(self.superseded.wait())
+        try:
+            await asyncio.wait([*tasks, superseded], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # End the calls rather than the tasks: every pending read and write completes, and each task
+            # returns at its next step. The downstream read ends when this handler returns.
+            self.ended = True
+            self.outbox.put_nowait(None)
+            call.cancel()
+            superseded.cancel()
+        for task in tasks:
+            if task.done():
+                return task.result()
         return _End(grpc.StatusCode.OK, "replaced by a newer stream or stopped", "proxy")
+
+    async def _guarded(self, coro: Coroutine[Any, Any, T]) -> T | _End:
+        try:
+            return await coro
+        except Exception as exc:  # a bug, not a peer's doing: say so, end the stream
+            log.error("XDS proxy: stream %d failed", self.id, exc_info=exc)
+            return _End(grpc.StatusCode.INTERNAL, f"xds proxy error: {exc}", "proxy")
 
     async def _from_downstream(self) -> _End:
         """Envoy → outbox. Ends when Envoy half-closes, sends garbage, or goes away."""
-        hook = self.proxy.hooks.node_hook
-        first = True
         while True:
+            data = await self._read_downstream()
+            if isinstance(data, _End):
+                return data
+            if self.ended:
+                return _End(grpc.StatusCode.OK, "", "proxy")
             try:
-                data = await self.context.read()
-            except Exception as exc:  # the RPC was torn down under us
-                return _End(grpc.StatusCode.CANCELLED, f"downstream read failed: {exc}", "downstream")
-            if data is grpc.aio.EOF:
-                return _End(grpc.StatusCode.OK, "", "downstream")
-            assert isinstance(data, bytes)
-            try:
-                if first and hook is not None:
-                    data = apply_node_hook(data, self.delta, hook)
-                first = False
-                head = messages.request_head(data, self.delta)
-                for out in self.session.upstream_requests(head, data):
+                for out in self._accept(data):
                     self.outbox.put_nowait(out)
-                if head.error is not None:  # Envoy's NACK, for the metrics hook
-                    self.proxy._event("envoy_nack", head.type_url)
             except messages.DecodeError as exc:
                 return _End(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "downstream")
-            self.proxy.stats.requests += 1
+            del data
 
-    async def _to_upstream(self, call: Any) -> _End:
-        """Outbox → istiod, in order. Health reports wait for LDS (the session never emits them earlier)."""
-        while True:
-            data = await self.outbox.get()
-            try:
-                await call.write(data)
-            except grpc.aio.AioRpcError as exc:
-                return _End(exc.code(), exc.details() or "", "upstream")
-            except Exception:
-                code = await call.code()
-                return _End(code, await call.details() or "", "upstream")
+    async def _requests(self) -> AsyncIterator[bytes]:
+        """Outbox → istiod, in order, as the call's request iterator (grpc writes them; ends at None).
+
+        Not a task of ours calling `call.write()`: a write awaits the call's initial metadata, and a call
+        cancelled before that is sent never wakes it (the task would wait forever). grpc stops its own
+        writer when the call is cancelled. Health reports wait for LDS (the session never emits them earlier).
+        """
+        while (data := await self.outbox.get()) is not None:
+            yield data
+            del data
 
     async def _from_upstream(self, call: Any) -> _End:
-        """istiod → Envoy, one response at a time (the next read waits for the forward)."""
+        """istiod → Envoy, one response at a time (the next read waits for the forward).
+
+        The response just forwarded stays referenced until the next one is read (one per stream, freed with
+        the stream): dropping it right after the write made 838 KB pushes 30% slower through the proxy
+        (`bench_xds_proxy_overhead.py`: 2.0-2.3 ms → 2.8-3.0 ms), for memory the next push needs anyway.
+        """
         while True:
             try:
                 data = await call.read()
             except grpc.aio.AioRpcError as exc:
                 return _End(exc.code(), exc.details() or "", "upstream")
+            except asyncio.CancelledError:
+                # Cancelling the call cancels grpc's own set-up task, which a first read awaits.
+                if not call.cancelled():
+                    raise
+                return _End(grpc.StatusCode.CANCELLED, "upstream call cancelled", "proxy")
             if data is grpc.aio.EOF:
                 return _End(await call.code(), await call.details() or "", "upstream")
+            if self.ended:
+                return _End(grpc.StatusCode.OK, "", "proxy")
             self.proxy.stats.received += 1
             try:
                 action = self.session.on_response(data)
