@@ -165,7 +165,8 @@ def _start(tmp_path: Path, start_agent: AgentStarter, apps: EnvoyApps, **variabl
     status_port = free_port()
     environment = agent_environment(
         proxy_config={"statusPort": status_port, "discoveryAddress": "127.0.0.1:1"}, DISABLE_ENVOY="true",
-        ISTIO_KUBE_APP_PROBERS=json.dumps(_probers(apps)), **variables)
+        ISTIO_KUBE_APP_PROBERS=json.dumps(_probers(apps)))
+    environment.update(variables)
     start_agent(tmp_path, environment).wait_answering(status_port, "/app-health/none/livez")
     return status_port
 
