@@ -4,9 +4,8 @@ Two glibc knobs, both measured on the 5,000-cluster push benchmark: capping
 malloc arenas (gRPC's threads each get their own arena otherwise, and freed
 push buffers stay mapped in them) and returning freed heap pages to the
 kernel with `malloc_trim` after bursts: every 15 s, and a second after the
-agent says a burst just ended (`MemoryTrimmer.soon()`: XDS streams closing,
-measured by `benchmarks/bench_xds_hostile_streams.py`). Both are no-ops off
-glibc.
+last of a burst of XDS streams closed (`MemoryTrimmer.soon()`; measured by
+`benchmarks/bench_xds_hostile_streams.py`). Both are no-ops off glibc.
 """
 
 from __future__ import annotations
@@ -60,19 +59,27 @@ class MemoryTrimmer:
         self._settle = settle
         self._ticker = Periodic(interval, self._trim, "malloc-trim")
         self._soon: asyncio.TimerHandle | None = None
+        self._due = 0.0
 
     async def start(self) -> None:
         if self._libc is not None:
             await self._ticker.start()
 
     def soon(self) -> None:
-        """Trim `settle` seconds from now: memory was just freed (streams closed). Calls made until then
-        add nothing, so a burst of them costs one trim a second at most. Call it on the event loop."""
-        if self._libc is None or not self._ticker.running or self._soon is not None:
+        """Trim once `settle` seconds have passed without another call: memory was just freed (streams
+        closed), and a burst of calls costs one trim, after its last. Call it on the event loop."""
+        if self._libc is None or not self._ticker.running:
             return
-        self._soon = asyncio.get_running_loop().call_later(self._settle, self._trim_soon)
+        loop = asyncio.get_running_loop()
+        self._due = loop.time() + self._settle
+        if self._soon is None:
+            self._soon = loop.call_at(self._due, self._trim_soon)
 
     def _trim_soon(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._due:  # asked again since: wait for the burst to end
+            self._soon = loop.call_at(self._due, self._trim_soon)
+            return
         self._soon = None
         assert self._libc is not None
         self._libc.malloc_trim(0)

@@ -8,6 +8,7 @@ import pytest
 from support import eventually
 
 from istio_agent import memory
+from istio_agent.clock import VirtualClock
 from istio_agent.memory import MemoryTrimmer
 from istio_agent.periodic import Periodic
 
@@ -91,18 +92,25 @@ async def test_memory_trimmer_is_a_no_op_without_glibc(monkeypatch: pytest.Monke
     await trimmer.stop()
 
 
-async def test_memory_trimmer_soon_trims_once_per_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_trimmer_soon_trims_once_a_burst_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
     libc = FakeLibc()
     monkeypatch.setattr(memory, "_libc", lambda: libc)
-    trimmer = MemoryTrimmer(interval=3600, settle=0.001)
-    trimmer.soon()  # not started: nothing to do
-    await trimmer.start()
-    for _ in range(100):  # a burst of closing streams
+
+    async def scenario() -> None:
+        trimmer = MemoryTrimmer(interval=3600, settle=1.0)
+        trimmer.soon()  # not started: nothing to do
+        await trimmer.start()
+        for _ in range(10):  # a stream closes every half second for five seconds
+            trimmer.soon()
+            await asyncio.sleep(0.5)
+        assert libc.trims == 0  # the last close is only half a second old
+        await asyncio.sleep(0.6)
+        assert libc.trims == 1
+        await asyncio.sleep(10)
+        assert libc.trims == 1  # one trim for the whole burst
         trimmer.soon()
-    await eventually(lambda: libc.trims >= 1, "the trim after the burst", timeout=5)
-    await asyncio.sleep(0.01)
-    assert libc.trims == 1
-    trimmer.soon()
-    await trimmer.stop()  # a trim asked for and not yet run is dropped with the trimmer
-    await asyncio.sleep(0.01)
-    assert libc.trims == 1
+        await trimmer.stop()  # a trim asked for and not yet run goes with the trimmer
+        await asyncio.sleep(5)
+        assert libc.trims == 1
+
+    VirtualClock().run(scenario())
