@@ -273,3 +273,12 @@ def test_a_non_default_workload_socket_needs_a_server_there(tmp_path: Path) -> N
                       WORKLOAD_IDENTITY_SOCKET_FILE="spire.sock")
     assert options.security.sds_socket_path.name == "spire.sock" and options.security.serve_only_files
     assert options.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"] == "spire.sock"
+
+
+def test_xds_server_limits_follow_istiods_grpc_variables(tmp_path: Path) -> None:
+    default = resolve(tmp_path).xds
+    assert (default.max_receive_message_size, default.max_concurrent_streams) == (4 * 1024 * 1024, 100000)
+    tuned = resolve(tmp_path, ISTIO_GPRC_MAXRECVMSGSIZE="1048576", ISTIO_GPRC_MAXSTREAMS="50").xds
+    assert (tuned.max_receive_message_size, tuned.max_concurrent_streams) == (1048576, 50)
+    with pytest.raises(ConfigError, match="ISTIO_GPRC_MAXRECVMSGSIZE=0: must be positive"):
+        resolve(tmp_path, ISTIO_GPRC_MAXRECVMSGSIZE="0")

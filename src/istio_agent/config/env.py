@@ -76,6 +76,12 @@ CREDENTIAL_IDENTITY_PROVIDER = string(
     "Identity provider the GoogleComputeEngine credential fetcher reports.", support=ACCEPTED, note=_GCE_FETCHER)
 GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.")
 GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.")
+# Upstream's spelling (GPRC), from istiod's gRPC server options, which the agent's XDS server shares.
+ISTIO_GPRC_MAXRECVMSGSIZE = integer(
+    "ISTIO_GPRC_MAXRECVMSGSIZE", 4 * 1024 * 1024,
+    "Largest request the XDS proxy accepts from Envoy, in bytes; a larger one ends that stream.")
+ISTIO_GPRC_MAXSTREAMS = integer(
+    "ISTIO_GPRC_MAXSTREAMS", 100000, "Most concurrent streams per connection on the XDS proxy's socket.")
 
 # --- workload certificates --------------------------------------------------------------------------
 SECRET_TTL = duration("SECRET_TTL", 24 * 3600.0, "Requested lifetime of workload certificates.")

@@ -312,6 +312,13 @@ def security_options(config: AgentConfig, host: HostFacts | None = None, *,
     )
 
 
+def positive(environment: env.Environment, var: env.EnvVar[int]) -> int:
+    value = environment.get(var)
+    if value <= 0:
+        raise ConfigError(f"environment variable {var.name}={value}: must be positive")
+    return value
+
+
 def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyOptions:
     environment, pc = config.environment, config.proxy_config
     key, chain = xds_client_key_pair(environment, pc.proxy_metadata)
@@ -335,6 +342,8 @@ def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyO
         upstream=upstream,
         dns_enabled=dns_proxy_enabled(environment),
         pcds_enabled=environment.get(env.PROXY_CONFIG_XDS_AGENT),
+        max_receive_message_size=positive(environment, env.ISTIO_GPRC_MAXRECVMSGSIZE),
+        max_concurrent_streams=positive(environment, env.ISTIO_GPRC_MAXSTREAMS),
     )
 
 

@@ -51,6 +51,7 @@ class XdsProxyOptions:
     stop_grace: float = 1.0
     # The largest request accepted from Envoy, in bytes (responses from istiod are never capped).
     max_receive_message_size: int = MAX_RECEIVE_MESSAGE_SIZE
+    max_concurrent_streams: int = 100000  # per connection (ISTIO_GPRC_MAXSTREAMS)
 
 
 @dataclass(frozen=True)

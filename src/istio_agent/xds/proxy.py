@@ -121,6 +121,7 @@ class XdsProxy:
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", self.options.max_receive_message_size),
             ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", self.options.max_concurrent_streams),
             ("grpc.http2.bdp_probe", 0),
             *keepalive_options(settings.keepalive_interval, settings.keepalive_timeout),
         ])
