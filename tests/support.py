@@ -15,6 +15,7 @@ import contextlib
 import http.client
 import inspect
 import os
+import random
 import re
 import shutil
 import socket
@@ -44,11 +45,22 @@ SERVING_LINE = re.compile(r"serving: plaintext (\S+), TLS (\S+)")
 HTTP_NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, http.client.HTTPException)
 
 
+# Below the kernel's ephemeral range (32768-60999 by default): a port handed out here is not also
+# picked as the source port of some outgoing connection before the server under test binds it.
+FREE_PORT_RANGE = (20000, 32000)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free on every address a moment ago, chosen at random below the ephemeral range."""
+    for _ in range(500):
+        port = random.randint(*FREE_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free TCP port in {FREE_PORT_RANGE}")
 
 
 def free_udp_tcp_port(attempts: int = 50) -> int:

@@ -143,14 +143,14 @@ def run_agent(options: AgentOptions) -> int:
     from istio_agent.eventloop import new_event_loop
     from istio_agent.memory import limit_malloc_arenas
 
-    for var in options.without_effect:
-        log.warning("environment variable %s is set but has no effect here: %s", var.name, var.note)
     limit_malloc_arenas()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     agent = assemble(options)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # first: from here on a SIGTERM is a graceful stop
         loop.add_signal_handler(sig, agent.request_stop)
+    for var in options.without_effect:
+        log.warning("environment variable %s is set but has no effect here: %s", var.name, var.note)
     try:
         return loop.run_until_complete(agent.run())
     except (ConfigError, OSError) as exc:

@@ -33,7 +33,7 @@ def drop_privileges(uid: int, gid: int, groups: list[int]) -> None:
     assert os.geteuid() == uid and os.getegid() == gid
 
 
-def ask(socket_path: str, names: list[str]) -> dict[str, object]:
+def ask(channel: grpc.Channel, names: list[str]) -> dict[str, object]:
     answered = threading.Event()
 
     def requests() -> Iterator[discovery_pb2.DiscoveryRequest]:
@@ -42,7 +42,6 @@ def ask(socket_path: str, names: list[str]) -> dict[str, object]:
         yield request
         answered.wait(30)  # keep the stream open until the answer is in
 
-    channel = grpc.insecure_channel(f"unix:{socket_path}")
     try:
         for response in sds_pb2_grpc.SecretDiscoveryServiceStub(channel).StreamSecrets(requests(), timeout=30):
             answered.set()
@@ -66,8 +65,11 @@ def ask(socket_path: str, names: list[str]) -> dict[str, object]:
 
 def main() -> None:
     uid, gid, groups, socket_path, *names = sys.argv[1:]
+    # The channel (and the grpc modules it imports lazily) is made while the venv is still readable;
+    # it connects only on the first call, after the drop, so the agent still sees the new uid.
+    channel = grpc.insecure_channel(f"unix:{socket_path}")
     drop_privileges(int(uid), int(gid), [] if groups == "-" else [int(g) for g in groups.split(",")])
-    print(json.dumps(ask(socket_path, names)), flush=True)
+    print(json.dumps(ask(channel, names)), flush=True)
 
 
 if __name__ == "__main__":
