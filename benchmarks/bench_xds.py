@@ -28,7 +28,6 @@ Needs root (network namespaces). Prints figures and, last, one JSON object:
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import http.client
 import json
 import os
@@ -48,12 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helper
 from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, pod_files
 from support import HTTP_NOT_YET, poll, rss_mb, stop_process
 
+from istio_agent.capture import netns as capture_netns
+
 SERVICES = int(os.environ.get("BENCH_SERVICES", "1000"))
 PORTS = [("http", 80, "HTTP"), ("http2", 8081, "HTTP2"), ("grpc", 9090, "GRPC"), ("mysql", 3306, "TCP"),
          ("redis", 6379, "TCP")]
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 PUSH_LINE = re.compile(r"mesh version (\d+):")
-CLONE_NEWNET = 0x40000000
 
 
 # ---- registry ------------------------------------------------------------------------------------
@@ -91,14 +91,8 @@ def sh(*argv: str) -> None:
 
 
 def enter_netns(name: str) -> None:
-    """Move the calling thread (only) into network namespace `name`: its sockets then live there."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {name}")
-    finally:
-        os.close(fd)
+    """Move the calling thread (setns moves only the caller) into network namespace `name`."""
+    capture_netns.enter_netns(f"/run/netns/{name}")
 
 
 class Arm:

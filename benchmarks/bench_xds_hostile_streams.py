@@ -38,7 +38,6 @@ Needs root (a network namespace). Last line: one JSON object with
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import http.client
 import json
 import os
@@ -56,10 +55,11 @@ from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, 
 from support import VENV_BIN, open_workdir, poll, rss_mb, stop_process
 from xds_hostile import describe, hostile_round_in_child
 
+from istio_agent.capture import netns as capture_netns
+
 STREAMS = int(os.environ.get("BENCH_STREAMS", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 SETTLE = float(os.environ.get("BENCH_SETTLE", "20"))
-CLONE_NEWNET = 0x40000000
 
 # A bare grpc.aio ADS server on a Unix socket, grpcio's defaults, dropping whatever it reads.
 PEER = textwrap.dedent("""
@@ -89,14 +89,8 @@ def sh(*argv: str) -> None:
 
 
 def enter_netns(name: str) -> None:
-    """Move the calling thread (only) into network namespace `name`."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {name}")
-    finally:
-        os.close(fd)
+    """Move the calling thread (setns moves only the caller) into network namespace `name`."""
+    capture_netns.enter_netns(f"/run/netns/{name}")
 
 
 class Sampler:
