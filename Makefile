@@ -22,6 +22,8 @@ debs:
 	  missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	  if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	  if ! command -v kubectl >/dev/null; then echo "installing: kubernetes-client (kubectl)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; fi; \
 	fi
 
 setup: $(STAMP) debs

@@ -1,0 +1,1 @@
+"""`install-cni`: the Istio CNI node agent (plugin install, conflist merge, watch and repair, cleanup)."""
