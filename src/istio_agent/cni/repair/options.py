@@ -1,0 +1,29 @@
+"""The repair controller's settings: install-cni's `--repair-*` flags, with upstream's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VALIDATION_EXIT_CODE = 126  # what `pilot-agent istio-iptables --run-validation` exits with when capture is missing
+
+
+@dataclass(frozen=True)
+class RepairOptions:
+    """Which pods are broken (their validation init container failed) and what to do with them.
+
+    Field names follow upstream's flags (`--repair-<name>` with `_` for `-`).
+    """
+
+    enabled: bool = True
+    node_name: str = ""  # `--repair-node-name`: "" watches pods on every node
+    label_key: str = "cni.istio.io/uninitialized"
+    label_value: str = "true"
+    repair_pods: bool = True
+    delete_pods: bool = False
+    label_pods: bool = False
+    sidecar_annotation: str = "sidecar.istio.io/status"
+    init_container_name: str = "istio-validation"
+    init_container_termination_message: str = ""
+    init_container_exit_code: int = VALIDATION_EXIT_CODE
+    label_selectors: str = ""
+    field_selectors: str = ""
