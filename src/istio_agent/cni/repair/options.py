@@ -18,7 +18,9 @@ class RepairOptions:
     node_name: str = ""  # `--repair-node-name`: "" watches pods on every node
     label_key: str = "cni.istio.io/uninitialized"
     label_value: str = "true"
-    repair_pods: bool = True
+    # Upstream has no `--repair-repair-pods` flag: the binary reads REPAIR_REPAIR_PODS (unset: false); Istio's
+    # istio-cni chart sets it true. In-place repair needs the pod's netns on this node: see controller.py.
+    repair_pods: bool = False
     delete_pods: bool = False
     label_pods: bool = False
     sidecar_annotation: str = "sidecar.istio.io/status"
