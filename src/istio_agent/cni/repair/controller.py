@@ -1,22 +1,236 @@
-"""The repair controller's I/O edge: list and watch the selected pods, act on the broken ones (being written)."""
+"""The repair controller's I/O edge: list and watch the selected pods, act on the broken ones.
+
+`run_repair` is what install-cni runs beside its installer (`--repair-enabled`). It lists the pods its selectors
+name (this node's, by `spec.nodeName`, when a node name is set), watches from the list's resourceVersion with
+bookmarks, resumes from the last version seen after a broken watch, lists again when the API answers 410
+(Expired), and backs off while the API is unreachable or refuses. Each pod `rules.diagnose` finds broken is acted
+on once per resourceVersion (`ledger.Ledger`): labelled through `pods/{name}/status` or deleted with upstream's
+preconditions; a failure is logged with the API's message and retried with backoff.
+
+In-place repair (`repair_pods`, upstream's REPAIR_REPAIR_PODS) enters the pod's network namespace, found by
+scanning the host's /proc for the pod's IP; this controller works through the Kubernetes API only, so it falls
+back to deletion or labelling when those are set, and says so.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
+from collections.abc import Mapping
+from typing import Any
 
 import prometheus_client
 
 from istio_agent.cni.kubeaccess import KubeAccess
+from istio_agent.cni.repair.kube import KubeApiError, PodApi
+from istio_agent.cni.repair.ledger import Backoff, Ledger
 from istio_agent.cni.repair.options import RepairOptions
+from istio_agent.cni.repair.rules import (
+    LABEL_PATCH_CONTENT_TYPE,
+    RESULT_FAIL,
+    RESULT_SKIP,
+    RESULT_SUCCESS,
+    Action,
+    check_options,
+    chosen_action,
+    delete_options,
+    diagnose,
+    field_selector,
+    has_label,
+    label_patch,
+    label_selector,
+    pod_key,
+    resource_version,
+)
 
 log = logging.getLogger("istio_agent.cni.repair")
 
+WATCH_TIMEOUT = (300, 600)  # seconds a watch request lasts on the server, drawn as client-go's reflector does
+
+
+class RepairMetrics:
+    """Upstream's `istio_cni_repair_pods_repaired_total{type, result}` on the given registry."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.repaired = prometheus_client.Counter(
+            "istio_cni_repair_pods_repaired", "Total number of pods repaired by repair controller",
+            ["type", "result"], registry=registry)
+
+    def count(self, action: Action, result: str) -> None:
+        self.repaired.labels(type=action, result=result).inc()
+
+
+def effective_action(options: RepairOptions) -> Action | None:
+    """Upstream's choice, with in-place repair (not possible through the API alone) falling back."""
+    action = chosen_action(options)
+    if action != "repair":
+        return action
+    fallback: Action | None = "delete" if options.delete_pods else "label" if options.label_pods else None
+    log.warning("in-place repair (REPAIR_REPAIR_PODS) is not supported here: it needs the pod's network namespace "
+                "on this node, and this controller works through the Kubernetes API only; broken pods are %s",
+                f"handled by {fallback} instead" if fallback else "only logged")
+    return fallback
+
+
+class RepairController:
+    """One list+watch of the selected pods, a cache of their latest versions and one worker acting on them."""
+
+    def __init__(self, options: RepairOptions, action: Action | None, api: PodApi, metrics: RepairMetrics,
+                 backoff: Backoff | None = None) -> None:
+        self.options, self.action, self.api, self.metrics = options, action, api, metrics
+        self.backoff = backoff or Backoff()
+        self.ledger = Ledger(self.backoff)
+        self.pods: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.resource_version = ""
+        self.synced = asyncio.Event()  # set once the first list is in
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._retries: dict[tuple[str, str], asyncio.TimerHandle] = {}
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        worker = asyncio.create_task(self._work(), name="cni-repair-worker")
+        try:
+            await self._list_and_watch()
+        finally:
+            worker.cancel()
+            for handle in self._retries.values():
+                handle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+
+    # ---- the list+watch loop -----------------------------------------------------------------------------------
+
+    async def _list_and_watch(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if not self.resource_version:
+                    listing = await self.api.list()
+                    self._replace(listing.items)
+                    self.resource_version = listing.resource_version
+                    failures = 0
+                    if not self.synced.is_set():
+                        log.info("repair controller watching %d pods (field selector %r, label selector %r)",
+                                 len(listing.items), field_selector(self.options), label_selector(self.options))
+                    self.synced.set()
+                async for kind, obj in self.api.watch(self.resource_version, random.randint(*WATCH_TIMEOUT)):
+                    failures = 0
+                    self.resource_version = resource_version(obj) or self.resource_version
+                    self._event(kind, obj)
+            except KubeApiError as exc:
+                if exc.expired:
+                    log.info("pod watch at resourceVersion %s expired (%s): listing again", self.resource_version,
+                             exc.message)
+                    self.resource_version = ""
+                    continue
+                failures += 1
+                delay = self.backoff.delay(failures)
+                log.warning("pod %s failed: %s; retrying in %.1fs", "watch" if self.resource_version else "list",
+                            exc, delay)
+                await asyncio.sleep(delay)
+
+    def _replace(self, items: list[Mapping[str, Any]]) -> None:
+        """A fresh list: pods missing from it are gone; the others are judged as if just seen."""
+        fresh = {(pod_key(p).namespace, pod_key(p).name): p for p in items}
+        for key in self.pods.keys() - fresh.keys():
+            self.ledger.forget(key)
+        self.pods = fresh
+        for pod in items:
+            self._consider(pod)
+
+    def _event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "BOOKMARK":
+            return
+        key = pod_key(obj)
+        if kind == "DELETED":
+            self.pods.pop((key.namespace, key.name), None)
+            self.ledger.forget((key.namespace, key.name))
+        elif kind in ("ADDED", "MODIFIED"):
+            self.pods[(key.namespace, key.name)] = obj
+            self._consider(obj)
+
+    def _consider(self, pod: Mapping[str, Any]) -> None:
+        key = pod_key(pod)
+        verdict = diagnose(pod, self.options)
+        if not verdict.broken:
+            self.ledger.settled((key.namespace, key.name))
+        elif self.ledger.wants((key.namespace, key.name), key.uid, resource_version(pod)):
+            log.info("pod %s is broken: %s", key, verdict.reason)
+            self._queue.put_nowait((key.namespace, key.name))
+
+    # ---- acting --------------------------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            slot = await self._queue.get()
+            pod = self.pods.get(slot)
+            if pod is None:
+                continue
+            key = pod_key(pod)
+            if not diagnose(pod, self.options).broken:
+                self.ledger.settled(slot)
+                continue
+            version = resource_version(pod)
+            if not self.ledger.due(slot, key.uid, version):
+                continue
+            try:
+                await self._act(pod)
+            except KubeApiError as exc:
+                delay = self.ledger.failed(slot, key.uid, version)
+                if delay is None:
+                    log.error("could not %s broken pod %s: %s; giving up until it changes", self.action, key, exc)
+                else:
+                    log.error("could not %s broken pod %s: %s; retrying in %.1fs", self.action, key, exc, delay)
+                    self._retries[slot] = asyncio.get_running_loop().call_later(delay, self._retry, slot)
+            else:
+                self.ledger.done(slot, key.uid, version)
+
+    def _retry(self, slot: tuple[str, str]) -> None:
+        self._retries.pop(slot, None)
+        self._queue.put_nowait(slot)
+
+    async def _act(self, pod: Mapping[str, Any]) -> None:
+        key = pod_key(pod)
+        if self.action is None:
+            log.warning("broken pod %s left as it is: neither --repair-delete-pods nor --repair-label-pods is set",
+                        key)
+        elif self.action == "label":
+            if has_label(pod, self.options.label_key):
+                self.metrics.count("label", RESULT_SKIP)
+                log.info("broken pod %s already has label %s", key, self.options.label_key)
+                return
+            await self._counted("label", self.api.patch_status(key.namespace, key.name, label_patch(self.options),
+                                                               LABEL_PATCH_CONTENT_TYPE))
+            log.info("labelled broken pod %s with %s=%s", key, self.options.label_key, self.options.label_value)
+        elif self.action == "delete":
+            await self._counted("delete", self.api.delete(key.namespace, key.name, delete_options(pod)))
+            log.info("deleted broken pod %s", key)
+
+    async def _counted(self, action: Action, call: Any) -> None:
+        try:
+            await call
+        except KubeApiError:
+            self.metrics.count(action, RESULT_FAIL)
+            raise
+        self.metrics.count(action, RESULT_SUCCESS)
+
 
 async def run_repair(options: RepairOptions, access: KubeAccess, registry: prometheus_client.CollectorRegistry) -> None:
-    """Run until cancelled: watch `options`' pods through the API at `access`, count on `registry`."""
+    """Run until cancelled: watch `options`' pods through the API at `access`, count on `registry`.
+
+    Raises `rules.RepairOptionsError` (naming the flag) at once for settings the API would refuse, and
+    `kube.KubeApiError` when the CA file cannot be read.
+    """
     if not options.enabled:
         log.info("CNI repair controller is disabled")
         return
-    log.warning("the CNI repair controller is not built yet: %s is not watched", access.server)
-    await asyncio.Event().wait()
+    check_options(options)
+    action = effective_action(options)
+    metrics = RepairMetrics(registry)
+    api = PodApi(access, label_selector=label_selector(options), field_selector=field_selector(options))
+    try:
+        await RepairController(options, action, api, metrics).run()
+    finally:
+        await api.close()
