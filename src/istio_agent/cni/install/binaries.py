@@ -1,0 +1,86 @@
+"""The plugin executable in the CNI bin dir: found, copied atomically (temp file + rename, 0755), removed.
+
+What is installed is the `istio-cni` console script of this installation: the one
+beside the running interpreter (a venv's bin dir), else the one on PATH. It is
+what the node's container runtime execs on a host where the project is installed
+(its first line names this interpreter). A copy is skipped when the target
+already holds the same bytes with mode 0755, so a re-check writes nothing and
+wakes no watcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+PLUGIN_NAME = "istio-cni"
+PLUGIN_MODE = 0o755
+
+
+class BinaryError(OSError):
+    """The plugin executable could not be found or installed (the message names the path)."""
+
+
+def find_plugin_source() -> Path:
+    """The `istio-cni` console script of this installation."""
+    beside = Path(sys.executable).parent / PLUGIN_NAME
+    if beside.is_file():
+        return beside
+    found = shutil.which(PLUGIN_NAME)
+    if found:
+        return Path(found)
+    raise BinaryError(f"the {PLUGIN_NAME} executable is neither beside {sys.executable} nor on PATH")
+
+
+def plugin_installed(source: Path, bin_dir: str) -> bool:
+    """Whether `bin_dir` holds the plugin with `source`'s bytes and mode 0755."""
+    target = Path(bin_dir) / PLUGIN_NAME
+    try:
+        info = target.stat()
+        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != PLUGIN_MODE:
+            return False
+        if info.st_size != source.stat().st_size:
+            return False
+        return target.read_bytes() == source.read_bytes()
+    except OSError:
+        return False
+
+
+def install_plugin(source: Path, bin_dir: str) -> bool:
+    """Copy the plugin into `bin_dir` unless it is already there; True when a copy was made."""
+    if plugin_installed(source, bin_dir):
+        return False
+    target = Path(bin_dir) / PLUGIN_NAME
+    for leftover in glob.glob(glob.escape(str(target)) + ".tmp.*"):  # a copy interrupted by a crash
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+    temporary = Path(f"{target}.tmp.{os.getpid()}")
+    try:
+        data = source.read_bytes()
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PLUGIN_MODE)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fchmod(fd, PLUGIN_MODE)
+            os.fsync(fd)
+        os.rename(temporary, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        hint = " (read-only file system: set --cni-bin-dir to the node's CNI bin dir)" if exc.errno == 30 else ""
+        raise BinaryError(f"copy {source} to {target}: {exc.strerror or exc}{hint}") from None
+    return True
+
+
+def remove_plugin(bin_dir: str) -> bool:
+    """Remove our executable; True when there was one."""
+    try:
+        os.unlink(Path(bin_dir) / PLUGIN_NAME)
+    except FileNotFoundError:
+        return False
+    return True
