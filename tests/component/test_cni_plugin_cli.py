@@ -128,7 +128,7 @@ def test_version_and_about(cni: Harness) -> None:
 
 @pytest.mark.parametrize("version", ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
 def test_prev_result_passthrough_for_each_version(cni: Harness, version: str) -> None:
-    prev = {"cniVersion": version, "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
+    prev: dict[str, Any] = {"cniVersion": version, "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
             "ips": [{"address": "10.88.0.5/16", "gateway": "10.88.0.1", "interface": 0}],
             "routes": [{"dst": "0.0.0.0/0"}], "dns": {"nameservers": ["10.96.0.10"]}}
     if version.startswith("0."):
