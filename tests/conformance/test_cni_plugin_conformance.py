@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -71,6 +72,7 @@ def api() -> Iterator[PodApi]:
     server = PodApi(folder)
     yield server
     server.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_kit_is_complete() -> None:
