@@ -1,0 +1,277 @@
+"""The real `install-cni` process on scratch directories: readiness, reinstall after conflicting writes, the
+binary and the kubeconfig kept, SIGTERM cleanup, metrics (promtool), the plugin's log socket, bad input.
+
+Each test writes its own service-account directory (token, ca.crt, namespace) and points
+KUBERNETES_SERVICE_HOST/PORT at 127.0.0.1:6443 (nothing needs to answer there: install-cni only
+writes the plugin's kubeconfig for it). Ports are free ones (`--readiness-port` is ours, so a dev
+machine's busy :8000 does not matter); repair is off. Nothing here asserts timing: changes are
+polled for (the benchmark measures how fast they come).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from needs import need_tool
+from support import HTTP_NOT_YET, VENV_BIN, LineCollector, free_port, http_request, poll, stop_process
+
+INSTALL_CNI = VENV_BIN / "install-cni"
+PLUGIN = VENV_BIN / "istio-cni"
+CALICO = {"cniVersion": "0.3.1", "name": "k8s-pod-network", "plugins": [
+    {"type": "calico", "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"}},
+    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}]}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """How another CNI agent writes its config: a temporary file renamed over the old one."""
+    temporary = path.with_name("." + path.name + ".new")
+    temporary.write_text(text)
+    temporary.rename(path)
+
+
+class InstallCni:
+    """One install-cni process and its directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.net_dir = root / "net.d"
+        self.bin_dir = root / "bin"
+        self.run_dir = root / "run"
+        self.sa_dir = root / "sa"
+        for folder in (self.net_dir, self.bin_dir, self.run_dir, self.sa_dir):
+            folder.mkdir()
+        (self.sa_dir / "token").write_text("token-one")
+        (self.sa_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
+        (self.sa_dir / "namespace").write_text("istio-system")
+        self.readiness_port = free_port()
+        self.monitoring_port = free_port()
+        self.proc: subprocess.Popen[str] | None = None
+        self.log: LineCollector | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run_dir / "istio-cni-kubeconfig"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / "log.sock"
+
+    def args(self, *extra: str) -> list[str]:
+        return [str(INSTALL_CNI), f"--mounted-cni-net-dir={self.net_dir}", f"--cni-bin-dir={self.bin_dir}",
+                f"--cni-agent-run-dir={self.run_dir}", f"--service-account-dir={self.sa_dir}",
+                f"--readiness-port={self.readiness_port}", f"--monitoring-port={self.monitoring_port}",
+                "--repair-enabled=false", *extra]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "CNI_", "REPAIR_"))}
+        env.update({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"})
+        env.update(extra)
+        return env
+
+    def start(self, *extra: str, **env: str) -> None:
+        self.proc = subprocess.Popen(self.args(*extra), env=self.env(**env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.log = LineCollector(self.proc.stdout)
+        poll(lambda: self.status("/healthz") == 200, "install-cni's /healthz", 20, self.output, retry_on=HTTP_NOT_YET)
+
+    def output(self) -> str:
+        return self.log.text() if self.log else ""
+
+    def status(self, path: str) -> int:
+        return http_request("127.0.0.1", self.readiness_port, path)[0]
+
+    def ready(self) -> bool:
+        try:
+            return self.status("/readyz") == 200
+        except HTTP_NOT_YET:
+            return False
+
+    def metrics(self) -> str:
+        status, body = http_request("127.0.0.1", self.monitoring_port, "/metrics")
+        assert status == 200
+        return body.decode()
+
+    def has_entry(self, name: str) -> bool:
+        try:
+            config = json.loads((self.net_dir / name).read_text())
+        except (OSError, ValueError):
+            return False
+        return "istio-cni" in [p.get("type") for p in config.get("plugins", [])]
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(20)
+        assert self.log is not None
+        self.log.join(5)
+        return code
+
+    def close(self) -> None:
+        stop_process(self.proc)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[InstallCni]:
+    instance = InstallCni(tmp_path)
+    yield instance
+    instance.close()
+
+
+def test_readyz_waits_for_the_primary_config_then_installs(agent: InstallCni) -> None:
+    agent.start()
+    # Chained mode and no network config yet: serving, not ready, nothing in the net dir.
+    assert agent.status("/readyz") == 503
+    poll(lambda: "waiting for one in" in agent.output(), "the waiting message", 10, agent.output)
+    assert agent.status("/readyz") == 503
+    assert list(agent.net_dir.iterdir()) == []
+    write_atomically(agent.net_dir / "10-calico.conflist", json.dumps(CALICO, indent=4))
+    poll(agent.ready, "/readyz 200 once the primary config exists", 10, agent.output)
+    assert agent.has_entry("10-calico.conflist")
+    assert (agent.bin_dir / "istio-cni").read_bytes() == PLUGIN.read_bytes()
+    assert (agent.bin_dir / "istio-cni").stat().st_mode & 0o777 == 0o755
+    assert 'istio_cni_installs_total{result="SUCCESS"} 1.0' in agent.metrics()
+    assert "istio_cni_install_ready 1.0" in agent.metrics()
+
+
+def test_kept_installed_and_cleaned_up_on_sigterm(agent: InstallCni) -> None:
+    primary = agent.net_dir / "10-calico.conflist"
+    original = json.dumps(CALICO, indent=4) + "\n"  # not Go's formatting: cleanup must restore the bytes
+    primary.write_text(original)
+    primary.chmod(0o644)
+    other_config = agent.net_dir / "99-loopback.conf"
+    other_config.write_text('{"cniVersion": "0.3.1", "name": "lo", "type": "loopback"}')
+    other_file = agent.net_dir / "README"
+    other_file.write_text("not a network config\n")
+    other_binary = agent.bin_dir / "bridge"
+    other_binary.write_bytes(b"\x7fELF not really")
+    other_binary.chmod(0o755)
+    agent.start()
+    poll(agent.ready, "installed", 10, agent.output)
+    assert agent.has_entry(primary.name)
+    assert primary.stat().st_mode & 0o777 == 0o644  # the primary's permissions kept
+    kubeconfig = agent.kubeconfig.read_text()
+    assert "token: token-one" in kubeconfig and "server: https://127.0.0.1:6443" in kubeconfig
+    assert agent.kubeconfig.stat().st_mode & 0o777 == 0o600
+
+    # Another CNI rewrites its conflist after us, without our entry (rename, then in place).
+    rewritten = json.dumps({**CALICO, "plugins": [*CALICO["plugins"], {"type": "bandwidth"}]}, indent=2)
+    write_atomically(primary, rewritten)
+    poll(lambda: agent.has_entry(primary.name), "our entry back after a conflicting rename", 10, agent.output)
+    with primary.open("w") as out:
+        out.write(rewritten)
+    poll(lambda: agent.has_entry(primary.name), "our entry back after an in-place rewrite", 10, agent.output)
+    poll(agent.ready, "ready again", 10, agent.output)
+    assert [p["type"] for p in json.loads(primary.read_text())["plugins"]] == [
+        "calico", "portmap", "bandwidth", "istio-cni"]
+
+    # The binary deleted: restored.
+    (agent.bin_dir / "istio-cni").unlink()
+    poll(lambda: (agent.bin_dir / "istio-cni").exists(), "the binary restored", 10, agent.output)
+    assert (agent.bin_dir / "istio-cni").read_bytes() == PLUGIN.read_bytes()
+
+    # The token rotated (Kubernetes swaps the projected files by rename): the kubeconfig follows.
+    write_atomically(agent.sa_dir / "token", "token-two")
+    poll(lambda: "token: token-two" in agent.kubeconfig.read_text(), "the kubeconfig rewritten", 10, agent.output)
+    metrics = agent.metrics()
+    assert 'istio_cni_installs_total{result="SUCCESS"}' in metrics
+
+    assert agent.terminate() == 0
+    assert primary.read_text() == rewritten  # byte-identical to what the other CNI last wrote
+    assert primary.stat().st_mode & 0o777 == 0o644
+    assert not agent.kubeconfig.exists()
+    assert not (agent.bin_dir / "istio-cni").exists()
+    assert not agent.socket_path.exists()
+    assert other_config.read_text() == '{"cniVersion": "0.3.1", "name": "lo", "type": "loopback"}'
+    assert other_file.read_text() == "not a network config\n"
+    assert other_binary.read_bytes() == b"\x7fELF not really"
+    assert sorted(p.name for p in agent.net_dir.iterdir()) == ["10-calico.conflist", "99-loopback.conf", "README"]
+    assert sorted(p.name for p in agent.bin_dir.iterdir()) == ["bridge"]
+
+
+def test_a_conf_primary_is_restored_under_its_name(agent: InstallCni) -> None:
+    primary = agent.net_dir / "10-bridge.conf"
+    original = '{"cniVersion": "0.3.1", "name": "br", "type": "bridge", "bridge": "cni0"}'
+    primary.write_text(original)
+    agent.start()
+    poll(agent.ready, "installed", 10, agent.output)
+    assert not primary.exists() and agent.has_entry("10-bridge.conflist")
+    assert agent.terminate() == 0
+    assert primary.read_text() == original
+    assert not (agent.net_dir / "10-bridge.conflist").exists()
+
+
+def test_metrics_pass_promtool(agent: InstallCni) -> None:
+    promtool = need_tool("promtool")
+    (agent.net_dir / "10-calico.conflist").write_text(json.dumps(CALICO))
+    agent.start()
+    poll(agent.ready, "installed", 10, agent.output)
+    text = agent.metrics()
+    assert "# TYPE istio_cni_installs_total counter" in text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30,
+                             check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert http_request("127.0.0.1", agent.monitoring_port, "/other")[0] == 404
+
+
+def post_unix(path: Path, target: str, body: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(str(path))
+        sock.sendall(f"POST {target} HTTP/1.1\r\nHost: unix\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    return response
+
+
+def test_log_socket_logs_the_plugins_lines(agent: InstallCni) -> None:
+    agent.start()
+    assert agent.socket_path.stat().st_mode & 0o777 == 0o666
+    entries = [json.dumps({"level": "info", "time": "2026-12-01T10:00:00.5Z", "msg": "istio-cni ADD for pod-7",
+                           "pod": "default/pod-7"}),
+               json.dumps({"level": "debug", "time": "2026-12-01T10:00:00.6Z", "msg": "below the agent's level"})]
+    response = post_unix(agent.socket_path, "/log", json.dumps(entries).encode())
+    assert response.startswith(b"HTTP/1.1 200")
+    line = poll(lambda: next((x for x in (agent.log.lines if agent.log else []) if "ADD for pod-7" in x), None),
+                "the plugin's line in install-cni's log", 10, agent.output)
+    assert "\tinfo\tcni-plugin\tistio-cni ADD for pod-7\tpod=default/pod-7" in line
+    assert line.startswith("2026-12-01T10:00:00.5")  # the plugin's time
+    assert "below the agent's level" not in agent.output()
+    assert post_unix(agent.socket_path, "/log", b"{not json").startswith(b"HTTP/1.1 200")
+    poll(lambda: "Failed to unmarshal CNI plugin logs" in agent.output(), "the refusal logged", 10, agent.output)
+
+
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["--chained-cni-plugin=yes"], {}, "--chained-cni-plugin ($CHAINED_CNI_PLUGIN): 'yes'"),
+    ([], {"KUBECONFIG_MODE": "rw-r--r--"}, "--kubeconfig-mode ($KUBECONFIG_MODE): 'rw-r--r--'"),
+    ([], {"KUBERNETES_SERVICE_HOST": ""}, "KUBERNETES_SERVICE_HOST"),
+])
+def test_bad_input_fails_at_start_naming_it(agent: InstallCni, args: list[str], env: dict[str, str],
+                                            named: str) -> None:
+    done = subprocess.run(agent.args(*args), env=agent.env(**env), capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr
+    assert list(agent.bin_dir.iterdir()) == [] and list(agent.run_dir.iterdir()) == []
+
+
+def test_settings_from_the_environment(agent: InstallCni) -> None:
+    """Each flag also comes from its variable (upstream's viper binding); the command line wins."""
+    agent.start(f"--cni-agent-run-dir={agent.run_dir}", CHAINED_CNI_PLUGIN="false", CNI_CONF_NAME="50-istio.conf",
+                EXCLUDE_NAMESPACES="kube-system,istio-system", KUBECONFIG_MODE="0640",
+                CNI_AGENT_RUN_DIR="/nonexistent/run")
+    poll(agent.ready, "installed standalone", 10, agent.output)
+    entry = json.loads((agent.net_dir / "50-istio.conf").read_text())
+    assert entry["type"] == "istio-cni" and entry["exclude_namespaces"] == ["kube-system", "istio-system"]
+    assert entry["cni_agent_run_dir"] == str(agent.run_dir)
+    assert agent.kubeconfig.stat().st_mode & 0o777 == 0o640
+    assert agent.terminate() == 0
+    assert list(agent.net_dir.iterdir()) == []
