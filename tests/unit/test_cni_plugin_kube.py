@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from istio_agent.cni.install.kubeconfig import KubeconfigInputs, render_kubeconfig
 from istio_agent.cni.plugin import kubeyaml
 from istio_agent.cni.plugin.kubeclient import (
     ApiError,
@@ -22,30 +23,6 @@ from istio_agent.cni.plugin.kubeclient import (
 from istio_agent.cni.plugin.log import PluginLog, format_entry, format_time, request_bytes
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-
-
-class KubeconfigInputs:
-    """What install-cni's kubeconfig holds."""
-
-    def __init__(self, server: str, token: bytes, ca_data: bytes | None, skip_tls_verify: bool = False) -> None:
-        self.server, self.token, self.ca_data, self.skip_tls_verify = server, token, ca_data, skip_tls_verify
-
-
-def render_kubeconfig(inputs: KubeconfigInputs) -> str:
-    """install-cni's renderer when it is there; else its layout (sigs.k8s.io/yaml: sorted keys, lists unindented)."""
-    try:
-        from istio_agent.cni.install import kubeconfig
-    except ImportError:
-        kubeconfig = None  # type: ignore[assignment]
-    if kubeconfig is not None and hasattr(kubeconfig, "render_kubeconfig"):
-        return str(kubeconfig.render_kubeconfig(kubeconfig.KubeconfigInputs(
-            inputs.server, inputs.token, inputs.ca_data, skip_tls_verify=inputs.skip_tls_verify)))
-    cluster = (f"    certificate-authority-data: {base64.b64encode(inputs.ca_data).decode()}\n"
-               if inputs.ca_data is not None else "    insecure-skip-tls-verify: true\n")
-    return ("apiVersion: v1\nclusters:\n- cluster:\n" + cluster + f"    server: {inputs.server}\n  name: local\n"
-            "contexts:\n- context:\n    cluster: local\n    user: istio-cni\n  name: istio-cni-context\n"
-            "current-context: istio-cni-context\nkind: Config\nusers:\n- name: istio-cni\n  user:\n"
-            f"    token: {json.dumps(inputs.token.decode())}\n")
 
 
 @pytest.mark.parametrize("inputs", [
@@ -175,3 +152,15 @@ def test_log_level() -> None:
 def test_base64_ca_round_trip() -> None:
     text = render_kubeconfig(KubeconfigInputs("https://h:1", b"t", CA))
     assert base64.b64encode(CA).decode() in text
+
+
+def test_install_cni_reads_the_plugins_log_body() -> None:
+    """The node agent's own parser (upstream's uds.go format) takes every entry the plugin sends."""
+    from istio_agent.cni.install.pluginlog import parse_body
+
+    entries = [format_entry("warn", "retrying", 1700000000.25, {"pod": "ns/p"}),
+               format_entry("debug", "details", 1700000001.0, {})]
+    body = request_bytes(entries).split(b"\r\n\r\n", 1)[1]
+    lines = parse_body(body)
+    assert [(line.msg, line.time, line.labels) for line in lines] == [
+        ("retrying", 1700000000.25, (("pod", "ns/p"),)), ("details", 1700000001.0, ())]
