@@ -17,6 +17,7 @@ from istio_agent.cni.plugin.log import SOCKET_NAME, PluginLog, send_to_socket
 from istio_agent.cni.plugin.protocol import (
     ABOUT,
     ERR_INTERNAL,
+    ERR_IO_FAILURE,
     SUPPORTED_VERSIONS,
     CniError,
     add_result,
@@ -32,12 +33,23 @@ if TYPE_CHECKING:
     from typing import BinaryIO, TextIO
 
 
-def run(env: Mapping[str, str], stdin: bytes, stdout: BinaryIO, stderr: TextIO,
+def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr: TextIO,
         sleep: Callable[[float], None] = time.sleep) -> int:
-    """One invocation: 0 on success, 1 after writing a CNI error object to stdout."""
+    """One invocation: 0 on success, 1 after writing a CNI error object to stdout.
+
+    `stdin` is what was read, or the error reading it (skel's I/O failure, code 5).
+    """
     log = PluginLog(stderr=stderr)
     socket_path = ""
     version = ""
+    if isinstance(stdin, OSError):
+        if env.get("CNI_COMMAND", "") in ("", "VERSION"):
+            stdin = b""
+        else:
+            err = CniError(ERR_IO_FAILURE, f"error reading the network configuration from stdin: {stdin}")
+            log.error(str(err))
+            stdout.write(error_result(err))
+            return 1
     try:
         request = parse_request(env, stdin)
         if request is None:
@@ -79,10 +91,11 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: BinaryIO, stderr: TextIO,
 
 def main() -> None:
     """Console-script entry point."""
+    stdin: bytes | OSError
     try:
         stdin = sys.stdin.buffer.read() if sys.stdin is not None else b""
-    except OSError:
-        stdin = b""
+    except OSError as err:
+        stdin = err
     code = run(os.environ, stdin, sys.stdout.buffer, sys.stderr)
     sys.stdout.flush()
     sys.exit(code)
