@@ -1,7 +1,9 @@
 """The one way the tests and the benchmarks start istiod-local and pilot-agent, and write a mesh registry.
 
 - `IstiodLocal`: `istiod-local serve` as a child process. It picks free ports
-  (port 0) unless told otherwise and reports them from its serving line;
+  (port 0) unless told otherwise and reports them from its serving line
+  (its Kubernetes API is off unless `kube_api_addr` is given; `kubeconfig()`
+  writes a kubeconfig for it);
   `stop()` then `start()` comes back on the same ports, as a restarted istiod
   keeps its address. `pod_files()` and `token()` run the operator's commands
   against its state directory (they work before it was ever started too).
@@ -26,6 +28,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +61,7 @@ SIDECAR_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
 # processes (other sessions, other files) that take it too never start a second agent there.
 HOST_PORTS_LOCK = Path("/tmp/istio-agent-host-sidecar-ports.lock")
 SIDECAR = ("proxy", "sidecar")
+KUBE_SERVING_LINE = re.compile(r"kube-apiserver serving on https://(\S+)")
 
 
 # ---- the mesh registry ---------------------------------------------------------------------------
@@ -148,10 +152,13 @@ class IstiodLocal:
 
     def __init__(self, state_dir: Path, *, registry: Path | RegistryFile | None = None,
                  grpc_addr: str = "127.0.0.1:0", secure_addr: str = "127.0.0.1:0", args: Sequence[str] = (),
-                 prefix: Sequence[str] = (), env: Mapping[str, str] | None = None, quiet: bool = False) -> None:
+                 prefix: Sequence[str] = (), env: Mapping[str, str] | None = None, quiet: bool = False,
+                 kube_api_addr: str = "off") -> None:
         self.state_dir = state_dir
         self.registry = registry.path if isinstance(registry, RegistryFile) else registry
         self.grpc_addr, self.secure_addr = grpc_addr, secure_addr
+        self.kube_api_addr = kube_api_addr
+        self.kube_api = ""
         self.args, self.prefix, self.env, self.quiet = list(args), list(prefix), env, quiet
         self.proc: subprocess.Popen[str] | None = None
         self._log: LineCollector | None = None
@@ -166,6 +173,7 @@ class IstiodLocal:
             argv += ["--registry", str(self.registry)]
         if self.quiet:
             argv += ["--log-level", "warning"]
+        argv += ["--kube-api-addr", self.kube_api_addr]
         return argv + self.args
 
     def start(self, timeout: float = 30.0) -> IstiodLocal:
@@ -185,9 +193,41 @@ class IstiodLocal:
         except BaseException:
             self.stop()
             raise
+        if self.kube_api_addr != "off":
+            if self.quiet:
+                self.kube_api = self.kube_api_addr
+            else:
+                self.kube_api = poll(self._kube_serving, "istiod-local's Kubernetes API to serve", timeout,
+                                     self.log_text)
+            self.kube_api_addr = self.kube_api
         # A later start() comes back where this one listened.
         self.grpc_addr, self.secure_addr = self.plaintext, self.secure
         return self
+
+    def _kube_serving(self) -> str | None:
+        assert self.proc is not None and self._log is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"istiod-local exited with {self.proc.returncode}:\n{self.log_text()}")
+        return next((m.group(1) for m in map(KUBE_SERVING_LINE.search, list(self._log.lines)) if m), None)
+
+    @property
+    def kube_api_url(self) -> str:
+        """https://host:port of its Kubernetes API (started with `kube_api_addr`)."""
+        assert self.kube_api, "istiod-local's Kubernetes API is off"
+        return f"https://{self.kube_api}"
+
+    def kubeconfig(self, out: Path, *, identity: str | None = None, token_ttl: str | None = None,
+                   service_account_dir: Path | None = None) -> Path:
+        """`istiod-local kubeconfig` for its API (admin identity unless `identity` is given); returns `out`."""
+        args = ["kubeconfig", "--out", str(out), "--server", self.kube_api_url]
+        if identity is not None:
+            args += ["--identity", identity]
+        if token_ttl is not None:
+            args += ["--token-ttl", token_ttl]
+        if service_account_dir is not None:
+            args += ["--service-account-dir", str(service_account_dir)]
+        istiod_local_cli(*args, state_dir=self.state_dir, env=self.env)
+        return out
 
     def _accepting(self) -> bool:
         assert self.proc is not None

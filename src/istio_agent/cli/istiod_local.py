@@ -1,12 +1,15 @@
-"""`istiod-local`: the single-node control plane's command line (serve, pod-files, token)."""
+"""`istiod-local`: the single-node control plane's command line (serve, pod-files, token, kubeconfig)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import socket
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +24,10 @@ from istio_agent.controlplane.server import (
 )
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
 from istio_agent.controlplane.xds.service import XdsOptions, XdsService
+from istio_agent.netaddr import AddressError, split_host_port
+
+if TYPE_CHECKING:
+    from istio_agent.controlplane.kubeapi.server import KubeApiOptions
 
 log = logging.getLogger("istio_agent.controlplane")
 
@@ -76,20 +83,41 @@ trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAI
 @click.option("--registry", default=None, type=click.Path(dir_okay=False),
               help="Mesh registry YAML (services, workloads, peerAuthentication, serviceEntries): serve ADS from it "
                    "on the same ports, reloading it when it changes.")
+@click.option("--kube-api-addr", default="127.0.0.1:6443", show_default=True,
+              help="HTTPS address of the Kubernetes API (pods and namespaces from the registry); 'off' disables it, "
+                   "port 0 picks one.")
+@click.option("--kube-node-name", default=None,
+              help="spec.nodeName of pods whose workload names no nodeName (default: this host's name).")
+@click.option("--kube-bookmark-interval", default="60s", show_default=True, callback=_duration,
+              help="How often a watch asking for bookmarks gets one.")
+@click.option("--kube-watch-history", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Changes kept for watches to resume from; an older resourceVersion is 410 Expired.")
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
-          log_level: str, registry: str | None) -> None:
-    """Serve the CA (and, with --registry, xDS) until SIGTERM or SIGINT."""
+          log_level: str, registry: str | None, kube_api_addr: str, kube_node_name: str | None,
+          kube_bookmark_interval: float, kube_watch_history: int) -> None:
+    """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT."""
     _setup_logging(log_level)
     options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
+    kube = None
+    if kube_api_addr != "off":
+        try:
+            split_host_port(kube_api_addr)
+        except AddressError as exc:
+            raise click.BadParameter(str(exc), param_hint="--kube-api-addr") from None
+        from istio_agent.controlplane.kubeapi.server import KubeApiOptions
+
+        kube = KubeApiOptions(kube_api_addr, kube_node_name or socket.gethostname().split(".")[0].lower(),
+                              bookmark_interval=kube_bookmark_interval, history=kube_watch_history)
     try:
-        asyncio.run(_serve(options, registry))
+        asyncio.run(_serve(options, registry, kube))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
-async def _serve(options: ControlPlaneOptions, registry: str | None = None) -> None:
+async def _serve(options: ControlPlaneOptions, registry: str | None = None,
+                 kube: KubeApiOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,8 +126,19 @@ async def _serve(options: ControlPlaneOptions, registry: str | None = None) -> N
     xds = XdsService(XdsOptions(registry, options.trust_domain), plane.verifier) if registry else None
     if xds is not None:
         plane.add_service(xds.register)
+    api = None
+    if kube is not None:
+        from istio_agent.controlplane.kubeapi.server import KubeApiServer
+        from istio_agent.controlplane.xds.registry import Registry
+
+        api = KubeApiServer(kube, plane.state)
+        api.update_registry(xds.registry if xds is not None else Registry(trust_domain=options.trust_domain))
+        if xds is not None:
+            xds.add_listener(api.update_registry)
     await plane.start()
     try:
+        if api is not None:
+            await api.start()
         if xds is not None:
             await xds.start()
         await stopping.wait()
@@ -107,6 +146,8 @@ async def _serve(options: ControlPlaneOptions, registry: str | None = None) -> N
     finally:
         if xds is not None:
             await xds.stop()
+        if api is not None:
+            await api.stop()
         await plane.stop()
 
 
@@ -139,3 +180,44 @@ def token(state_dir: str, namespace: str, service_account: str, pod: str, token_
     """Print a service-account token istiod-local accepts."""
     state = _open_state(state_dir, trust_domain)
     click.echo(pod_token(state, namespace, service_account, pod, token_ttl, time.time()))
+
+
+@main.command()
+@state_dir_option
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The kubeconfig to write (0600).")
+@click.option("--server", default="https://127.0.0.1:6443", show_default=True,
+              help="The API server URL the kubeconfig names.")
+@click.option("--identity", default="kube-system/istiod-local-admin", show_default=True,
+              help="namespace/serviceaccount the token speaks for (istio-system/istio-cni for the CNI).")
+@click.option("--token-ttl", default="24h", show_default=True, callback=_duration, help="Token lifetime.")
+@click.option("--service-account-dir", default=None, type=click.Path(file_okay=False),
+              help="Also write token, ca.crt and namespace here, as Kubernetes mounts a service account.")
+@trust_domain_option
+def kubeconfig(state_dir: str, out: str, server: str, identity: str, token_ttl: float,
+               service_account_dir: str | None, trust_domain: str) -> None:
+    """Write a kubeconfig (and optionally a service-account directory) for istiod-local's Kubernetes API."""
+    from istio_agent.controlplane.kubeapi.credentials import (
+        api_token,
+        parse_identity,
+        write_kubeconfig,
+        write_service_account_dir,
+    )
+    from istio_agent.controlplane.kubeapi.credentials import (
+        kubeconfig as kubeconfig_document,
+    )
+
+    if not server.startswith("https://"):
+        raise click.BadParameter(f"must be an https:// URL, got {server!r}", param_hint="--server")
+    try:
+        who = parse_identity(identity)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--identity") from None
+    state = _open_state(state_dir, trust_domain)
+    now = time.time()
+    token_text = api_token(state, who, now, token_ttl)
+    path = write_kubeconfig(out, kubeconfig_document(server, state.root_cert_pem, token_text, who))
+    click.echo(f"wrote {path}")
+    if service_account_dir is not None:
+        directory = write_service_account_dir(Path(service_account_dir), token_text, state.root_cert_pem,
+                                              who.namespace, now)
+        click.echo(f"wrote {directory}")

@@ -11,6 +11,14 @@ istiod-local has no API server; the mesh is described by one YAML file:
       clusterIP: 10.96.0.20               # optional, else allocated from 10.96.0.0/16
     workloads:
     - {name: echo-1, namespace: default, serviceAccount: echo, labels: {app: echo}, ip: 10.244.0.5}
+      # optional, for the Pod istiod-local's Kubernetes API shows (controlplane/kubeapi):
+      # nodeName: node-1               # spec.nodeName (else the API's default node)
+      # annotations: {k: v}            # merged over the injector's annotations
+      # sidecar: envoy                 # envoy | proxyless (grpc-agent template) | none (no injection)
+      # captureInit: cni               # cni (istio-validation) | init (istio-init)
+      # pod: {spec: ...}               # a partial Pod deep-merged last (containers/env lists by name)
+    namespaces:                           # optional: labels of Kubernetes namespaces
+      default: {labels: {istio-injection: enabled}}
     peerAuthentication: {default: PERMISSIVE}   # namespace -> PERMISSIVE | STRICT | DISABLE
     serviceEntries:
     - hosts: [api.example.com]
@@ -33,6 +41,9 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from yaml.constructor import SafeConstructor
 
 from istio_agent.config.textfile import non_utf8_problem
 from istio_agent.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips
@@ -85,6 +96,10 @@ class Service:
         return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector.items())
 
 
+SIDECAR_KINDS = ("envoy", "proxyless", "none")
+CAPTURE_INITS = ("cni", "init")
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -92,6 +107,12 @@ class Workload:
     service_account: str
     labels: Mapping[str, str]
     ip: str = ""
+    # What the Kubernetes API (controlplane/kubeapi) renders for it; the xDS side ignores these.
+    node_name: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    sidecar: str = "envoy"
+    capture_init: str = "cni"
+    pod: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,8 @@ class Registry:
     inbound_traffic_policy: str = "PASSTHROUGH"
     # Stable VIPs for service-entry hosts without addresses (given only to proxies that ask).
     auto_vips: Mapping[str, str] = field(default_factory=dict)
+    # Namespace name -> its labels, for the Kubernetes API's Namespace objects.
+    namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def mtls_mode(self, namespace: str) -> str:
         return self.peer_authentication.get(namespace) or self.peer_authentication.get(ROOT_NAMESPACE) or "PERMISSIVE"
@@ -125,10 +148,13 @@ class Registry:
 
 
 _TOP = frozenset({"trustDomain", "domainSuffix", "services", "workloads", "peerAuthentication", "serviceEntries",
-                  "inboundTrafficPolicy"})
+                  "inboundTrafficPolicy", "namespaces"})
 _SERVICE = frozenset({"name", "namespace", "selector", "ports", "clusterIP"})
 _PORT = frozenset({"name", "targetPort", "protocol"})
-_WORKLOAD = frozenset({"name", "namespace", "serviceAccount", "labels", "ip"})
+_WORKLOAD = frozenset({"name", "namespace", "serviceAccount", "labels", "ip", "nodeName", "annotations", "sidecar",
+                       "captureInit", "pod"})
+_NAMESPACE = frozenset({"labels"})
+_POD = frozenset({"metadata", "spec", "status"})
 _ENTRY = frozenset({"name", "namespace", "hosts", "addresses", "ports", "resolution", "endpoints"})
 _ENDPOINT = frozenset({"address"})
 
@@ -212,8 +238,40 @@ def _workloads(top: Fields) -> tuple[Workload, ...]:
         seen[name, namespace] = path
         ip = _ip(f, "ip")  # may repeat: hostNetwork pods and workloads on one VM share their host's address
         account = _label(f, "serviceAccount", "default")
-        out.append(Workload(name, namespace, account, f.string_map("labels"), ip))
+        node_name = f.string("nodeName", "")
+        if node_name and not _DNS_NAME.match(node_name):
+            f.fail(f.value_node("nodeName"), "nodeName", f"must be a DNS name, got {node_name!r}")
+        out.append(Workload(name, namespace, account, f.string_map("labels"), ip, node_name,
+                            f.string_map("annotations"), _choice(f, "sidecar", SIDECAR_KINDS, "envoy"),
+                            _choice(f, "captureInit", CAPTURE_INITS, "cni"), _pod(f)))
     return tuple(out)
+
+
+def _pod(f: Fields) -> dict[str, Any]:
+    """The `pod` overlay as plain data (a partial Pod: metadata, spec, status), checked only for its shape."""
+    if not f.has("pod"):
+        return {}
+    Fields(f.value_node("pod"), f.child_path("pod"), f.source, _POD)  # a mapping of known top-level keys
+    value = SafeConstructor().construct_object(f.value_node("pod"), deep=True)
+    for key in ("metadata", "spec", "status"):
+        if key in value and not isinstance(value[key], dict):
+            raise RegistryError(f.source, line_of(f.value_node("pod")), f"{f.child_path('pod')}.{key}",
+                                "must be a mapping")
+    return dict(value)
+
+
+def _namespaces(top: Fields) -> dict[str, dict[str, str]]:
+    if not top.has("namespaces"):
+        return {}
+    f = Fields(top.value_node("namespaces"), "namespaces", top.source)
+    out = {}
+    for namespace in f.names():
+        if not _DNS_LABEL.match(namespace):
+            f.fail(f.value_node(namespace), namespace, "namespace must be a DNS label")
+        inner = Fields(f.value_node(namespace), f.child_path(namespace), top.source, _NAMESPACE) \
+            if f.has(namespace) else None
+        out[namespace] = inner.string_map("labels") if inner is not None else {}
+    return out
 
 
 def _peer_authentication(top: Fields) -> dict[str, str]:
@@ -323,4 +381,5 @@ def parse_registry(text: str, source: str = "registry") -> Registry:
         service_entries=entries,
         inbound_traffic_policy=_choice(top, "inboundTrafficPolicy", INBOUND_POLICIES, "PASSTHROUGH"),
         auto_vips=_auto_vips(entries),
+        namespaces=_namespaces(top),
     )

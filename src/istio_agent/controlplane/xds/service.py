@@ -14,6 +14,7 @@ are refused and the previous registry stays in service.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,16 @@ class XdsService:
         self._check(registry)
         authenticator = TokenAuthenticator(verifier, options.auth_plaintext) if verifier is not None else None
         self.ads = AdsServer(registry, generators, authenticator)
+        self._listeners: list[Callable[[Registry], None]] = []
+
+    def add_listener(self, listener: Callable[[Registry], None]) -> None:
+        """Call `listener` with each registry ADS accepted after the first (the Kubernetes API follows them)."""
+        self._listeners.append(listener)
+
+    @property
+    def registry(self) -> Registry:
+        """The registry in service."""
+        return self.ads.registry
 
     def _check(self, registry: Registry) -> None:
         wanted = self.options.trust_domain
@@ -70,6 +81,11 @@ class XdsService:
             log.exception("registry refused, previous configuration stays in service")
             return
         log.info("registry change pushed as mesh version %d", version)
+        for listener in self._listeners:
+            try:
+                listener(registry)
+            except Exception:
+                log.exception("registry listener failed")
 
     def register(self, server: grpc.aio.Server) -> None:
         """A `ServiceRegistrar` for `ControlPlane.add_service`."""

@@ -1,0 +1,240 @@
+"""The three patch formats a Kubernetes API server accepts for PATCH (pure, on JSON-shaped data).
+
+- `application/merge-patch+json` (RFC 7386): maps merge, `null` removes, lists replace.
+- `application/strategic-merge-patch+json`: as merge, but the lists Kubernetes
+  declares with a merge key (containers and env by `name`, ports by
+  `containerPort`, conditions by `type`, ...) merge element by element, and
+  `$patch: delete` / `$patch: replace` directives work; `$setElementOrder/`
+  and `$retainKeys` hints are accepted and ignored.
+- `application/json-patch+json` (RFC 6902): add, remove, replace, test, move, copy.
+
+Every function returns a new object and never changes its inputs; a patch
+that cannot apply raises `PatchError` with a message for the 4xx Status.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+PATCH_TYPES = (MERGE_PATCH, STRATEGIC_MERGE_PATCH, JSON_PATCH)
+
+# Field name -> merge key, for the Pod's lists (k8s.io/api/core/v1 `patchMergeKey` tags).
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "containerStatuses": "name",
+    "initContainerStatuses": "name",
+    "ephemeralContainerStatuses": "name",
+    "podIPs": "ip",
+    "hostIPs": "ip",
+    "ownerReferences": "uid",
+    "hostAliases": "ip",
+    "resourceClaims": "name",
+    "readinessGates": "conditionType",
+    "topologySpreadConstraints": "topologyKey",
+}
+_DIRECTIVE = "$patch"
+
+
+class PatchError(ValueError):
+    """A patch that cannot be applied (bad document, failed test, missing path)."""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """Kubernetes' strategic merge patch for Pod-shaped data (merge keys as in MERGE_KEYS)."""
+    return _smp(target, patch)
+
+
+def _smp(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    if patch.get(_DIRECTIVE) == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != _DIRECTIVE}
+    if patch.get(_DIRECTIVE) == "delete":
+        return None
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if key == _DIRECTIVE or key.startswith(("$setElementOrder/", "$deleteFromPrimitiveList/")) \
+                or key == "$retainKeys":
+            continue
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, list) and key in MERGE_KEYS:
+            out[key] = _merge_list(out.get(key), value, MERGE_KEYS[key])
+        elif isinstance(value, Mapping):
+            merged = _smp(out.get(key), value)
+            if merged is None:
+                out.pop(key, None)
+            else:
+                out[key] = merged
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _merge_list(target: Any, patch: list[Any], key: str) -> list[Any]:
+    current = [copy.deepcopy(item) for item in target] if isinstance(target, list) else []
+    if any(isinstance(item, Mapping) and item.get(_DIRECTIVE) == "replace" for item in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, Mapping) and i.get(_DIRECTIVE) == "replace")]
+    for item in patch:
+        if not isinstance(item, Mapping) or key not in item:
+            raise PatchError(f"strategic merge patch: list element {item!r} has no merge key {key!r}")
+        index = next((i for i, existing in enumerate(current)
+                      if isinstance(existing, Mapping) and existing.get(key) == item[key]), None)
+        if item.get(_DIRECTIVE) == "delete":
+            if index is not None:
+                del current[index]
+        elif index is None:
+            current.append(_smp({}, item))
+        else:
+            current[index] = _smp(current[index], item)
+    return current
+
+
+# ---- RFC 6902 -------------------------------------------------------------------------------------
+
+
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise PatchError(f"json patch: invalid path {path!r}")
+    if path == "":
+        return []
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str], path: str) -> Any:
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise PatchError(f"json patch: path {path!r} does not exist")
+    return node
+
+
+def _index(node: list[Any], part: str, path: str, adding: bool) -> int:
+    if adding and part == "-":
+        return len(node)
+    if not part.isdigit():
+        raise PatchError(f"json patch: {part!r} in {path!r} is not an array index")
+    index = int(part)
+    if index > len(node) or (not adding and index == len(node)):
+        raise PatchError(f"json patch: index {index} in {path!r} is out of range")
+    return index
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    parent, last = _parent(doc, parts, path), parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list):
+        return parent[_index(parent, last, path, False)]
+    raise PatchError(f"json patch: path {path!r} does not exist")
+
+
+def _add(doc: Any, path: str, value: Any) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return value
+    parent, last = _parent(doc, parts, path), parts[-1]
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list):
+        parent.insert(_index(parent, last, path, True), value)
+    else:
+        raise PatchError(f"json patch: the parent of {path!r} is not an object or array")
+    return doc
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        raise PatchError("json patch: cannot remove the whole document")
+    parent, last = _parent(doc, parts, path), parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        del parent[last]
+    elif isinstance(parent, list):
+        del parent[_index(parent, last, path, False)]
+    else:
+        raise PatchError(f"json patch: path {path!r} does not exist")
+    return doc
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """RFC 6902 over a copy of `target`."""
+    if not isinstance(operations, list):
+        raise PatchError("json patch: the body must be an array of operations")
+    doc = copy.deepcopy(target)
+    for number, op in enumerate(operations):
+        if not isinstance(op, Mapping) or "op" not in op or "path" not in op:
+            raise PatchError(f"json patch: operation {number} needs 'op' and 'path'")
+        kind, path = op["op"], op["path"]
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise PatchError(f"json patch: operation {number} ({kind}) needs 'value'")
+        if kind == "add":
+            doc = _add(doc, path, copy.deepcopy(op["value"]))
+        elif kind == "remove":
+            doc = _remove(doc, path)
+        elif kind == "replace":
+            _get(doc, path)
+            doc = _add(_remove(doc, path), path, copy.deepcopy(op["value"])) if _pointer(path) \
+                else copy.deepcopy(op["value"])
+        elif kind == "test":
+            if _get(doc, path) != op["value"]:
+                raise PatchError(f"json patch: test failed at {path!r}")
+        elif kind in ("move", "copy"):
+            source = op.get("from")
+            if not isinstance(source, str):
+                raise PatchError(f"json patch: operation {number} ({kind}) needs 'from'")
+            value = copy.deepcopy(_get(doc, source))
+            if kind == "move":
+                doc = _remove(doc, source)
+            doc = _add(doc, path, value)
+        else:
+            raise PatchError(f"json patch: unknown operation {kind!r}")
+    return doc
+
+
+def apply_patch(content_type: str, target: Any, body: Any) -> Any:
+    """Dispatch on the request's Content-Type (parameters after `;` ignored)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == MERGE_PATCH:
+        return merge_patch(target, body)
+    if kind == STRATEGIC_MERGE_PATCH:
+        return strategic_merge_patch(target, body)
+    if kind == JSON_PATCH:
+        return json_patch(target, body)
+    raise PatchError(f"the body of the request was in an unknown format - accepted media types include: "
+                     f"{', '.join(PATCH_TYPES)}")
