@@ -52,7 +52,7 @@ def test_add_paths_stay_lean(namespace: str) -> None:
         env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/tmp", "CNI_IFNAME": "eth0",
                "CNI_PATH": "/x", "CNI_ARGS": f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=p",
                "DRY_RUN_FILE_PATH": str(record), "PATH": os.environ.get("PATH", "")}
-        config = {"cniVersion": "1.0.0", "name": "n", "cni_agent_run_dir": str(folder),
+        config: dict[str, object] = {"cniVersion": "1.0.0", "name": "n", "cni_agent_run_dir": str(folder),
                   "exclude_namespaces": ["kube-system"]}
         loaded = loaded_by_add(env, config)
         assert "istio_agent.cni.plugin.add" in loaded

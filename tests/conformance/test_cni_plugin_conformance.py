@@ -3,12 +3,21 @@
 Each case runs two ways:
 
 - the real `istio-cni` console script, with the case's CNI environment and
-  network config on stdin and `DRY_RUN_FILE_PATH` set, looking its pod up
-  over HTTPS with a bearer token in a kubeconfig laid out as install-cni
-  writes it (the case's `cni_agent_run_dir` of `/` is pointed at a fresh
-  folder holding that kubeconfig: nothing else of the config changes);
-- the pure steps: the pod to the capture configuration (asserted against
-  the case's `effective_iptables_config`), then that configuration to rules.
+  network config on stdin and `DRY_RUN_FILE_PATH` set, looking its pod up in
+  a real istiod-local's Kubernetes API (HTTPS, bearer token, the CNI's
+  identity, `istiod-local kubeconfig`). Each case's pod is a registry
+  workload: the case's annotations as the workload's, its containers, env
+  and securityContext as the workload's `pod` overlay, so istiod-local serves
+  the injected pod with the case's capture facts (asserted: the served pod
+  derives the case's `effective_iptables_config`). Kubernetes names are DNS
+  labels, so the kit's `testNS/testPod` (which only upstream's fake client
+  accepts) is served as `testns/<case name>` and CNI_ARGS name that; the
+  goldens do not depend on the name. The case's `cni_agent_run_dir` of `/`
+  is pointed at a fresh folder holding the kubeconfig; nothing else of the
+  config changes.
+- the pure steps: the case's pod to the capture configuration (asserted
+  against the case's `effective_iptables_config`), then that configuration
+  to rules.
 
 Recordings and goldens are compared with the kit's parser (README: split on
 COMMIT, drop the `iptables-save` probe lines, one map entry per table).
@@ -27,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cni_peers import PodApi, write_kubeconfig
+from launchers import IstiodLocal, RegistryFile
 from needs import need, need_conformance
-from support import CONFORMANCE, VENV_BIN
+from support import CONFORMANCE, ISTIOD_LOCAL, VENV_BIN
 
 KIT = CONFORMANCE / "cni-plugin"
 
@@ -66,13 +75,34 @@ def _kit() -> None:
     need(bool(CASES), "conformance/cni-plugin/cases.json holds no cases")
 
 
+SERVED_NAMESPACE = "testns"
+
+
+def served_name(case: dict[str, Any]) -> str:
+    return str(case["name"]).lower()
+
+
+def workload(case: dict[str, Any]) -> dict[str, Any]:
+    """The registry workload istiod-local renders as the case's pod (injected, CNI capture)."""
+    pod = case["pod"]
+    return {"name": served_name(case), "namespace": SERVED_NAMESPACE, "serviceAccount": "default",
+            "labels": dict(pod["metadata"].get("labels") or {}), "annotations": dict(pod["metadata"]["annotations"]),
+            "sidecar": "envoy", "captureInit": "cni", "pod": {"spec": pod["spec"]}}
+
+
 @pytest.fixture(scope="module")
-def api() -> Iterator[PodApi]:
+def istiod() -> Iterator[tuple[IstiodLocal, Path]]:
+    need(ISTIOD_LOCAL.exists(), "istiod-local console script not installed")
     folder = Path(tempfile.mkdtemp(prefix="iacni-conf-"))
-    server = PodApi(folder)
-    yield server
-    server.close()
-    shutil.rmtree(folder, ignore_errors=True)
+    registry = RegistryFile(folder / "mesh.yaml", {"workloads": [workload(c) for c in CASES]})
+    try:
+        with IstiodLocal(folder / "state", registry=registry, kube_api_addr="127.0.0.1:0") as server:
+            run_dir = folder / "run"
+            run_dir.mkdir()
+            server.kubeconfig(run_dir / "istio-cni-kubeconfig", identity="istio-system/istio-cni")
+            yield server, run_dir
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_kit_is_complete() -> None:
@@ -88,10 +118,10 @@ def test_parser_is_order_insensitive_across_tables_only() -> None:
     assert parse_tables("* nat\n-A X\n-A Z\nCOMMIT") != parse_tables("* nat\n-A Z\n-A X\nCOMMIT")
 
 
-def derived_config(case: dict[str, Any]) -> Any:
+def derived_config(case: dict[str, Any], pod: dict[str, Any] | None = None) -> Any:
     from istio_agent.cni.plugin.podinfo import capture_config, extract_pod_info, skip_reason
 
-    info = extract_pod_info(case["pod"])
+    info = extract_pod_info(pod or case["pod"])
     assert skip_reason(info) is None
     warnings: list[str] = []
     cfg = capture_config(info, case["cni_invocation"]["netns"], dry_run=True, native_nftables=False, env={},
@@ -100,17 +130,31 @@ def derived_config(case: dict[str, Any]) -> Any:
     return cfg.replace(enable_ipv6=case["host_facts"]["enable_ipv6"])
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_pod_to_effective_config(case: dict[str, Any]) -> None:
+def effective(cfg: Any, case: dict[str, Any]) -> dict[str, Any]:
     from istio_agent.capture.config import FIELDS
 
-    cfg = derived_config(case)
     by_key = {key: name for name, key, _ in FIELDS}
     derived = {}
     for key in case["effective_iptables_config"]:
         value = getattr(cfg, by_key[key])
         derived[key] = [] if value is None and key.startswith("DNS_SERVERS") else value
-    assert derived == case["effective_iptables_config"]
+    return derived
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_pod_to_effective_config(case: dict[str, Any]) -> None:
+    assert effective(derived_config(case), case) == case["effective_iptables_config"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_istiod_local_serves_the_cases_capture_facts(case: dict[str, Any], istiod: tuple[IstiodLocal, Path]) -> None:
+    """The pod istiod-local serves for the case derives the case's configuration (through the plugin's client)."""
+    from istio_agent.cni.plugin.kubeclient import get_pod, load_kubeconfig
+
+    cfg = load_kubeconfig(str(istiod[1] / "istio-cni-kubeconfig"))
+    served: dict[str, Any] = get_pod(cfg, SERVED_NAMESPACE, served_name(case))
+    assert served["metadata"]["annotations"]["sidecar.istio.io/status"] == "true"
+    assert effective(derived_config(case, served), case) == case["effective_iptables_config"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -133,22 +177,20 @@ def _host_is_ipv4_first() -> bool:
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_istio_cni_add_dry_run_matches_golden(case: dict[str, Any], api: PodApi, tmp_path: Path) -> None:
+def test_istio_cni_add_dry_run_matches_golden(case: dict[str, Any], istiod: tuple[IstiodLocal, Path],
+                                              tmp_path: Path) -> None:
     script = VENV_BIN / "istio-cni"
     need(script.exists(), "istio-cni console script not installed")
     need(_host_is_ipv4_first(), "the kit's host fact is an IPv4 host; this host's first address is IPv6 or none")
-    api.add_pod(case["pod"])
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    write_kubeconfig(run_dir, api.url, api.ca_pem)
-    config = {**case["plugin_config"], "cni_agent_run_dir": str(run_dir)}
+    config = {**case["plugin_config"], "cni_agent_run_dir": str(istiod[1])}
     record = tmp_path / "dry-run.txt"
     record.write_text("")
     inv = case["cni_invocation"]
+    assert inv["args"] == "K8S_POD_NAMESPACE=testNS;K8S_POD_NAME=testPod"
+    args = f"K8S_POD_NAMESPACE={SERVED_NAMESPACE};K8S_POD_NAME={served_name(case)}"
     env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": inv["command"], "CNI_CONTAINERID": inv["container_id"],
-           "CNI_NETNS": inv["netns"], "CNI_IFNAME": inv["ifname"], "CNI_ARGS": inv["args"], "CNI_PATH": inv["path"],
+           "CNI_NETNS": inv["netns"], "CNI_IFNAME": inv["ifname"], "CNI_ARGS": args, "CNI_PATH": inv["path"],
            "DRY_RUN_FILE_PATH": str(record)}
-    before = len(api.pod_requests())
     result = subprocess.run([str(script)], input=json.dumps(config).encode(), env=env, capture_output=True,
                             timeout=60)
     assert result.returncode == 0, (result.stdout, result.stderr)
@@ -159,5 +201,3 @@ def test_istio_cni_add_dry_run_matches_golden(case: dict[str, Any], api: PodApi,
     recorded = record.read_text()
     assert recorded.strip() != ""
     assert parse_tables(recorded) == golden(case)
-    pod = case["pod"]["metadata"]
-    assert api.pod_requests()[before:] == [f"/api/v1/namespaces/{pod['namespace']}/pods/{pod['name']}"]
