@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from launchers import IstiodLocal, RegistryFile
 from needs import need_tool
 from support import HTTP_NOT_YET, VENV_BIN, LineCollector, free_port, http_request, poll, stop_process
 
@@ -275,3 +276,34 @@ def test_settings_from_the_environment(agent: InstallCni) -> None:
     assert agent.kubeconfig.stat().st_mode & 0o777 == 0o640
     assert agent.terminate() == 0
     assert list(agent.net_dir.iterdir()) == []
+
+
+def test_against_istiod_locals_api_with_repair(agent: InstallCni, tmp_path: Path) -> None:
+    """The kubeconfig install-cni writes is read by the official client against istiod-local's API, and the
+    repair controller runs beside the installer without holding it up."""
+    pytest.importorskip("kubernetes")
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+
+    mesh = {"services": [], "workloads": [{"name": "echo-1", "namespace": "default", "serviceAccount": "echo",
+                                           "ip": "10.244.0.5", "nodeName": "iacni-node"}]}
+    registry = RegistryFile(tmp_path / "mesh.yaml", mesh)
+    with IstiodLocal(tmp_path / "state", registry=registry, kube_api_addr="127.0.0.1:0") as istiod:
+        for name in ("token", "ca.crt", "namespace"):
+            (agent.sa_dir / name).unlink()
+        istiod.kubeconfig(tmp_path / "unused.kubeconfig", identity="istio-system/istio-cni",
+                          service_account_dir=agent.sa_dir)
+        host, port = istiod.kube_api.rsplit(":", 1)
+        (agent.net_dir / "10-calico.conflist").write_text(json.dumps(CALICO))
+        agent.start("--repair-enabled=true", "--repair-label-pods=true", "--repair-node-name=iacni-node",
+                    KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port)
+        poll(agent.ready, "installed with repair running", 10, agent.output)
+        poll(lambda: "repair controller watching 1 pods" in agent.output(), "repair listing this node's pods", 10,
+             agent.output)
+        configuration = kclient.Configuration()
+        kconfig.load_kube_config(config_file=str(agent.kubeconfig), client_configuration=configuration)
+        with kclient.ApiClient(configuration) as api_client:
+            pod = kclient.CoreV1Api(api_client).read_namespaced_pod("echo-1", "default")
+        assert pod.spec is not None and pod.spec.node_name == "iacni-node"
+        assert agent.terminate() == 0
+    assert "repair controller failed" not in agent.output()

@@ -125,6 +125,16 @@ def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None
         access = in_cluster(env, options.service_account_dir, options.kube_ca_file, options.skip_tls_verify)
     except KubeAccessError as exc:
         raise click.ClickException(f"{exc} (install-cni writes the plugin's kubeconfig for that API server)") from None
+    if options.repair.enabled:
+        try:
+            from istio_agent.cni.repair.rules import check_options
+        except ImportError:
+            pass
+        else:
+            try:
+                check_options(options.repair)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from None
     try:
         source = binaries.find_plugin_source()
     except binaries.BinaryError as exc:
@@ -145,21 +155,50 @@ def _log_configuration(options: InstallOptions, source: Path) -> None:
                     "(ambient_enabled, enablement selectors) and the Istio-owned file layout follow it")
 
 
+class _CurrentRegistry:
+    """A collector on install-cni's registry showing the metrics of the repair controller's current run.
+
+    Each run gets a registry of its own (a restarted controller registers its counters again, which
+    one shared registry would refuse as duplicates); its counters start again from zero, which
+    Prometheus reads as a counter reset.
+    """
+
+    def __init__(self) -> None:
+        self.current: Any = None
+
+    def collect(self) -> Any:
+        return iter(()) if self.current is None else self.current.collect()
+
+    def describe(self) -> Any:
+        return iter(())
+
+
 async def supervise_repair(options: InstallOptions, access: KubeAccess, registry: Any) -> None:
-    """Run the repair controller beside the installer; a failure is logged and retried with backoff."""
+    """Run the repair controller beside the installer; a failure is logged and retried with backoff.
+
+    A settings error (ValueError, naming the flag) is not retried: repair stays off, install runs on.
+    """
     try:
         from istio_agent.cni.repair.controller import run_repair
     except ImportError as exc:
         log.warning("the CNI repair controller is unavailable (%s): pods are not repaired", exc)
         return
+    from prometheus_client import CollectorRegistry
+
+    view = _CurrentRegistry()
+    registry.register(view)
     backoff = 1.0
     while True:
         started = time.monotonic()
+        view.current = CollectorRegistry(auto_describe=True)
         try:
-            await run_repair(options.repair, access, registry)
+            await run_repair(options.repair, access, view.current)
             return  # returned by itself: disabled
         except asyncio.CancelledError:
             raise
+        except ValueError as exc:
+            log.error("the CNI repair controller cannot run: %s; pods are not repaired", exc)
+            return
         except Exception:
             log.exception("the CNI repair controller failed; restarting it in %.0f s", backoff)
         if time.monotonic() - started > 60:
