@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
 import pytest
 from launchers import IstiodLocal, RegistryFile
 from needs import need
