@@ -1,0 +1,160 @@
+"""kubectl against istiod-local's Kubernetes API: discovery, tables, -o json, -w, label, delete; bookmarks on a
+raw watch; the kubeconfig and service-account files `istiod-local kubeconfig` writes."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from launchers import IstiodLocal, RegistryFile, istiod_local_cli
+from needs import need_tool
+from support import poll, stop_process
+
+MESH = {
+    "workloads": [
+        {"name": "echo-1", "namespace": "default", "labels": {"app": "echo"}, "ip": "10.244.0.5",
+         "nodeName": "iacni-node"},
+        {"name": "web-1", "namespace": "shop", "labels": {"app": "web"}, "ip": "10.244.0.6", "nodeName": "iacni-node"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IstiodLocal, Path, Path]]:
+    base = tmp_path_factory.mktemp("kubectl")
+    registry = RegistryFile(base / "mesh.yaml", MESH)
+    with IstiodLocal(base / "state", registry=registry, kube_api_addr="127.0.0.1:0",
+                     args=["--kube-bookmark-interval", "200ms"]) as istiod:
+        yield istiod, istiod.kubeconfig(base / "admin.kubeconfig"), base
+
+
+def _kubectl(api: tuple[IstiodLocal, Path, Path], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    kubectl = need_tool("kubectl")
+    _, kubeconfig, base = api
+    done = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "--cache-dir", str(base / "cache"), *args],
+                          capture_output=True, text=True, timeout=30, env={**os.environ, "HOME": str(base)})
+    if check:
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done
+
+
+def test_kubectl_get_pods_namespaces_and_one_pod_as_json(api: tuple[IstiodLocal, Path, Path]) -> None:
+    table = _kubectl(api, "get", "pods", "-A").stdout.splitlines()
+    assert table[0].split() == ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    rows = {tuple(line.split()[:4]) for line in table[1:]}
+    assert rows == {("default", "echo-1", "2/2", "Running"), ("shop", "web-1", "2/2", "Running")}
+    wide = _kubectl(api, "get", "pods", "-n", "shop", "-o", "wide").stdout.splitlines()
+    assert wide[1].split()[5:7] == ["10.244.0.6", "iacni-node"]
+    namespaces = {line.split()[0] for line in _kubectl(api, "get", "ns").stdout.splitlines()[1:]}
+    assert namespaces == {"default", "istio-system", "kube-system", "shop"}
+    pod = json.loads(_kubectl(api, "get", "pod", "web-1", "-n", "shop", "-o", "json").stdout)
+    assert pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "shop"
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "istio-proxy"]
+    listed = json.loads(_kubectl(api, "get", "pods", "-A", "-o", "json").stdout)
+    assert {p["metadata"]["name"] for p in listed["items"]} == {"echo-1", "web-1"}
+    missing = _kubectl(api, "get", "pod", "nope", check=False)
+    assert missing.returncode != 0 and 'pods "nope" not found' in missing.stderr
+
+
+def test_kubectl_watch_label_and_delete(api: tuple[IstiodLocal, Path, Path]) -> None:
+    kubectl = need_tool("kubectl")
+    _, kubeconfig, base = api
+    watch = subprocess.Popen([kubectl, "--kubeconfig", str(kubeconfig), "--cache-dir", str(base / "cache"), "get",
+                              "pods", "-w", "-n", "default", "--output-watch-events"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "HOME": str(base)})
+    try:
+        assert watch.stdout is not None
+        header = watch.stdout.readline().split()
+        assert header[:3] == ["EVENT", "NAME", "READY"]
+        assert watch.stdout.readline().split()[:2] == ["ADDED", "echo-1"]
+        assert "labeled" in _kubectl(api, "label", "pod", "echo-1", "repair=done").stdout
+        assert watch.stdout.readline().split()[:2] == ["MODIFIED", "echo-1"]
+        pod = json.loads(_kubectl(api, "get", "pod", "echo-1", "-o", "json").stdout)
+        assert pod["metadata"]["labels"]["repair"] == "done"
+        assert 'pod "echo-1" deleted' in _kubectl(api, "delete", "pod", "echo-1").stdout
+        assert watch.stdout.readline().split()[:2] == ["DELETED", "echo-1"]
+    finally:
+        stop_process(watch, 5)
+        if watch.stdout is not None:
+            watch.stdout.close()
+        if watch.stderr is not None:
+            watch.stderr.close()
+    assert "echo-1" not in _kubectl(api, "get", "pods", "-A").stdout
+
+
+def test_bookmarks_on_a_watch_that_asks(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:
+    istiod = api[0]
+    sa = tmp_path / "sa"
+    istiod.kubeconfig(tmp_path / "k", identity="istio-system/istio-cni", service_account_dir=sa)
+    host, port = istiod.kube_api.rsplit(":", 1)
+    conn = http.client.HTTPSConnection(host, int(port), timeout=10,
+                                       context=ssl.create_default_context(cafile=str(sa / "ca.crt")))
+    try:
+        conn.request("GET", "/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=2"
+                     "&fieldSelector=spec.nodeName%3Diacni-node",
+                     headers={"Authorization": f"Bearer {(sa / 'token').read_text()}"})
+        response = conn.getresponse()
+        assert response.status == 200
+        events = [json.loads(line) for line in response.read().splitlines() if line.strip()]
+    finally:
+        conn.close()
+    assert events[0]["type"] == "ADDED"
+    bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
+    assert bookmarks, events
+    assert bookmarks[0]["object"]["kind"] == "Pod" and int(bookmarks[0]["object"]["metadata"]["resourceVersion"])
+
+
+def test_kubeconfig_and_service_account_files(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:
+    istiod = api[0]
+    sa = tmp_path / "serviceaccount"
+    out = istiod.kubeconfig(tmp_path / "cni.kubeconfig", identity="istio-system/istio-cni", token_ttl="1h",
+                            service_account_dir=sa)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    document = yaml.safe_load(out.read_text())
+    cluster = document["clusters"][0]["cluster"]
+    assert cluster["server"] == istiod.kube_api_url
+    assert base64.b64decode(cluster["certificate-authority-data"]) == istiod.root_pem()
+    assert document["current-context"] == document["contexts"][0]["name"]
+    token = document["users"][0]["user"]["token"]
+    payload = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    assert payload["sub"] == "system:serviceaccount:istio-system:istio-cni"
+    assert payload["aud"] == ["https://kubernetes.default.svc.cluster.local"]
+    assert payload["exp"] - payload["iat"] == 3600
+    assert (sa / "..data").is_symlink() and (sa / "token").is_symlink()
+    assert (sa / "namespace").read_text() == "istio-system"
+    assert (sa / "ca.crt").read_bytes() == istiod.root_pem()
+    assert stat.S_IMODE((sa / "token").stat().st_mode) == 0o644
+    first = os.readlink(sa / "..data")
+    istiod.kubeconfig(tmp_path / "again", identity="istio-system/istio-cni", service_account_dir=sa)
+    assert os.readlink(sa / "..data") != first and not (sa / first).exists()  # rotated by one rename
+    bad = istiod_local_cli("kubeconfig", "--out", str(tmp_path / "x"), "--identity", "nobody",
+                           state_dir=istiod.state_dir, check=False)
+    assert bad.returncode == 2 and "--identity" in bad.stderr and "namespace/serviceaccount" in bad.stderr
+
+
+def test_serving_certificate_names_and_reissue(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:
+    istiod = api[0]
+    cert = x509.load_pem_x509_certificate((istiod.state_dir / "kube-apiserver-cert.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local"} <= set(san.get_values_for_type(x509.DNSName))
+    assert "127.0.0.1" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    # Another listen address the certificate does not cover: re-issued for it, same root.
+    registry_less = IstiodLocal(istiod.state_dir, kube_api_addr="127.0.0.2:0")
+    with registry_less:
+        reissued = x509.load_pem_x509_certificate((istiod.state_dir / "kube-apiserver-cert.pem").read_bytes())
+        ips = {str(ip) for ip in reissued.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)}
+        assert ips == {"127.0.0.1", "127.0.0.2"}
+        poll(lambda: registry_less.kube_api.startswith("127.0.0.2:"), "the second API to listen", 5)

@@ -1,0 +1,96 @@
+"""The three PATCH formats: RFC 7386 merge, Kubernetes' strategic merge, RFC 6902 JSON patch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from istio_agent.controlplane.kubeapi.patch import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    PatchError,
+    apply_patch,
+    json_patch,
+    merge_patch,
+    strategic_merge_patch,
+)
+
+POD: dict[str, Any] = {
+    "metadata": {"name": "p", "labels": {"app": "echo", "drop": "me"}},
+    "spec": {"containers": [
+        {"name": "app", "image": "a:1", "env": [{"name": "A", "value": "1"}]},
+        {"name": "istio-proxy", "image": "proxy:1", "env": [{"name": "X", "value": "x"}, {"name": "Y", "value": "y"}]},
+    ]},
+}
+
+
+def test_merge_patch_merges_maps_removes_nulls_and_replaces_lists() -> None:
+    out = merge_patch(POD, {"metadata": {"labels": {"new": "1", "drop": None}},
+                            "spec": {"containers": [{"name": "only"}]}})
+    assert out["metadata"]["labels"] == {"app": "echo", "new": "1"}
+    assert out["spec"]["containers"] == [{"name": "only"}]
+    assert POD["metadata"]["labels"]["drop"] == "me"  # the input is untouched
+
+
+def test_strategic_merge_merges_containers_and_env_by_name() -> None:
+    out = strategic_merge_patch(POD, {"spec": {"containers": [
+        {"name": "istio-proxy", "env": [{"name": "Y", "value": "changed"}, {"name": "Z", "value": "z"}]},
+        {"name": "extra", "image": "e:1"}]}})
+    containers = {c["name"]: c for c in out["spec"]["containers"]}
+    assert list(containers) == ["app", "istio-proxy", "extra"]
+    assert containers["istio-proxy"]["image"] == "proxy:1"
+    assert containers["istio-proxy"]["env"] == [{"name": "X", "value": "x"}, {"name": "Y", "value": "changed"},
+                                                {"name": "Z", "value": "z"}]
+    assert containers["app"] == POD["spec"]["containers"][0]
+
+
+def test_strategic_merge_directives() -> None:
+    out = strategic_merge_patch(POD, {"spec": {"containers": [{"name": "app", "$patch": "delete"}]},
+                                      "$setElementOrder/containers": [{"name": "istio-proxy"}]})
+    assert [c["name"] for c in out["spec"]["containers"]] == ["istio-proxy"]
+    replaced = strategic_merge_patch(POD, {"metadata": {"labels": {"$patch": "replace", "only": "1"}}})
+    assert replaced["metadata"]["labels"] == {"only": "1"}
+    with pytest.raises(PatchError, match="merge key 'name'"):
+        strategic_merge_patch(POD, {"spec": {"containers": [{"image": "x"}]}})
+
+
+def test_json_patch_operations() -> None:
+    out = json_patch(POD, [
+        {"op": "add", "path": "/metadata/labels/cni.istio.io~1uninitialized", "value": "true"},
+        {"op": "replace", "path": "/spec/containers/0/image", "value": "a:2"},
+        {"op": "remove", "path": "/metadata/labels/drop"},
+        {"op": "test", "path": "/metadata/name", "value": "p"},
+        {"op": "add", "path": "/spec/containers/1/env/-", "value": {"name": "W", "value": "w"}},
+        {"op": "copy", "from": "/metadata/name", "path": "/metadata/labels/name"},
+        {"op": "move", "from": "/metadata/labels/app", "path": "/metadata/labels/application"},
+    ])
+    assert out["metadata"]["labels"] == {"cni.istio.io/uninitialized": "true", "name": "p", "application": "echo"}
+    assert out["spec"]["containers"][0]["image"] == "a:2"
+    assert out["spec"]["containers"][1]["env"][-1] == {"name": "W", "value": "w"}
+    assert POD["spec"]["containers"][0]["image"] == "a:1"
+
+
+@pytest.mark.parametrize(("ops", "problem"), [
+    ([{"op": "test", "path": "/metadata/name", "value": "other"}], "test failed"),
+    ([{"op": "remove", "path": "/metadata/nope"}], "does not exist"),
+    ([{"op": "replace", "path": "/spec/containers/9/image", "value": "x"}], "does not exist"),
+    ([{"op": "add", "path": "/spec/containers/9", "value": {}}], "out of range"),
+    ([{"op": "frobnicate", "path": "/a"}], "unknown operation"),
+    ([{"op": "add", "path": "/a"}], "needs 'value'"),
+    ({"op": "add"}, "array of operations"),
+])
+def test_json_patch_failures_name_the_problem(ops: Any, problem: str) -> None:
+    with pytest.raises(PatchError, match=problem):
+        json_patch(POD, ops)
+
+
+def test_apply_patch_dispatches_on_the_content_type() -> None:
+    body = {"metadata": {"labels": {"k": "v"}}}
+    assert apply_patch(MERGE_PATCH, POD, body)["metadata"]["labels"]["k"] == "v"
+    assert apply_patch(f"{STRATEGIC_MERGE_PATCH}; charset=utf-8", POD, body)["metadata"]["labels"]["k"] == "v"
+    assert apply_patch(JSON_PATCH, POD, [{"op": "add", "path": "/metadata/labels/k", "value": "v"}])[
+        "metadata"]["labels"]["k"] == "v"
+    with pytest.raises(PatchError, match="unknown format"):
+        apply_patch("application/apply-patch+yaml", POD, body)

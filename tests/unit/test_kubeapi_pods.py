@@ -1,0 +1,140 @@
+"""Registry workloads rendered as the Pods Istio's injector writes (sidecar, grpc-agent, none)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from istio_agent.controlplane.kubeapi.pods import PodMeta, render_namespace, render_pod
+from istio_agent.controlplane.xds.registry import parse_registry
+
+META = PodMeta("11111111-2222-3333-4444-555555555555", "2026-12-01T12:00:00Z", "node-default", "192.0.2.1")
+MESH = """
+trustDomain: example.org
+services:
+- {name: echo, selector: {app: echo}, ports: [{name: http, port: 80, targetPort: 8080}, {name: grpc, port: 90}]}
+workloads:
+- {name: echo-1, serviceAccount: echo, labels: {app: echo, version: v3}, ip: 10.244.0.5, nodeName: node-a}
+- name: tuned
+  annotations: {traffic.sidecar.istio.io/excludeOutboundIPRanges: 10.0.0.0/8, sidecar.istio.io/interceptionMode: TPROXY}
+  captureInit: init
+  pod:
+    metadata: {labels: {extra: "1"}}
+    spec:
+      containers:
+      - name: istio-proxy
+        env: [{name: ISTIO_META_DNS_CAPTURE, value: "true"}, {name: TRUST_DOMAIN, value: overridden}]
+        securityContext: {runAsUser: 1500}
+- {name: greeter, sidecar: proxyless}
+- {name: plain, sidecar: none, labels: {app: plain}}
+"""
+
+
+def _pods() -> dict[str, dict[str, Any]]:
+    registry = parse_registry(MESH)
+    return {w.name: render_pod(registry, w, META) for w in registry.workloads}
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_sidecar_pod_has_the_injectors_shape() -> None:
+    pod = _pods()["echo-1"]
+    meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
+    assert (pod["apiVersion"], pod["kind"], meta["uid"]) == ("v1", "Pod", META.uid)
+    assert meta["labels"] == {"app": "echo", "version": "v3", "security.istio.io/tlsMode": "istio",
+                              "service.istio.io/canonical-name": "echo", "service.istio.io/canonical-revision": "v3"}
+    ann = meta["annotations"]
+    assert json.loads(ann["sidecar.istio.io/status"]) == {
+        "initContainers": ["istio-validation"], "containers": ["istio-proxy"],
+        "volumes": ["workload-socket", "credential-socket", "workload-certs", "istio-envoy", "istio-data",
+                    "istio-podinfo", "istio-token", "istiod-ca-cert", "istio-ca-crl"],
+        "imagePullSecrets": None, "revision": "default"}
+    assert ann["kubectl.kubernetes.io/default-container"] == ann["kubectl.kubernetes.io/default-logs-container"] \
+        == "app"
+    assert (ann["prometheus.io/scrape"], ann["prometheus.io/port"], ann["prometheus.io/path"]) == (
+        "true", "15020", "/stats/prometheus")
+    assert ann["sidecar.istio.io/interceptionMode"] == "REDIRECT"
+    assert ann["traffic.sidecar.istio.io/excludeInboundPorts"] == "15020"
+    assert [c["name"] for c in spec["containers"]] == ["app", "istio-proxy"]
+    assert spec["containers"][0]["ports"] == [{"containerPort": 90, "protocol": "TCP", "name": "grpc"},
+                                              {"containerPort": 8080, "protocol": "TCP", "name": "http"}]
+    proxy = spec["containers"][1]
+    assert proxy["args"][:4] == ["proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local"]
+    env = _env(proxy)
+    for name in ("PILOT_CERT_PROVIDER", "CA_ADDR", "POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "SERVICE_ACCOUNT",
+                 "HOST_IP", "ISTIO_CPU_LIMIT", "PROXY_CONFIG", "ISTIO_META_POD_PORTS", "ISTIO_META_APP_CONTAINERS",
+                 "ISTIO_META_CLUSTER_ID", "ISTIO_META_NODE_NAME", "ISTIO_META_INTERCEPTION_MODE",
+                 "ISTIO_META_WORKLOAD_NAME", "ISTIO_META_OWNER", "ISTIO_META_MESH_ID", "TRUST_DOMAIN"):
+        assert name in env, name
+    assert env["POD_NAME"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}
+    assert env["ISTIO_META_NODE_NAME"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}
+    assert env["TRUST_DOMAIN"] == env["ISTIO_META_MESH_ID"] == "example.org"
+    assert json.loads(env["ISTIO_META_POD_PORTS"])[1]["containerPort"] == 8080
+    assert proxy["ports"] == [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}]
+    assert proxy["readinessProbe"]["httpGet"]["port"] == 15021
+    assert proxy["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                        "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+                                        "runAsGroup": 1337, "runAsNonRoot": True, "runAsUser": 1337}
+    init = spec["initContainers"]
+    assert [c["name"] for c in init] == ["istio-validation"]
+    assert init[0]["args"] == ["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
+                               "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020",
+                               "--log_output_level=default:info", "--run-validation", "--skip-rule-apply"]
+    assert spec["nodeName"] == "node-a" and spec["serviceAccountName"] == "echo"
+    assert status["phase"] == "Running" and status["podIP"] == "10.244.0.5"
+    assert status["podIPs"] == [{"ip": "10.244.0.5"}] and status["hostIP"] == "192.0.2.1"
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert all(s["ready"] for s in status["containerStatuses"])
+
+
+def test_init_mode_annotations_and_the_pod_overlay() -> None:
+    pod = _pods()["tuned"]
+    spec = pod["spec"]
+    init = spec["initContainers"][0]
+    assert init["name"] == "istio-init"
+    assert init["args"][init["args"].index("-x") + 1] == "10.0.0.0/8"
+    assert init["args"][init["args"].index("-m") + 1] == "TPROXY"
+    assert "--run-validation" not in init["args"]
+    assert init["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "NET_RAW"]
+    assert init["securityContext"]["runAsUser"] == 0
+    proxy = spec["containers"][1]
+    env = _env(proxy)
+    assert env["ISTIO_META_DNS_CAPTURE"] == "true" and env["TRUST_DOMAIN"] == "overridden"
+    assert list(env).index("TRUST_DOMAIN") < list(env).index("ISTIO_META_DNS_CAPTURE")  # merged in place
+    assert proxy["securityContext"]["runAsUser"] == 1500
+    assert proxy["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]  # TPROXY
+    assert pod["metadata"]["labels"]["extra"] == "1"
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/interceptionMode"] == "TPROXY"
+    assert spec["nodeName"] == "node-default"
+    assert "podIP" not in pod["status"]
+
+
+def test_proxyless_and_plain_pods() -> None:
+    pods = _pods()
+    grpc = pods["greeter"]
+    assert "initContainers" not in grpc["spec"]
+    assert json.loads(grpc["metadata"]["annotations"]["sidecar.istio.io/status"])["initContainers"] is None
+    assert "security.istio.io/tlsMode" not in grpc["metadata"]["labels"]
+    env = _env(grpc["spec"]["containers"][1])
+    assert env["DISABLE_ENVOY"] == "true" and env["ISTIO_META_GENERATOR"] == "grpc"
+    assert grpc["spec"]["containers"][1]["readinessProbe"]["httpGet"]["port"] == 15020
+    plain = pods["plain"]
+    assert [c["name"] for c in plain["spec"]["containers"]] == ["app"]
+    assert "annotations" not in plain["metadata"] and "initContainers" not in plain["spec"]
+    assert plain["metadata"]["labels"] == {"app": "plain"}
+
+
+def test_rendering_is_deterministic_and_fresh() -> None:
+    first, second = _pods(), _pods()
+    assert first == second
+    first["echo-1"]["metadata"]["labels"]["x"] = "y"
+    assert "x" not in _pods()["echo-1"]["metadata"]["labels"]
+
+
+def test_namespace_object() -> None:
+    ns = render_namespace("apps", {"istio-injection": "enabled"}, "uid-1", "2026-12-01T12:00:00Z")
+    assert ns["metadata"]["labels"] == {"kubernetes.io/metadata.name": "apps", "istio-injection": "enabled"}
+    assert ns["status"] == {"phase": "Active"}
