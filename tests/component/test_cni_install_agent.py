@@ -180,8 +180,9 @@ def test_kept_installed_and_cleaned_up_on_sigterm(agent: InstallCni) -> None:
     # The token rotated (Kubernetes swaps the projected files by rename): the kubeconfig follows.
     write_atomically(agent.sa_dir / "token", "token-two")
     poll(lambda: "token: token-two" in agent.kubeconfig.read_text(), "the kubeconfig rewritten", 10, agent.output)
-    metrics = agent.metrics()
-    assert 'istio_cni_installs_total{result="SUCCESS"}' in metrics
+    # First install, two config repairs, the binary, the kubeconfig: each counted, each logged.
+    assert 'istio_cni_installs_total{result="SUCCESS"} 5.0' in agent.metrics()
+    assert agent.output().count("Istio CNI configuration and binaries reinstalled") == 4
 
     assert agent.terminate() == 0
     assert primary.read_text() == rewritten  # byte-identical to what the other CNI last wrote
@@ -307,3 +308,20 @@ def test_against_istiod_locals_api_with_repair(agent: InstallCni, tmp_path: Path
         assert pod.spec is not None and pod.spec.node_name == "iacni-node"
         assert agent.terminate() == 0
     assert "repair controller failed" not in agent.output()
+
+
+def test_entry_follows_a_new_first_config(agent: InstallCni) -> None:
+    """No --cni-conf-name: the runtime loads the lexically first valid file, so our entry moves there when
+    another CNI adds one that sorts first, and the file it left is put back as it was (not upstream: upstream
+    keeps writing the file it chose first)."""
+    later = agent.net_dir / "20-flannel.conflist"
+    later_text = json.dumps({"cniVersion": "0.3.1", "name": "cbr0", "plugins": [{"type": "flannel"}]})
+    later.write_text(later_text)
+    agent.start()
+    poll(agent.ready, "installed", 10, agent.output)
+    assert agent.has_entry(later.name)
+    write_atomically(agent.net_dir / "10-calico.conflist", json.dumps(CALICO))
+    poll(lambda: agent.has_entry("10-calico.conflist"), "our entry in the new first file", 10, agent.output)
+    poll(lambda: later.read_text() == later_text, "the old file put back", 10, agent.output)
+    assert agent.terminate() == 0
+    assert json.loads((agent.net_dir / "10-calico.conflist").read_text()) == CALICO

@@ -262,7 +262,8 @@ async def run(options: InstallOptions, access: KubeAccess, source: Path) -> int:
 
     def on_state(outcome: StepOutcome) -> None:
         nonlocal installed_once
-        if outcome.ready and not readiness.ready:
+        if outcome.ready and (not readiness.ready or outcome.changed):
+            # Installed, or put back after a change took something away (upstream counts each such cycle).
             metrics.installs.labels(RESULT_SUCCESS).inc()
             log.info("Istio CNI configuration and binaries %s (%s)",
                      "reinstalled" if installed_once else "installed",
