@@ -503,9 +503,12 @@ def local_node(prefix: str, **options: Any) -> Iterator[LocalNode]:
     """A created LocalNode (`NodeOptions(**options)`) working in a fresh directory; closed (every namespace,
     process and runtime directory it made gone) and the directory removed afterwards. Its registry is
     `node.registry`; its pods' directories are under `node.runtime.path` (where the agent and Envoy,
-    uid 1337, reach them)."""
+    uid 1337, reach them). `ISTIO_AGENT_TEST_NODE_CAPTURE=init` runs the node in init-container capture mode
+    (NodeOptions.capture) unless the test chooses; the default is the node's own ("cni")."""
     from istio_agent.node.local_node import LocalNode, NodeOptions
 
+    if os.environ.get("ISTIO_AGENT_TEST_NODE_CAPTURE"):
+        options.setdefault("capture", os.environ["ISTIO_AGENT_TEST_NODE_CAPTURE"])
     with open_workdir(prefix) as base:
         node = LocalNode(NodeOptions(workdir=base / "node", **options))
         try:

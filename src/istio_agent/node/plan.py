@@ -71,6 +71,9 @@ class PodSpec:
     `proxy_config` fields are merged over the node's (JSON, as `PROXY_CONFIG`).
     `proxyless=True` runs Istio's grpc-agent template instead of the sidecar
     (`node/proxyless.py`): an agent without Envoy and no capture rules.
+    `annotations` are the pod's own (the injector's capture annotations among
+    them: `sidecar.istio.io/interceptionMode`, `traffic.sidecar.istio.io/...`);
+    they shape its capture in either capture mode.
     """
 
     name: str
@@ -86,6 +89,10 @@ class PodSpec:
     app_env: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 1
     proxyless: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+CAPTURE_MODES = ("cni", "init")
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,12 @@ class NodePlan:
     bridge: str
     network: ipaddress.IPv4Network
     gateway: str
+    capture: str = "cni"  # who programs a sidecar pod's capture: the istio-cni plugin, or istio-init
+
+    @property
+    def name(self) -> str:
+        """The node's Kubernetes name (`spec.nodeName` of its pods): its namespace's name."""
+        return self.netns
 
     @property
     def prefix(self) -> str:
@@ -127,6 +140,8 @@ class PodPlan:
     gateway: str
     node_veth: str
     pod_veth: str = "eth0"
+    node_name: str = ""
+    capture: str = "cni"
 
     @property
     def name(self) -> str:
@@ -137,8 +152,10 @@ class PodPlan:
 
 
 def plan_node(owner: int, index: int = 0, pod_cidr: str = DEFAULT_POD_CIDR,
-              bridge: str = DEFAULT_BRIDGE) -> NodePlan:
+              bridge: str = DEFAULT_BRIDGE, capture: str = "cni") -> NodePlan:
     """Name the node after its owner process; the gateway is the CIDR's first host address."""
+    if capture not in CAPTURE_MODES:
+        raise PlanError(f"capture {capture!r}: one of {', '.join(CAPTURE_MODES)}")
     try:
         network = ipaddress.IPv4Network(pod_cidr, strict=True)
     except ValueError as exc:
@@ -146,7 +163,7 @@ def plan_node(owner: int, index: int = 0, pod_cidr: str = DEFAULT_POD_CIDR,
     if network.num_addresses < 4:
         raise PlanError(f"pod CIDR {pod_cidr!r} is too small for a gateway and a pod")
     gateway = str(next(network.hosts()))
-    return NodePlan(owner, index, f"{NETNS_PREFIX}{owner}-{index}-node", bridge, network, gateway)
+    return NodePlan(owner, index, f"{NETNS_PREFIX}{owner}-{index}-node", bridge, network, gateway, capture)
 
 
 def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
@@ -173,7 +190,8 @@ def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
         if not ip:
             raise PlanError(f"pod CIDR {node.network} is full")
     index = int(ipaddress.IPv4Address(ip)) - int(node.network.network_address)
-    return PodPlan(spec, f"{node.prefix}{spec.name}", ip, node.network.prefixlen, node.gateway, f"veth{index}")
+    return PodPlan(spec, f"{node.prefix}{spec.name}", ip, node.network.prefixlen, node.gateway, f"veth{index}",
+                   node_name=node.name, capture=node.capture)
 
 
 # ---- ip(8) commands ------------------------------------------------------------------------------
@@ -274,14 +292,47 @@ def parse_netns_list(text: str) -> list[str]:
 # ---- capture and the agent --------------------------------------------------------------------
 
 
-def capture_args(pod: PodPlan) -> list[str]:
-    """`istio-iptables` arguments as Istio's injector passes them to istio-init (REDIRECT mode)."""
-    args = ["--network-namespace", pod.netns_path(),
-            "-p", "15001", "-z", "15006", "-u", str(PROXY_UID), "-g", str(PROXY_GID), "-m", "REDIRECT",
-            "-i", "*", "-x", "", "-b", "*", "-d", ",".join(map(str, EXCLUDED_INBOUND_PORTS))]
-    if pod.spec.dns_capture:
+ANNOTATION_PREFIX = "traffic.sidecar.istio.io/"
+INTERCEPTION_MODE = "sidecar.istio.io/interceptionMode"
+
+
+def injector_capture_flags(spec: PodSpec) -> list[str]:
+    """The istio-iptables flags Istio's injector writes for this pod's annotations (istio-init's and
+    istio-validation's arguments): mode, outbound ranges and ports, inbound ports (Envoy's and the status
+    port always excluded), excluded and rerouted interfaces. Values pass as given: istio-iptables (and,
+    in CNI mode, the plugin) validates them."""
+    ann = spec.annotations
+    excluded = [str(p) for p in EXCLUDED_INBOUND_PORTS]
+    extra = [p.strip() for p in ann.get(f"{ANNOTATION_PREFIX}excludeInboundPorts", "").split(",") if p.strip()]
+    args = ["-p", "15001", "-z", "15006", "-u", str(PROXY_UID), "-g", str(PROXY_GID),
+            "-m", ann.get(INTERCEPTION_MODE, "REDIRECT"),
+            "-i", ann.get(f"{ANNOTATION_PREFIX}includeOutboundIPRanges", "*"),
+            "-x", ann.get(f"{ANNOTATION_PREFIX}excludeOutboundIPRanges", ""),
+            "-b", ann.get(f"{ANNOTATION_PREFIX}includeInboundPorts", "*"),
+            "-d", ",".join(dict.fromkeys(excluded + extra))]
+    for flag, key in (("-q", "includeOutboundPorts"), ("-o", "excludeOutboundPorts")):
+        if f"{ANNOTATION_PREFIX}{key}" in ann:
+            args += [flag, ann[f"{ANNOTATION_PREFIX}{key}"]]
+    for key in ("istio.io/reroute-virtual-interfaces", f"{ANNOTATION_PREFIX}kubevirtInterfaces"):
+        if key in ann:
+            args += ["-k", ann[key]]
+            break
+    if f"{ANNOTATION_PREFIX}excludeInterfaces" in ann:
+        args += ["-c", ann[f"{ANNOTATION_PREFIX}excludeInterfaces"]]
+    if spec.dns_capture:
         args.append("--redirect-dns")
     return args
+
+
+def capture_args(pod: PodPlan) -> list[str]:
+    """`istio-iptables` arguments as Istio's injector passes them to istio-init, in the pod's namespace."""
+    return ["--network-namespace", pod.netns_path(), *injector_capture_flags(pod.spec)]
+
+
+def validation_args(pod: PodPlan) -> list[str]:
+    """The `istio-validation` init container's `istio-iptables` arguments (CNI mode): the same flags, checked
+    instead of applied. It runs in the pod's namespace (the container's), as uid 1337."""
+    return [*injector_capture_flags(pod.spec), "--run-validation", "--skip-rule-apply"]
 
 
 def proxy_config_json(node: NodePlan, pod: PodPlan, defaults: Mapping[str, Any] | None = None) -> str:
@@ -333,7 +384,31 @@ def downward_api_text(values: Mapping[str, str]) -> str:
     return "".join(f"{key}={json.dumps(str(values[key]))}\n" for key in sorted(values))
 
 
+# istio-proxy env the CNI plugin reads from the pod (as upstream's does) to shape the capture.
+_CAPTURE_ENV = ("INVALID_DROP", "ISTIO_DUAL_STACK")
+
+
+def registry_workload(pod: PodPlan) -> dict[str, Any]:
+    """One pod's `workloads:` entry: identity and planned IP, and what istiod-local's Kubernetes API needs to
+    render it as Istio's injector would (its node, sidecar kind, who captures, its annotations, the
+    istio-proxy env the CNI plugin reads), so that the plugin derives from the Pod the capture this plan
+    would give istio-iptables."""
+    spec = pod.spec
+    entry: dict[str, Any] = {"name": pod.name, "namespace": spec.namespace, "serviceAccount": spec.service_account,
+                             "labels": dict(spec.labels), "ip": pod.ip}
+    if pod.node_name:
+        entry["nodeName"] = pod.node_name
+    entry["sidecar"] = "proxyless" if spec.proxyless else "envoy" if spec.sidecar else "none"
+    entry["captureInit"] = pod.capture
+    if spec.annotations:
+        entry["annotations"] = dict(spec.annotations)
+    env = [{"name": "ISTIO_META_DNS_CAPTURE", "value": "true"}] if spec.dns_capture and not spec.proxyless else []
+    env += [{"name": key, "value": spec.agent_env[key]} for key in _CAPTURE_ENV if key in spec.agent_env]
+    if env:
+        entry["pod"] = {"spec": {"containers": [{"name": "istio-proxy", "env": env}]}}
+    return entry
+
+
 def registry_workloads(pods: Iterable[PodPlan]) -> list[dict[str, Any]]:
-    """The `workloads:` entries of istiod-local's registry for these pods (their planned IPs)."""
-    return [{"name": p.name, "namespace": p.spec.namespace, "serviceAccount": p.spec.service_account,
-             "labels": dict(p.spec.labels), "ip": p.ip} for p in pods]
+    """The `workloads:` entries of istiod-local's registry for these pods (`registry_workload`)."""
+    return [registry_workload(p) for p in pods]
