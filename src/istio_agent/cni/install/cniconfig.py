@@ -110,10 +110,10 @@ def _label_selector(value: Any, where: str) -> dict[str, Any]:
 
 def parse_enablement_selectors(text: str) -> tuple[Any, ...]:
     """`--ambient-enablement-selector` (a YAML list of {podSelector, namespaceSelector}) as the entry carries it."""
-    import yaml  # only when a selector is set (ambient)
-
     if not text.strip():
         return ()
+    import yaml  # only when a selector is set (ambient)
+
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,27 @@
+"""What install-cni loads (it idles on every node, so its memory is a feature): no aiohttp, no protobuf or grpc,
+no YAML parser unless an ambient enablement selector needs one; checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def loaded_after(code: str) -> set[str]:
+    probe = f"import sys\nbefore = set(sys.modules)\n{code}\nprint(' '.join(sorted(set(sys.modules) - before)))\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_install_cni_runtime_stays_light() -> None:
+    loaded = loaded_after(
+        "import istio_agent.cni.install.main, istio_agent.cni.install.installer, istio_agent.cni.install.servers\n"
+        "import istio_agent.cni.install.metrics, istio_agent.cni.install.watcher\n"
+        "from istio_agent.cni.install.installer import Installer\n"
+        "from istio_agent.cni.install.options import InstallOptions\n"
+        "from pathlib import Path\n"
+        "Installer(InstallOptions(), Path('/nonexistent'), None)\n")
+    assert "h11" in loaded and "prometheus_client" in loaded
+    heavy = {"aiohttp", "yaml", "google.protobuf", "grpc", "kubernetes", "istio_agent.agent", "istio_agent.status"}
+    assert not loaded & heavy, loaded & heavy
