@@ -33,8 +33,17 @@ MESH = {
         {"name": "old-style", "namespace": "shop", "captureInit": "init", "ip": "10.244.1.8"},
         {"name": "evil", "namespace": "shop", "ip": "10.244.1.9",
          "annotations": {"traffic.sidecar.istio.io/excludeInterfaces": "eth0 -j ACCEPT"}},
+        {"name": "amb-plain", "namespace": "amb", "sidecar": "none", "ip": "10.244.2.5"},
+        {"name": "amb-sidecar", "namespace": "amb", "ip": "10.244.2.6"},
     ],
+    "namespaces": {"amb": {"labels": {"istio.io/dataplane-mode": "ambient"}}},
 }  # fmt: skip
+SELECTORS = [
+    {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+    {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn",
+                                           "values": ["none"]}]},
+     "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +61,16 @@ def istiod() -> Iterator[tuple[IstiodLocal, Path]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def add(run_dir: Path, name: str, record: Path, **env: str) -> subprocess.CompletedProcess[bytes]:
+def add(run_dir: Path, name: str, record: Path, namespace: str = "shop", ambient: bool = False,
+        **env: str) -> subprocess.CompletedProcess[bytes]:
     record.write_text("")
     config = {"cniVersion": "1.1.0", "name": "k8s-pod-network", "type": "istio-cni",
               "cni_agent_run_dir": str(run_dir), "exclude_namespaces": ["kube-system"],
-              "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.244.1.5/24"}]}}
+              "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.244.1.5/24"}]},
+              "ambient_enabled": ambient, "enablement_selectors": SELECTORS}
     full = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c0ffee",
             "CNI_NETNS": "/var/run/netns/iacni-x", "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}",
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}",
             "DRY_RUN_FILE_PATH": str(record), "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES": "2",
             "ISTIO_CNI_POD_RETRIEVAL_INTERVAL": "10ms", **env}
     return subprocess.run([str(SCRIPT)], input=json.dumps(config).encode(), env=full, capture_output=True,
@@ -114,3 +125,17 @@ def test_unknown_pod_and_bad_token_are_try_again_later(istiod: tuple[IstiodLocal
     body = json.loads(add(bad, "web-1", record).stdout)
     assert body["code"] == 11 and "Unauthorized" in body["msg"]
     assert record.read_text() == ""
+
+
+def test_ambient_selected_pod_is_reported_as_unsupported(istiod: tuple[IstiodLocal, Path], tmp_path: Path) -> None:
+    record = tmp_path / "rec"
+    plain = add(istiod[1], "amb-plain", record, namespace="amb", ambient=True)
+    assert plain.returncode == 0, plain.stderr
+    assert b"selected for ambient mode" in plain.stderr and record.read_text() == ""
+    # A sidecar pod is never ambient: it gets its sidecar capture, and no such warning.
+    sidecar = add(istiod[1], "amb-sidecar", record, namespace="amb", ambient=True)
+    assert sidecar.returncode == 0, sidecar.stderr
+    assert b"selected for ambient mode" not in sidecar.stderr and "ISTIO_REDIRECT" in record.read_text()
+    # Without ambient_enabled nothing is said.
+    quiet = add(istiod[1], "amb-plain", record, namespace="amb")
+    assert quiet.returncode == 0 and b"ambient" not in quiet.stderr

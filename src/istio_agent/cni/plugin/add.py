@@ -146,6 +146,8 @@ def cmd_add(req: Request, conf: PluginConfig, env: Mapping[str, str], log: Plugi
         info = extract_pod_info(pod)
     except PodError as err:
         raise CniError(ERR_INTERNAL, f"pod {namespace}/{name}: {err}") from None
+    if conf.ambient_enabled:
+        warn_if_ambient(pod, namespace, name, conf, kubeconfig, log)
     reason = skip_reason(info)
     if reason is not None:
         log.info(reason)
@@ -162,6 +164,38 @@ def cmd_add(req: Request, conf: PluginConfig, env: Mapping[str, str], log: Plugi
     if not dry_run and not os.path.exists(req.netns):
         raise CniError(ERR_INVALID_ENVIRONMENT, f"CNI_NETNS {req.netns}: failed to open netns: no such file")
     program(cfg, env, log, name)
+
+
+def warn_if_ambient(pod: dict[str, object], namespace: str, name: str, conf: PluginConfig, kubeconfig: str,
+                    log: PluginLog) -> None:
+    """Say so when upstream would have enrolled this pod in ambient mode, which is not supported here.
+
+    Upstream then hands the pod to the ambient node agent instead of the sidecar
+    logic; here the sidecar logic runs as for any pod not selected (and, the
+    pod having no sidecar, leaves it without capture). One namespace GET, no retries.
+    """
+    from istio_agent.cni.plugin.ambient import SelectorError, selected_for_ambient
+
+    if not conf.enablement_selectors:
+        return
+    try:
+        from istio_agent.cni.plugin.kubeclient import get_namespace, load_kubeconfig
+
+        ns_obj = get_namespace(load_kubeconfig(kubeconfig), namespace)
+        metadata = ns_obj.get("metadata")
+        labels = metadata.get("labels") if isinstance(metadata, dict) else None
+        ns_labels = {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, dict) else {}
+        selected = selected_for_ambient(pod, ns_labels, conf.enablement_selectors)
+    except SelectorError as err:
+        log.warn(f"cannot evaluate enablement_selectors: {err}")
+        return
+    except (OSError, ValueError, RuntimeError) as err:
+        log.warn(f"cannot tell whether pod {namespace}/{name} is selected for ambient: namespace {namespace}: {err}")
+        return
+    if selected:
+        log.warn(f"pod {namespace}/{name} is selected for ambient mode by enablement_selectors, but ambient mode is "
+                 "not supported by this istio-cni: it is handled as a pod not selected for ambient and gets no "
+                 "capture from the ambient node agent")
 
 
 def program(cfg: CaptureConfig, env: Mapping[str, str], log: PluginLog, pod_name: str) -> None:

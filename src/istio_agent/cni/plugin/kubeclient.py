@@ -233,13 +233,18 @@ def _dechunk(data: bytes) -> bytes:
 
 def decode_pod(status: int, body: bytes, namespace: str, name: str) -> dict[str, object]:
     """The Pod object, or ApiError carrying the API's Status message (as client-go's error says it)."""
+    return decode_object(status, body, "Pod", f"{namespace}/{name}")
+
+
+def decode_object(status: int, body: bytes, kind: str, what: str) -> dict[str, object]:
+    """The object of `kind`, or ApiError carrying the API's Status message."""
     try:
         obj = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError):
         obj = None
     if status == 200:
-        if not isinstance(obj, dict) or obj.get("kind", "Pod") != "Pod":
-            raise ApiError(f"the API server returned no Pod object for {namespace}/{name}", status)
+        if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
+            raise ApiError(f"the API server returned no {kind} object for {what}", status)
         return obj
     message, reason = "", ""
     if isinstance(obj, dict) and obj.get("kind") == "Status":
@@ -271,9 +276,21 @@ def _tls_context(cfg: KubeConfig) -> object:
 
 def get_pod(cfg: KubeConfig, namespace: str, name: str, timeout: float = 5.0) -> dict[str, object]:
     """GET the pod once; ApiError (transport or HTTP status) when it cannot be had."""
+    status, body = get(cfg, pod_path(cfg, namespace, name), timeout)
+    return decode_pod(status, body, namespace, name)
+
+
+def get_namespace(cfg: KubeConfig, name: str, timeout: float = 5.0) -> dict[str, object]:
+    """GET the namespace once (only asked when ambient_enabled, to tell the user a pod would be ambient)."""
+    status, body = get(cfg, f"{cfg.prefix}/api/v1/namespaces/{_quote(name)}", timeout)
+    return decode_object(status, body, "Namespace", name)
+
+
+def get(cfg: KubeConfig, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One GET: the status and body (ApiError for transport failures)."""
     import socket
 
-    request = build_request(cfg, pod_path(cfg, namespace, name))
+    request = build_request(cfg, path)
     try:
         sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
     except OSError as err:
@@ -305,6 +322,6 @@ def get_pod(cfg: KubeConfig, namespace: str, name: str, timeout: float = 5.0) ->
             if not chunks:
                 raise ApiError(f"reading from the API server {cfg.host}:{cfg.port} failed: {err}") from None
         status, _, body = parse_response(b"".join(chunks))
-        return decode_pod(status, body, namespace, name)
+        return status, body
     finally:
         sock.close()
