@@ -46,7 +46,6 @@ POD_RETRIEVAL_INTERVAL = 1.0  # upstream's podRetrievalInterval, seconds
 # Not upstream: tunables, so tests need not wait 30 s for "API down".
 RETRIES_ENV = "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES"
 INTERVAL_ENV = "ISTIO_CNI_POD_RETRIEVAL_INTERVAL"
-AMBIENT_LABEL = "istio.io/dataplane-mode"
 
 
 def retry_settings(env: Mapping[str, str]) -> tuple[int, float]:
@@ -130,8 +129,8 @@ def cmd_add(req: Request, conf: PluginConfig, env: Mapping[str, str], log: Plugi
         log.info(f"pod namespace {namespace} excluded")
         return
     if conf.ambient_enabled:
-        log.warn("ambient_enabled is set, but ambient mode is not supported by this istio-cni: "
-                 "the pod is handled as upstream handles a pod not selected for ambient (sidecar rules)")
+        log.info("ambient_enabled is set, but ambient mode is not supported by this istio-cni: "
+                 "pods are handled as upstream handles pods not selected for ambient (sidecar rules)")
     dry_run = bool(env.get("DRY_RUN_FILE_PATH", ""))
     if not dry_run and same_netns_as_plugin(req.netns):
         raise CniError(ERR_INVALID_NETNS, f"CNI_NETNS {req.netns}: plugin's netns and netns from CNI_NETNS should "
@@ -152,9 +151,6 @@ def cmd_add(req: Request, conf: PluginConfig, env: Mapping[str, str], log: Plugi
     if reason is not None:
         log.info(reason)
         return
-    if conf.ambient_enabled and info.labels.get(AMBIENT_LABEL) == "ambient":
-        log.warn(f"pod {namespace}/{name} is labelled {AMBIENT_LABEL}=ambient: ambient mode is not supported; "
-                 "programming sidecar capture as for a non-ambient pod")
     try:
         cfg = capture_config(info, req.netns, dry_run=dry_run, native_nftables=conf.native_nftables, env=env,
                              warn=log.warn)
