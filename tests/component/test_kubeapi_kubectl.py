@@ -7,9 +7,11 @@ import base64
 import http.client
 import json
 import os
+import queue
 import ssl
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +64,8 @@ def test_kubectl_get_pods_namespaces_and_one_pod_as_json(api: tuple[IstiodLocal,
     assert [c["name"] for c in pod["spec"]["containers"]] == ["app", "istio-proxy"]
     listed = json.loads(_kubectl(api, "get", "pods", "-A", "-o", "json").stdout)
     assert {p["metadata"]["name"] for p in listed["items"]} == {"echo-1", "web-1"}
+    described = _kubectl(api, "describe", "pod", "web-1", "-n", "shop").stdout
+    assert "iacni-node/127.0.0.1" in described and "istio-validation:" in described
     missing = _kubectl(api, "get", "pod", "nope", check=False)
     assert missing.returncode != 0 and 'pods "nope" not found' in missing.stderr
 
@@ -73,19 +77,33 @@ def test_kubectl_watch_label_and_delete(api: tuple[IstiodLocal, Path, Path]) -> 
                               "pods", "-w", "-n", "default", "--output-watch-events"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "HOME": str(base)})
+    lines: queue.Queue[str] = queue.Queue()
+    assert watch.stdout is not None
+    def pump() -> None:
+        for text in watch.stdout or ():
+            lines.put(text)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+
+    def line() -> list[str]:
+        try:
+            return lines.get(timeout=15).split()
+        except queue.Empty:
+            raise AssertionError(f"kubectl get -w printed nothing more (exit status {watch.poll()})") from None
+
     try:
-        assert watch.stdout is not None
-        header = watch.stdout.readline().split()
-        assert header[:3] == ["EVENT", "NAME", "READY"]
-        assert watch.stdout.readline().split()[:2] == ["ADDED", "echo-1"]
+        assert line()[:3] == ["EVENT", "NAME", "READY"]
+        assert line()[:2] == ["ADDED", "echo-1"]
         assert "labeled" in _kubectl(api, "label", "pod", "echo-1", "repair=done").stdout
-        assert watch.stdout.readline().split()[:2] == ["MODIFIED", "echo-1"]
+        assert line()[:2] == ["MODIFIED", "echo-1"]
         pod = json.loads(_kubectl(api, "get", "pod", "echo-1", "-o", "json").stdout)
         assert pod["metadata"]["labels"]["repair"] == "done"
         assert 'pod "echo-1" deleted' in _kubectl(api, "delete", "pod", "echo-1").stdout
-        assert watch.stdout.readline().split()[:2] == ["DELETED", "echo-1"]
+        assert line()[:2] == ["DELETED", "echo-1"]
     finally:
         stop_process(watch, 5)
+        reader.join(5)
         if watch.stdout is not None:
             watch.stdout.close()
         if watch.stderr is not None:

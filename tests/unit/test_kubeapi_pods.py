@@ -138,3 +138,10 @@ def test_namespace_object() -> None:
     ns = render_namespace("apps", {"istio-injection": "enabled"}, "uid-1", "2026-12-01T12:00:00Z")
     assert ns["metadata"]["labels"] == {"kubernetes.io/metadata.name": "apps", "istio-injection": "enabled"}
     assert ns["status"] == {"phase": "Active"}
+
+
+def test_the_overlay_cannot_change_the_pods_identity() -> None:
+    registry = parse_registry("workloads: [{name: a, pod: {metadata: {name: b, uid: x, resourceVersion: '9'}}}]")
+    pod = render_pod(registry, registry.workloads[0], META)
+    assert (pod["metadata"]["name"], pod["metadata"]["uid"]) == ("a", META.uid)
+    assert "resourceVersion" not in pod["metadata"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
@@ -107,13 +108,24 @@ def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: f
         from istio_agent.controlplane.kubeapi.server import KubeApiOptions
 
         kube = KubeApiOptions(kube_api_addr, kube_node_name or socket.gethostname().split(".")[0].lower(),
-                              bookmark_interval=kube_bookmark_interval, history=kube_watch_history)
+                              host_ip=_node_ip(kube_api_addr), bookmark_interval=kube_bookmark_interval,
+                              history=kube_watch_history)
     try:
         asyncio.run(_serve(options, registry, kube))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _node_ip(kube_api_addr: str) -> str:
+    """Pods' status.hostIP: the API's listen address when it is one IP (the node's), else 127.0.0.1."""
+    host, _ = split_host_port(kube_api_addr)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return "127.0.0.1"
+    return "127.0.0.1" if ip.is_unspecified else str(ip)
 
 
 async def _serve(options: ControlPlaneOptions, registry: str | None = None,

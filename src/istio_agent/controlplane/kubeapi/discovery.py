@@ -32,7 +32,7 @@ _READ = ["get", "list", "watch"]
 
 def api_resource_list() -> dict[str, Any]:
     return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-        {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event", "verbs": ["create"],
+        {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event", "verbs": ["create", "list"],
          "shortNames": ["ev"]},
         {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
          "verbs": _READ, "shortNames": ["ns"]},

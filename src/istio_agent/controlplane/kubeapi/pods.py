@@ -417,6 +417,11 @@ def render_pod(registry: Registry, workload: Workload, meta: PodMeta) -> dict[st
                            "status": status}
     if workload.pod:
         pod = merge_pod_overlay(pod, copy.deepcopy(dict(workload.pod)))
+        # Identity is the registry's and the API server's, whatever the overlay says.
+        pod.update(apiVersion="v1", kind="Pod")
+        pod["metadata"].pop("resourceVersion", None)
+        pod["metadata"].update(name=workload.name, namespace=workload.namespace, uid=meta.uid,
+                               creationTimestamp=meta.created)
     return pod
 
 

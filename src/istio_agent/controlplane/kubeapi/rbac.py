@@ -10,7 +10,7 @@ Two identities are bound to the one role istiod-local has:
   (which reports pod status as a kubelet would).
 
 The role: get, list and watch pods and namespaces; patch and delete pods;
-get and patch pods/status; create events. Every other authenticated identity
+get and patch pods/status; create and list events (none are kept: a list is empty). Every other authenticated identity
 is denied (403); an unauthenticated request never gets this far (401).
 """
 
@@ -26,7 +26,7 @@ CNI_IDENTITY = "istio-system/istio-cni"
 ROLE: frozenset[tuple[str, str]] = frozenset(
     {(verb, "pods") for verb in ("get", "list", "watch", "patch", "delete")}
     | {(verb, "namespaces") for verb in ("get", "list", "watch")}
-    | {("get", "pods/status"), ("patch", "pods/status"), ("create", "events")}
+    | {("get", "pods/status"), ("patch", "pods/status"), ("create", "events"), ("list", "events")}
 )
 BINDINGS: dict[str, frozenset[tuple[str, str]]] = {CNI_USER: ROLE, ADMIN_USER: ROLE}
 

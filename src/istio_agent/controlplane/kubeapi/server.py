@@ -225,6 +225,9 @@ class KubeApiServer:
             raise errors.forbidden(user, verb, route.resource, route.name, route.namespace)
         if verb == "watch":
             return await self._watch(request, route)
+        if verb == "list" and route.resource == "events":  # kubectl describe asks; none are kept
+            return _json({"kind": "EventList", "apiVersion": "v1",
+                          "metadata": {"resourceVersion": str(self.store.resource_version)}, "items": []})
         if verb == "list":
             return self._list(request, route)
         if verb == "get":
@@ -240,9 +243,9 @@ class KubeApiServer:
         collection = not route.name
         if method == "GET":
             if request.query.get("watch", "") in _TRUE:
+                if route.resource == "events":
+                    raise errors.method_not_allowed(method)
                 return "watch"
-            if route.resource == "events":
-                raise errors.method_not_allowed(method)
             return "list" if collection else "get"
         if route.resource == "events":
             if method == "POST":
