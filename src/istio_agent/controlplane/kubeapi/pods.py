@@ -340,6 +340,12 @@ def merge_pod_overlay(pod: Mapping[str, Any], overlay: Mapping[str, Any]) -> dic
     return merged
 
 
+def render_inputs(registry: Registry, workload: Workload) -> tuple[Any, ...]:
+    """Everything of the registry `render_pod` reads for `workload` (equal inputs render equal pods)."""
+    return (workload, registry.trust_domain, registry.domain_suffix, registry.inbound_traffic_policy,
+            _app_ports(registry, workload))
+
+
 def render_pod(registry: Registry, workload: Workload, meta: PodMeta) -> dict[str, Any]:
     """The Pod object for one workload (a fresh dict each call)."""
     injected = workload.sidecar != "none"

@@ -17,6 +17,10 @@ without a controller to recreate it would.
 
 Nothing here does I/O or reads a clock: `now` is an RFC 3339 string given
 by the caller; listeners are plain callables the server registers.
+
+Objects are never changed in place once stored: a change makes a new object
+(sharing what did not change), so `get`, `list_objects` and events hand out
+the stored objects themselves, without copying; callers must not change them.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ from typing import Any
 
 from istio_agent.controlplane.kubeapi import errors
 from istio_agent.controlplane.kubeapi.patch import PatchError, apply_patch
-from istio_agent.controlplane.kubeapi.pods import DEFAULT_HOST_IP, PodMeta, render_namespace, render_pod
+from istio_agent.controlplane.kubeapi.pods import (
+    DEFAULT_HOST_IP,
+    PodMeta,
+    render_inputs,
+    render_namespace,
+    render_pod,
+)
 from istio_agent.controlplane.kubeapi.selectors import FieldSelector, LabelSelector
 from istio_agent.controlplane.xds.registry import Registry, Workload
 
@@ -59,6 +69,7 @@ class _Entry:
     rendered: dict[str, Any]  # what the registry says, without resourceVersion
     current: dict[str, Any]  # what is served
     workload: Workload | None = None
+    inputs: Any = None  # what `rendered` was rendered from (the same inputs need no new rendering)
     status_override: dict[str, Any] | None = None
     label_overrides: dict[str, str | None] = field(default_factory=dict)
     annotation_overrides: dict[str, str | None] = field(default_factory=dict)
@@ -125,7 +136,7 @@ class KubeStore:
         entry = self._entries[resource].get((namespace if resource == PODS else "", name))
         if entry is None:
             raise errors.not_found(resource, name)
-        return copy.deepcopy(entry.current)
+        return entry.current
 
     def list_objects(self, resource: str, namespace: str = "", labels: LabelSelector | None = None,
              fields: FieldSelector | None = None) -> tuple[list[dict[str, Any]], int]:
@@ -135,7 +146,7 @@ class KubeStore:
             if namespace and resource == PODS and ns != namespace:
                 continue
             if matches(entry.current, labels, fields):
-                out.append(copy.deepcopy(entry.current))
+                out.append(entry.current)
         return out, self._rv
 
     def watch_start(self, resource: str, resource_version: str) -> list[WatchEvent]:
@@ -144,8 +155,7 @@ class KubeStore:
         Raises ApiError 410 when the RV is older than the log keeps, 400 when it is not a number.
         """
         if resource_version in ("", "0"):
-            return [WatchEvent("ADDED", resource, copy.deepcopy(e.current), int(e.current["metadata"]
-                                                                                ["resourceVersion"]))
+            return [WatchEvent("ADDED", resource, e.current, int(e.current["metadata"]["resourceVersion"]))
                     for _, e in sorted(self._entries[resource].items())]
         try:
             since = int(resource_version)
@@ -163,7 +173,7 @@ class KubeStore:
     # ---- changes --------------------------------------------------------------------------------
 
     def _emit(self, kind: str, resource: str, obj: dict[str, Any], previous: dict[str, Any] | None = None) -> None:
-        event = WatchEvent(kind, resource, copy.deepcopy(obj), self._rv, previous)
+        event = WatchEvent(kind, resource, obj, self._rv, previous)
         self._log.append(event)
         while len(self._log) > self._history:
             self._compacted = self._log.popleft().resource_version
@@ -171,9 +181,10 @@ class KubeStore:
             listener(event)
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A new version of `obj` (shallow: what it shares with `obj` is never changed in place)."""
         self._rv += 1
-        out = copy.deepcopy(obj)
-        out["metadata"]["resourceVersion"] = str(self._rv)
+        out = dict(obj)
+        out["metadata"] = {**obj["metadata"], "resourceVersion": str(self._rv)}
         return out
 
     def _uid(self, resource: str, key: Key) -> str:
@@ -185,57 +196,62 @@ class KubeStore:
         first_rv = self._rv
         names = set(BUILTIN_NAMESPACES) | {w.namespace for w in registry.workloads} \
             | {s.namespace for s in registry.services} | set(registry.namespaces)
-        namespaces: dict[Key, tuple[dict[str, Any], Workload | None]] = {}
+        namespaces: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
         for name in names:
             existing = self._entries[NAMESPACES].get(("", name))
             uid, created = ((existing.current["metadata"]["uid"], existing.current["metadata"]["creationTimestamp"])
                             if existing is not None else (self._uid(NAMESPACES, ("", name)), now))
-            namespaces["", name] = (render_namespace(name, registry.namespaces.get(name, {}), uid, created), None)
+            namespaces["", name] = (render_namespace(name, registry.namespaces.get(name, {}), uid, created), None,
+                                    None)
         self._sync(NAMESPACES, namespaces)
-        pods: dict[Key, tuple[dict[str, Any], Workload | None]] = {}
+        pods: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
         for workload in registry.workloads:
             key = (workload.namespace, workload.name)
             entry = self._entries[PODS].get(key)
             if entry is None and self._tombstones.get(key) == workload:
                 continue  # deleted through the API and unchanged since
             self._tombstones.pop(key, None)
+            inputs = render_inputs(registry, workload)
+            if entry is not None and entry.inputs == inputs:
+                pods[key] = (entry.rendered, workload, inputs)
+                continue
             if entry is not None:
                 meta = PodMeta(entry.current["metadata"]["uid"], entry.current["metadata"]["creationTimestamp"],
                                self.default_node, self.host_ip)
             else:
                 meta = PodMeta(self._uid(PODS, key), now, self.default_node, self.host_ip)
-            pods[key] = (render_pod(registry, workload, meta), workload)
+            pods[key] = (render_pod(registry, workload, meta), workload, inputs)
         wanted = {(w.namespace, w.name) for w in registry.workloads}
         self._tombstones = {k: w for k, w in self._tombstones.items() if k in wanted}
         self._sync(PODS, pods)
         return [e for e in self._log if e.resource_version > first_rv]
 
-    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None]]) -> None:
+    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]]) -> None:
         entries = self._entries[resource]
         for key in sorted(set(entries) - set(desired)):
             entry = entries.pop(key)
             self._forget(resource, key)
             self._emit("DELETED", resource, self._stamp(entry.current))
         for key in sorted(desired):
-            rendered, workload = desired[key]
+            rendered, workload, inputs = desired[key]
             found = entries.get(key)
             if found is None:
-                entries[key] = _Entry(rendered, self._stamp(rendered), workload)
+                entries[key] = _Entry(rendered, self._stamp(rendered), workload, inputs)
                 self._emit("ADDED", resource, entries[key].current)
                 continue
             entry = found
-            entry.workload = workload
+            entry.workload, entry.inputs = workload, inputs
             if rendered == entry.rendered:
                 continue
             entry.rendered = rendered
-            served = copy.deepcopy(rendered)
-            meta = served["metadata"]
+            served = dict(rendered)
+            meta = served["metadata"] = dict(rendered["metadata"])
             if entry.label_overrides:
                 meta["labels"] = _apply_overrides(meta.get("labels"), entry.label_overrides)
             if entry.annotation_overrides:
                 meta["annotations"] = _apply_overrides(meta.get("annotations"), entry.annotation_overrides)
             if entry.status_override is not None:
-                served["status"] = copy.deepcopy(entry.status_override)
+                served["status"] = entry.status_override
             previous = entry.current
             if _without_rv(served) == _without_rv(previous):
                 continue
@@ -261,7 +277,9 @@ class KubeStore:
             raise errors.invalid("Pod", name, str(exc)) from None
         if not isinstance(result, dict) or not isinstance(result.get("metadata", {}), dict):
             raise errors.invalid("Pod", name, "the patched object is not a Pod")
-        meta = result.setdefault("metadata", {})
+        # The patch shares untouched parts with `old`: copy what is changed here.
+        result = dict(result)
+        meta = result["metadata"] = dict(result.get("metadata") or {})
         wanted_rv = meta.get("resourceVersion")
         if wanted_rv not in (None, "") and str(wanted_rv) != old["metadata"]["resourceVersion"]:
             raise errors.modified_conflict(PODS, name)
@@ -275,9 +293,9 @@ class KubeStore:
                                       not all(isinstance(v, str) for v in value.values())):
                 raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: must map strings to strings")
         if subresource == "status":
-            result["spec"] = copy.deepcopy(old.get("spec"))
+            result["spec"] = old.get("spec")
         else:
-            result["status"] = copy.deepcopy(old.get("status"))
+            result["status"] = old.get("status")
             if _spec_without_images(result.get("spec")) != _spec_without_images(old.get("spec")):
                 raise errors.invalid("Pod", name, "spec: Forbidden: pod updates may not change fields other than "
                                      "`spec.containers[*].image`, `spec.initContainers[*].image`, "
@@ -285,16 +303,16 @@ class KubeStore:
                                      "existing tolerations)")
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         if result == old:
-            return copy.deepcopy(old)
+            return old
         old_meta = old["metadata"]
         entry.label_overrides.update(_diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
         entry.annotation_overrides.update(_diff_map(old_meta.get("annotations") or {},
                                                     meta.get("annotations") or {}))
         if subresource == "status" and result.get("status") != old.get("status"):
-            entry.status_override = copy.deepcopy(result.get("status"))
+            entry.status_override = result.get("status")
         entry.current = self._stamp(result)
         self._emit("MODIFIED", PODS, entry.current, old)
-        return copy.deepcopy(entry.current)
+        return entry.current
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    resource_version: str | None = None) -> dict[str, Any]:
