@@ -14,6 +14,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -111,26 +112,36 @@ def test_kubectl_watch_label_and_delete(api: tuple[IstiodLocal, Path, Path]) -> 
     assert "echo-1" not in _kubectl(api, "get", "pods", "-A").stdout
 
 
-def test_bookmarks_on_a_watch_that_asks(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:
-    istiod = api[0]
-    sa = tmp_path / "sa"
-    istiod.kubeconfig(tmp_path / "k", identity="istio-system/istio-cni", service_account_dir=sa)
+def _watch_lines(istiod: IstiodLocal, sa: Path, query: str) -> list[dict[str, Any]]:
     host, port = istiod.kube_api.rsplit(":", 1)
     conn = http.client.HTTPSConnection(host, int(port), timeout=10,
                                        context=ssl.create_default_context(cafile=str(sa / "ca.crt")))
     try:
-        conn.request("GET", "/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=2"
-                     "&fieldSelector=spec.nodeName%3Diacni-node",
+        conn.request("GET", f"/api/v1/pods?watch=true&{query}",
                      headers={"Authorization": f"Bearer {(sa / 'token').read_text()}"})
         response = conn.getresponse()
         assert response.status == 200
-        events = [json.loads(line) for line in response.read().splitlines() if line.strip()]
+        return [json.loads(line) for line in response.read().splitlines() if line.strip()]
     finally:
         conn.close()
+
+
+def test_bookmarks_on_a_watch_that_asks(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:
+    istiod = api[0]
+    sa = tmp_path / "sa"
+    istiod.kubeconfig(tmp_path / "k", identity="istio-system/istio-cni", service_account_dir=sa)
+    events = _watch_lines(istiod, sa, "allowWatchBookmarks=true&timeoutSeconds=2"
+                                      "&fieldSelector=spec.nodeName%3Diacni-node")
     assert events[0]["type"] == "ADDED"
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
     assert bookmarks, events
     assert bookmarks[0]["object"]["kind"] == "Pod" and int(bookmarks[0]["object"]["metadata"]["resourceVersion"])
+    # client-go's WatchList: the initial state, then a bookmark marking its end, even from a resourceVersion.
+    listed = _watch_lines(istiod, sa, "sendInitialEvents=true&allowWatchBookmarks=true&resourceVersion=999999"
+                                      "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
+    first_bookmark = next(i for i, e in enumerate(listed) if e["type"] == "BOOKMARK")
+    assert first_bookmark > 0 and all(e["type"] == "ADDED" for e in listed[:first_bookmark])
+    assert listed[first_bookmark]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
 
 
 def test_kubeconfig_and_service_account_files(api: tuple[IstiodLocal, Path, Path], tmp_path: Path) -> None:

@@ -353,7 +353,10 @@ class KubeApiServer:
                 overflowed = True
 
         try:
-            initial = self.store.watch_start(resource, request.query.get("resourceVersion", ""))
+            # sendInitialEvents (client-go's WatchList): every object first, whatever the resourceVersion.
+            initial_events = request.query.get("sendInitialEvents", "") in _TRUE
+            initial = self.store.watch_start(resource, "" if initial_events else
+                                             request.query.get("resourceVersion", ""))
             expired = None
         except errors.ApiError as exc:
             if exc.code != 410:
@@ -385,6 +388,10 @@ class KubeApiServer:
 
             for event in initial:
                 await send(event)
+            if initial_events:  # the end of the initial state, as the apiserver marks it
+                end = bookmark(resource, self.store.resource_version)
+                end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+                await self._send(response, {"type": "BOOKMARK", "object": end})
             deadline = asyncio.get_running_loop().time() + timeout
             next_bookmark = asyncio.get_running_loop().time() + self.options.bookmark_interval
             while not self._stopping.is_set():
