@@ -16,6 +16,7 @@ from istio_agent.cni.repair.rules import (
     chosen_action,
     delete_options,
     diagnose,
+    event,
     field_selector,
     has_label,
     label_patch,
@@ -188,3 +189,13 @@ def test_diagnose_does_not_mutate_the_pod() -> None:
     kept = copy.deepcopy(original)
     diagnose(original, OPTIONS)
     assert original == kept
+
+
+def test_the_event_names_the_pod_version_and_component() -> None:
+    body = event(pod(last=FAILED), "LabelBrokenPod", "labelled", 1_764_590_400.5)
+    assert body["involvedObject"] == {"kind": "Pod", "apiVersion": "v1", "namespace": "default", "name": "p",
+                                      "uid": "u-1", "resourceVersion": "7"}
+    assert body["reason"] == "LabelBrokenPod" and body["type"] == "Warning" and body["count"] == 1
+    assert body["source"] == {"component": "cni-repair"}
+    assert body["firstTimestamp"] == body["lastTimestamp"] == "2025-12-01T12:00:00Z"
+    assert body["metadata"]["namespace"] == "default" and body["metadata"]["name"].startswith("p.")

@@ -2,10 +2,11 @@
 
 `run_repair` is what install-cni runs beside its installer (`--repair-enabled`). It lists the pods its selectors
 name (this node's, by `spec.nodeName`, when a node name is set), watches from the list's resourceVersion with
-bookmarks, resumes from the last version seen after a broken watch, lists again when the API answers 410
-(Expired), and backs off while the API is unreachable or refuses. Each pod `rules.diagnose` finds broken is acted
-on once per resourceVersion (`ledger.Ledger`): labelled through `pods/{name}/status` or deleted with upstream's
-preconditions; a failure is logged with the API's message and retried with backoff.
+bookmarks, resumes from the last version seen after a watch ends or breaks, lists again when the API answers 410
+(Expired) or was unreachable (it may have restarted), and backs off while the API is unreachable or refuses.
+Each pod `rules.diagnose` finds broken is acted on once per resourceVersion (`ledger.Ledger`): labelled through
+`pods/{name}/status` or deleted with upstream's preconditions; a failure is logged with the API's message and
+retried with backoff.
 
 In-place repair (`repair_pods`, upstream's REPAIR_REPAIR_PODS) enters the pod's network namespace, found by
 scanning the host's /proc for the pod's IP; this controller works through the Kubernetes API only, so it falls
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +31,8 @@ from istio_agent.cni.repair.ledger import Backoff, Ledger
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import (
     LABEL_PATCH_CONTENT_TYPE,
+    REASON_DELETE,
+    REASON_LABEL,
     RESULT_FAIL,
     RESULT_SKIP,
     RESULT_SUCCESS,
@@ -37,6 +41,7 @@ from istio_agent.cni.repair.rules import (
     chosen_action,
     delete_options,
     diagnose,
+    event,
     field_selector,
     has_label,
     label_patch,
@@ -129,6 +134,10 @@ class RepairController:
                 delay = self.backoff.delay(failures)
                 log.warning("pod %s failed: %s; retrying in %.1fs", "watch" if self.resource_version else "list",
                             exc, delay)
+                if exc.unreachable:
+                    # The API server is down: once it is back, list again rather than trust a resourceVersion
+                    # from before (a restarted server may have lost its watch window, or renumbered).
+                    self.resource_version = ""
                 await asyncio.sleep(delay)
 
     def _replace(self, items: list[Mapping[str, Any]]) -> None:
@@ -201,20 +210,31 @@ class RepairController:
                 self.metrics.count("label", RESULT_SKIP)
                 log.info("broken pod %s already has label %s", key, self.options.label_key)
                 return
-            await self._counted("label", self.api.patch_status(key.namespace, key.name, label_patch(self.options),
-                                                               LABEL_PATCH_CONTENT_TYPE))
+            await self._counted(pod, "label", self.api.patch_status(
+                key.namespace, key.name, label_patch(self.options), LABEL_PATCH_CONTENT_TYPE))
             log.info("labelled broken pod %s with %s=%s", key, self.options.label_key, self.options.label_value)
         elif self.action == "delete":
-            await self._counted("delete", self.api.delete(key.namespace, key.name, delete_options(pod)))
+            await self._counted(pod, "delete", self.api.delete(key.namespace, key.name, delete_options(pod)))
             log.info("deleted broken pod %s", key)
 
-    async def _counted(self, action: Action, call: Any) -> None:
+    async def _counted(self, pod: Mapping[str, Any], action: Action, call: Any) -> None:
+        """Make the call, count it, and tell the pod's events, as upstream's recorder does."""
+        reason, done = (REASON_DELETE, "deleted") if action == "delete" else (REASON_LABEL, "labelled")
         try:
             await call
-        except KubeApiError:
+        except KubeApiError as exc:
             self.metrics.count(action, RESULT_FAIL)
+            await self._record(pod, reason, f"the istio-validation init container failed; could not be {done}: {exc}")
             raise
         self.metrics.count(action, RESULT_SUCCESS)
+        await self._record(pod, reason, f"the istio-validation init container failed; pod {done}")
+
+    async def _record(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """Best effort: an event that cannot be written is logged, never retried."""
+        try:
+            await self.api.create_event(pod_key(pod).namespace, event(pod, reason, message, time.time()))
+        except KubeApiError as exc:
+            log.debug("event about pod %s not written: %s", pod_key(pod), exc)
 
 
 async def run_repair(options: RepairOptions, access: KubeAccess, registry: prometheus_client.CollectorRegistry) -> None:

@@ -28,15 +28,17 @@ from lightkube.generic_resource import create_namespaced_resource
 from istio_agent.cni.kubeaccess import KubeAccess
 
 Pod = create_namespaced_resource("", "v1", "Pod", "pods")
+Event = create_namespaced_resource("", "v1", "Event", "events")
 LIST_PAGE = 500  # client-go's informers list in pages of this size
 
 
 class KubeApiError(Exception):
     """A call the API refused (code, reason and message from its Status) or could not be made (code 0)."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, unreachable: bool = False) -> None:
         super().__init__(f"{code} {reason}: {message}" if code else message)
         self.code, self.reason, self.message = code, reason, message
+        self.unreachable = unreachable  # no connection could be made: the server may be restarting
 
     @property
     def expired(self) -> bool:
@@ -109,6 +111,11 @@ class PodApi:
         request.data = dict(options)
         await self._send(request)
 
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """POST an Event (what upstream's event recorder writes about the pods it acts on)."""
+        request = self._client.prepare_request("post", res=Event, namespace=namespace, obj=Event.from_dict(dict(body)))
+        await self._send(request)
+
     async def _send(self, request: Any) -> None:
         async with _translated():
             response = await self._client.send(self._client.build_adapter_request(request))
@@ -134,6 +141,8 @@ class _translated:
         if isinstance(exc, httpx.HTTPStatusError):
             response = exc.response
             raise KubeApiError(response.status_code, response.reason_phrase, _status_message(response)) from None
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError):
+            raise KubeApiError(0, "", f"{type(exc).__name__}: {exc}", unreachable=True) from None
         if isinstance(exc, httpx.HTTPError | OSError | ConfigError):
             raise KubeApiError(0, "", f"{type(exc).__name__}: {exc}") from None
         return False

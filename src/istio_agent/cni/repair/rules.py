@@ -17,6 +17,7 @@ failure as its last state (`state.waiting` CrashLoopBackOff, or running again).
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Mapping
@@ -128,6 +129,31 @@ def delete_options(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = _mapping(pod.get("metadata"))
     return {"kind": "DeleteOptions", "apiVersion": "v1",
             "preconditions": {"uid": str(meta.get("uid", "")), "resourceVersion": str(meta.get("resourceVersion", ""))}}
+
+
+# Upstream's event reasons (core/v1 Events on the pod, from the `cni-repair` component).
+REASON_DELETE, REASON_LABEL = "DeleteBrokenPod", "LabelBrokenPod"
+EVENT_COMPONENT = "cni-repair"
+
+
+def event(pod: Mapping[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
+    """A Warning Event about `pod`, shaped as client-go's event recorder writes one (`now`: Unix seconds)."""
+    meta = _mapping(pod.get("metadata"))
+    stamp = _rfc3339(now)
+    return {
+        "kind": "Event", "apiVersion": "v1",
+        "metadata": {"name": f"{meta.get('name', '')}.{int(now * 1e9):x}", "namespace": meta.get("namespace", "")},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta.get("namespace", ""),
+                           "name": meta.get("name", ""), "uid": meta.get("uid", ""),
+                           "resourceVersion": meta.get("resourceVersion", "")},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "source": {"component": EVENT_COMPONENT}, "reportingComponent": EVENT_COMPONENT, "reportingInstance": "",
+        "firstTimestamp": stamp, "lastTimestamp": stamp,
+    }
+
+
+def _rfc3339(now: float) -> str:
+    return datetime.datetime.fromtimestamp(int(now), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def field_selector(options: RepairOptions) -> str:
