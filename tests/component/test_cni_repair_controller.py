@@ -238,6 +238,77 @@ async def test_the_controller_keeps_going_across_an_istiod_local_restart(kube: K
         assert not task.done()
 
 
+class HoldingProxy:
+    """A TCP relay to the API that the test can cut: `hold()` closes every relayed connection and keeps new ones
+    waiting (connected, nothing relayed) until `release()`, so a client's next watch starts late, not refused."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.open = asyncio.Event()
+        self.open.set()
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.open.wait()
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.writers -= {writer, up_writer}
+
+    def hold(self) -> None:
+        self.open.clear()
+        for writer in list(self.writers):
+            writer.transport.abort()
+
+    def release(self) -> None:
+        self.open.set()
+
+    async def close(self) -> None:
+        self.hold()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_a_watch_resumed_from_an_expired_version_lists_again(kube: Kube,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The watch is cut while more changes happen than the API's watch log keeps (1000): the resumed watch is
+    answered 410 Expired, the controller lists again and acts on the pod that broke meanwhile."""
+    caplog.set_level(logging.INFO, logger="istio_agent.cni.repair")
+    proxy = HoldingProxy(int(kube.server.rpartition(":")[2]))
+    port = await proxy.start()
+    access = KubeAccess(f"https://127.0.0.1:{port}", kube.cni.ca_file, kube.cni.token_file)
+    registry = prometheus_client.CollectorRegistry()
+    try:
+        async with controller(RepairOptions(node_name="n1", label_pods=True), access, registry):
+            await eventually(lambda: "repair controller watching" in caplog.text, "the controller's first list", 10)
+            proxy.hold()
+            await kube.kubelet_reports("broken-n1", 126)
+            for i in range(1001):
+                code, body = await kube.request("PATCH", "/api/v1/namespaces/default/pods/passed-n1/status",
+                                                {"status": {"message": f"churn {i}"}})
+                assert code == 200, body
+            proxy.release()
+            await eventually(lambda: _has_label(kube, "broken-n1"), "broken-n1 labelled after the re-list", 20)
+            assert "expired" in caplog.text
+            assert count(registry, "label", "success") == 1
+    finally:
+        await proxy.close()
+
+
 async def test_bad_options_fail_at_once_naming_the_flag(kube: Kube) -> None:
     with pytest.raises(RepairOptionsError, match="--repair-label-selectors"):
         await run_repair(RepairOptions(label_pods=True, label_selectors="app in x"), kube.cni,
