@@ -131,13 +131,14 @@ def test_registry_entries_carry_what_the_kubernetes_api_renders_and_istiod_local
 
 def test_a_failed_validation_is_reported_as_a_kubelet_does_once_restarted() -> None:
     at = "2026-12-01T12:00:00Z"
+    nothing = {"waiting": None, "running": None, "terminated": None}  # a patch clears what the state was
     passed = validation_status([0], at)
-    assert passed["ready"] and passed["state"]["terminated"]["exitCode"] == 0 and passed["lastState"] == {}
+    assert passed["ready"] and passed["state"]["terminated"]["exitCode"] == 0 and passed["lastState"] == nothing
     first = validation_status([126], at)
-    assert first["state"]["terminated"]["exitCode"] == 126 and first["lastState"] == {}
+    assert first["state"]["terminated"]["exitCode"] == 126 and first["state"]["running"] is None
     looping = validation_status([126, 126], at, "capture missing")
-    assert looping["state"] == {"waiting": {"reason": "CrashLoopBackOff",
-                                            "message": "back-off restarting failed container istio-validation"}}
+    assert looping["state"] == {**nothing, "waiting": {
+        "reason": "CrashLoopBackOff", "message": "back-off restarting failed container istio-validation"}}
     assert looping["lastState"]["terminated"]["exitCode"] == 126 and looping["restartCount"] == 1
     assert looping["lastState"]["terminated"]["message"] == "capture missing"
     recovered = validation_status([126, 0], at)
@@ -146,7 +147,7 @@ def test_a_failed_validation_is_reported_as_a_kubelet_does_once_restarted() -> N
     body = pod_status_patch("10.244.0.5", "10.244.0.1", [looping], [], ["app", "istio-proxy"], at)["status"]
     assert body["phase"] == "Pending" and body["podIP"] == "10.244.0.5"
     assert body["initContainerStatuses"] == [looping]
-    assert [c["state"] for c in body["containerStatuses"]] == [{"waiting": {"reason": "PodInitializing"}}] * 2
+    assert [c["state"]["waiting"] for c in body["containerStatuses"]] == [{"reason": "PodInitializing"}] * 2
     ok = pod_status_patch("10.244.0.5", "10.244.0.1", [passed], ["app", "istio-proxy"], [], at)["status"]
     assert ok["phase"] == "Running"
     assert {c["type"]: c["status"] for c in ok["conditions"]}["Ready"] == "True"

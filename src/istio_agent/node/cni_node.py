@@ -218,6 +218,7 @@ class NodeCni:
         self.runtime = CniRuntime([self.paths.bin_dir, SYSTEM_CNI_BIN], self.paths.cache_dir, node.netns_path(),
                                   self.base_env, plugin_timeout)
         self.agent: NetnsProcess | None = None
+        self.agent_exit: int | None = None  # install-cni's exit status once stopped
         self.api: KubeApi | None = None
         self._generation = 0
 
@@ -297,9 +298,9 @@ class NodeCni:
         """SIGTERM: install-cni removes our conflist entry, the plugin's kubeconfig and the binary."""
         if self.agent is None:
             return None
-        code = self.agent.stop(grace)
+        self.agent_exit = self.agent.stop(grace)
         self.agent = None
-        return code
+        return self.agent_exit
 
     # ---- pods
 

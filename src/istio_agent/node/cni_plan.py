@@ -216,12 +216,24 @@ def validation_run_as() -> tuple[int, int]:
     return AGENT_UID, AGENT_UID
 
 
+_STATES = ("waiting", "running", "terminated")
+
+
+def _state(kind: str = "", value: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A container state with the other two kinds set to null: a kubelet's patch replaces the state it had
+    (a strategic merge patch would otherwise keep, say, an earlier `terminated` beside the new `waiting`)."""
+    state: dict[str, Any] = dict.fromkeys(_STATES)
+    if kind:
+        state[kind] = dict(value or {})
+    return state
+
+
 def _terminated(code: int, at: str, message: str = "") -> dict[str, Any]:
     state: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                              "startedAt": at, "finishedAt": at}
     if message:
         state["message"] = message
-    return {"terminated": state}
+    return _state("terminated", state)
 
 
 def validation_status(codes: Sequence[int], at: str, message: str = "") -> dict[str, Any]:
@@ -232,12 +244,12 @@ def validation_status(codes: Sequence[int], at: str, message: str = "") -> dict[
         raise ValueError("validation_status needs at least one run")
     last = codes[-1]
     status: dict[str, Any] = {"name": VALIDATION_CONTAINER, "ready": last == 0, "restartCount": len(codes) - 1,
-                              "image": "", "imageID": "", "started": False, "lastState": {}}
+                              "started": False, "lastState": _state()}
     if last == 0:
         status["state"] = _terminated(0, at)
     elif len(codes) > 1:
-        status["state"] = {"waiting": {"reason": "CrashLoopBackOff",
-                                       "message": f"back-off restarting failed container {VALIDATION_CONTAINER}"}}
+        status["state"] = _state("waiting", {
+            "reason": "CrashLoopBackOff", "message": f"back-off restarting failed container {VALIDATION_CONTAINER}"})
     else:
         status["state"] = _terminated(last, at, message)
     if len(codes) > 1:
@@ -250,10 +262,10 @@ def pod_status_patch(address: str, host_ip: str, init: Sequence[Mapping[str, Any
     """The body of a kubelet's PATCH of `pods/{name}/status` (strategic merge): phase, addresses, init
     container statuses and the containers' (`running` started, `waiting` held back by a failed init)."""
     initialized = all(s.get("ready") for s in init)
-    containers = [{"name": name, "ready": True, "started": True, "restartCount": 0, "image": "", "imageID": "",
-                   "lastState": {}, "state": {"running": {"startedAt": at}}} for name in running]
-    containers += [{"name": name, "ready": False, "started": False, "restartCount": 0, "image": "", "imageID": "",
-                    "lastState": {}, "state": {"waiting": {"reason": "PodInitializing"}}} for name in waiting]
+    containers = [{"name": name, "ready": True, "started": True, "restartCount": 0, "lastState": _state(),
+                   "state": _state("running", {"startedAt": at})} for name in running]
+    containers += [{"name": name, "ready": False, "started": False, "restartCount": 0, "lastState": _state(),
+                    "state": _state("waiting", {"reason": "PodInitializing"})} for name in waiting]
     ready = initialized and not waiting
 
     def condition(kind: str, ok: bool) -> dict[str, Any]:

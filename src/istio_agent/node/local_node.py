@@ -412,7 +412,7 @@ class LocalNode:
                    "POD_NAMESPACE": spec.namespace, "INSTANCE_IP": plan.ip, **spec.app_env}
             running.app = spawn(f"{spec.name} app", in_netns(plan.netns, list(spec.app)),
                                 self.logs / f"{spec.name}-app.log", env=env, cwd=running.dir)
-        if spec.sidecar:
+        if spec.sidecar and spec.agent:
             env = agent_environment(self.plan, plan, os.environ, self.proxy_config)
             argv = agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
             wrapped = container.agent_command(plan.netns, self._image.script(), argv)

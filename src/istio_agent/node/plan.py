@@ -73,7 +73,9 @@ class PodSpec:
     (`node/proxyless.py`): an agent without Envoy and no capture rules.
     `annotations` are the pod's own (the injector's capture annotations among
     them: `sidecar.istio.io/interceptionMode`, `traffic.sidecar.istio.io/...`);
-    they shape its capture in either capture mode.
+    they shape its capture in either capture mode. `agent=False` leaves a
+    sidecar pod's istio-proxy container unstarted (the pod still is one, with
+    its capture; a test may put its own listeners on Envoy's ports).
     """
 
     name: str
@@ -90,6 +92,7 @@ class PodSpec:
     concurrency: int = 1
     proxyless: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
+    agent: bool = True
 
 
 CAPTURE_MODES = ("cni", "init")
