@@ -165,6 +165,7 @@ def test_watch_with_a_node_field_selector_sees_registry_changes(api: tuple[Istio
         registry.write(MESH)
         thread.join(15)
     assert all(name != "elsewhere" for _, name in seen)
+    assert all(name != "apps" for _, name in seen)  # the namespace went too, but this watch is of pods
     echo = core.read_namespaced_pod("echo-1", "default")
     assert echo.metadata.labels["service.istio.io/canonical-revision"] == "v2"
 
@@ -189,6 +190,25 @@ def test_watch_from_a_compacted_resource_version_is_expired(tmp_path: Path) -> N
             code, body = _request(istiod, "GET", f"/api/v1/pods?watch=1&resourceVersion={current}"
                                   "&timeoutSeconds=1", _admin_token(istiod, tmp_path / "t"), raw=True)
             assert code == 200 and body == {}  # a current RV: nothing to replay, the stream ends at its timeout
+            # A watch of all pods sees pods only, while namespaces change too.
+            token = _admin_token(istiod, tmp_path / "w")
+            context = ssl.create_default_context(cadata=istiod.root_pem().decode())
+            host, port = istiod.kube_api.rsplit(":", 1)
+            conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+            try:
+                conn.request("GET", "/api/v1/pods?watch=1&timeoutSeconds=3",
+                             headers={"Authorization": f"Bearer {token}"})
+                response = conn.getresponse()
+                first = json.loads(response.readline())  # the watch is live: its synthetic ADDED came
+                changed = json.loads(json.dumps(MESH))
+                changed["workloads"].append({"name": "fresh", "namespace": "brand-new"})
+                registry.write(changed)
+                later = [json.loads(line) for line in response.read().splitlines() if line.strip()]
+            finally:
+                conn.close()
+            assert first["type"] == "ADDED"
+            assert ("ADDED", "fresh") in [(e["type"], e["object"]["metadata"]["name"]) for e in later]
+            assert {e["object"]["kind"] for e in [first, *later]} == {"Pod"}
 
 
 def test_error_bodies_are_the_apiservers(api: tuple[IstiodLocal, RegistryFile, Path], tmp_path: Path) -> None:

@@ -347,6 +347,8 @@ class KubeApiServer:
 
         def deliver(event: WatchEvent) -> None:
             nonlocal overflowed
+            if event.resource != resource:
+                return
             try:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
