@@ -255,6 +255,9 @@ def test_log_socket_logs_the_plugins_lines(agent: InstallCni) -> None:
     (["--chained-cni-plugin=yes"], {}, "--chained-cni-plugin ($CHAINED_CNI_PLUGIN): 'yes'"),
     ([], {"KUBECONFIG_MODE": "rw-r--r--"}, "--kubeconfig-mode ($KUBECONFIG_MODE): 'rw-r--r--'"),
     ([], {"KUBERNETES_SERVICE_HOST": ""}, "KUBERNETES_SERVICE_HOST"),
+    ([f"--cni-bin-dir={VENV_BIN}"], {}, "holds the plugin install-cni copies"),
+    (["--repair-enabled=true", "--repair-label-pods=true", "--repair-broken-pod-label-key=bad key!"], {},
+     "--repair-broken-pod-label-key"),
 ])
 def test_bad_input_fails_at_start_naming_it(agent: InstallCni, args: list[str], env: dict[str, str],
                                             named: str) -> None:

@@ -139,6 +139,9 @@ def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None
         source = binaries.find_plugin_source()
     except binaries.BinaryError as exc:
         raise click.ClickException(str(exc)) from None
+    if (Path(options.cni_bin_dir) / binaries.PLUGIN_NAME).resolve() == source.resolve():
+        raise click.ClickException(f"--cni-bin-dir {options.cni_bin_dir!r} holds the plugin install-cni copies "
+                                   f"({source}): cleanup would delete it; give the node's CNI bin dir")
     sys.exit(asyncio.run(run(options, access, source)))
 
 
