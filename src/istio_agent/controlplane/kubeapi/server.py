@@ -190,6 +190,9 @@ class KubeApiServer:
             return await self._dispatch(request)
         except errors.ApiError as exc:
             return _json(exc.status(), exc.code)
+        except Exception as exc:  # a bug here must still answer as an apiserver does, and be seen
+            log.exception("kube API: %s %s failed", request.method, request.path)
+            return _json(errors.ApiError(500, f"Internal error occurred: {exc}").status(), 500)
 
     def _user(self, request: web.Request) -> str | None:
         header = request.headers.get("Authorization", "")
@@ -304,7 +307,9 @@ class KubeApiServer:
 
     async def _delete(self, request: web.Request, route: _Route) -> web.Response:
         body = await self._body(request, False)
-        preconditions = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+        preconditions = body.get("preconditions") if isinstance(body, dict) else None
+        if not isinstance(preconditions, dict):
+            preconditions = {}
         obj = self.store.delete_pod(route.namespace, route.name, preconditions.get("uid"),
                                     preconditions.get("resourceVersion"))
         log.info("kube API: pod %s/%s deleted", route.namespace, route.name)
