@@ -365,6 +365,14 @@ class NodeCni:
             raise NodeError(f"CNI ADD for pod {pod.name} gave {attachment.address}, not the planned {pod.ip}")
         return attachment
 
+    def check(self, attachment: Attachment) -> None:
+        """CHECK through each network with its cached result (what a runtime asks of a running pod)."""
+        for network, runtime in attachment.networks:
+            try:
+                self.runtime.check(network, runtime)
+            except (CniExecError, CniConfigError) as exc:
+                raise NodeError(f"CNI CHECK of {runtime.netns}: {exc}") from exc
+
     def delete(self, attachment: Attachment, strict: bool = True) -> list[str]:
         """DEL through each network in reverse order (releases the address); the problems met, if not strict."""
         problems = []
