@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import queue
+import socket
 import ssl
 import stat
 import subprocess
@@ -187,3 +188,16 @@ def test_serving_certificate_names_and_reissue(api: tuple[IstiodLocal, Path, Pat
             x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)}
         assert ips == {"127.0.0.1", "127.0.0.2"}
         poll(lambda: registry_less.kube_api.startswith("127.0.0.2:"), "the second API to listen", 5)
+
+
+def test_serve_refuses_a_bad_or_taken_api_address(tmp_path: Path) -> None:
+    bad = istiod_local_cli("serve", "--kube-api-addr", "nope", state_dir=tmp_path / "s", check=False)
+    assert bad.returncode == 2 and "--kube-api-addr" in bad.stderr and "'nope'" in bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = istiod_local_cli("serve", "--grpc-addr", "127.0.0.1:0", "--secure-grpc-addr", "127.0.0.1:0",
+                                "--kube-api-addr", f"127.0.0.1:{port}", state_dir=tmp_path / "s", check=False)
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port} (--kube-api-addr; off disables it)" in done.stderr

@@ -162,7 +162,8 @@ class KubeApiServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise OSError(f"kube API: cannot listen on {self.options.address}: {exc.strerror or exc}") from exc
+            raise OSError(f"kube API: cannot listen on {self.options.address} (--kube-api-addr; off disables it): "
+                          f"{exc.strerror or exc}") from exc
         self._runner = runner
         server = site._server
         sockets = getattr(server, "sockets", None) or []
