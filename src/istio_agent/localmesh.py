@@ -7,8 +7,16 @@ istiod-local on the node's gateway address and two pods:
 - `echo-1` (service account `echo`, label app=echo): an HTTP echo app on 8080
   behind the `echo` service, clusterIP 10.96.0.20 port 80.
 
-Each pod gets capture rules from `istio-iptables` (as root, as istio-init)
-and runs `pilot-agent proxy sidecar` as uid 1337, the istio-proxy container's
+Each pod is built as a Kubernetes node with the Istio CNI builds it
+(`--capture cni`, the default): istiod-local also serves its Kubernetes API
+on the gateway (:6443), `install-cni` runs on the node and appends the
+`istio-cni` plugin to the node's conflist, and every pod's network comes
+from the CNI chain (loopback, bridge + host-local, istio-cni), whose plugin
+reads the pod through the API and programs its capture; the
+`istio-validation` init container checks it before the app starts, and
+install-cni's repair watches for pods where it failed. With `--capture init`
+capture rules come from `istio-iptables` (as root, as istio-init) instead.
+Each pod then runs `pilot-agent proxy sidecar` as uid 1337, the istio-proxy container's
 user, whose Envoy (the same user) takes its config from istiod-local through
 the agent. The run directory may be anywhere (a checkout in a 0700 home
 included): the pod directories and the Envoy that uid 1337 runs live in the
@@ -123,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     python = sys.executable
     node = LocalNode(NodeOptions(workdir=base / "node", istiod_state=base / "istiod",
                                  registry=base / "mesh.yaml", pod_cidr=args.pod_cidr,
-                                 ready_timeout=args.timeout, proxy_config=DEMO_PROXY_CONFIG))
+                                 ready_timeout=args.timeout, proxy_config=DEMO_PROXY_CONFIG, capture=args.capture))
     try:
         node.create()
         print(f"node: namespace {node.plan.netns}, bridge {node.plan.bridge} {node.plan.gateway}/"
@@ -133,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         node.start_istiod()
         print(f"istiod-local: {node.plan.istiod_tls_addr} (TLS) and {node.plan.istiod_plaintext_addr}, "
               f"state in {node.istiod_state}, registry {node.registry}")
+        if node.cni is not None:
+            print(f"Kubernetes API on {node.plan.gateway}:6443; install-cni ready, chain in {node.cni.paths.conflist}")
         client, echo = node.add_pod(client_plan), node.add_pod(echo_plan)
         for pod in (client, echo):
             print(f"pod {pod.name}: {pod.ip} in namespace {pod.netns}, directory {pod.dir}")
@@ -175,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit after the request (0 when it proved mTLS with the client's identity)")
     parser.add_argument("--pod-cidr", default="10.244.0.0/24", help="the node's pod network")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each step")
+    parser.add_argument("--capture", choices=("cni", "init"), default="cni",
+                        help="who programs the pods' capture: the Istio CNI (default) or istio-init")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("make run builds network namespaces and iptables rules: run it as root", file=sys.stderr)
