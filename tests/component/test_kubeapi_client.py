@@ -209,6 +209,12 @@ def test_watch_from_a_compacted_resource_version_is_expired(tmp_path: Path) -> N
             assert first["type"] == "ADDED"
             assert ("ADDED", "fresh") in [(e["type"], e["object"]["metadata"]["name"]) for e in later]
             assert {e["object"]["kind"] for e in [first, *later]} == {"Pod"}
+        # After a restart, a watch resuming from a version of the previous run is expired, not left waiting.
+        istiod.stop()
+        istiod.start()
+        code, body = _request(istiod, "GET", f"/api/v1/pods?watch=1&resourceVersion={current}&timeoutSeconds=2",
+                              token)
+        assert (code, body["type"], body["object"]["code"]) == (200, "ERROR", 410)
 
 
 def test_error_bodies_are_the_apiservers(api: tuple[IstiodLocal, RegistryFile, Path], tmp_path: Path) -> None:

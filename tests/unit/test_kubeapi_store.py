@@ -203,3 +203,17 @@ def test_bookmark_object() -> None:
 def test_history_must_hold_something() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         KubeStore("n", history=0)
+
+
+def test_versions_of_an_earlier_run_are_expired() -> None:
+    earlier = _store()
+    old_version = earlier.resource_version
+    restarted = KubeStore("default-node", first_version=1_000_000)
+    restarted.apply_registry(parse_registry(MESH), NOW)
+    assert restarted.list_objects(PODS)[1] > 1_000_000
+    with pytest.raises(ApiError) as expired:
+        restarted.watch_start(PODS, str(old_version))
+    assert expired.value.code == 410
+    assert restarted.watch_start(PODS, "1000000")  # this run's own start replays
+    with pytest.raises(ValueError, match="start at 1"):
+        KubeStore("n", first_version=0)

@@ -122,7 +122,8 @@ class KubeApiServer:
         self.state = state
         self._clock = clock
         self.verifier = TokenVerifier(state.token_key.public_key(), audience=KUBE_API_AUDIENCE)
-        self.store = KubeStore(options.default_node, options.host_ip, options.history)
+        self.store = KubeStore(options.default_node, options.host_ip, options.history,
+                               first_version=max(1, int(clock() * 1_000_000)))
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         # Each open watch: its queue, and a future done once its stream has ended.

@@ -107,16 +107,24 @@ def _spec_without_images(spec: Any) -> Any:
 class KubeStore:
     """Pods and namespaces, their resourceVersions and the change log."""
 
-    def __init__(self, default_node: str, host_ip: str = DEFAULT_HOST_IP, history: int = DEFAULT_HISTORY) -> None:
+    def __init__(self, default_node: str, host_ip: str = DEFAULT_HOST_IP, history: int = DEFAULT_HISTORY,
+                 first_version: int = 1) -> None:
+        """`first_version`: where resourceVersions start. The server starts them from the clock (in
+        microseconds), so that they never go back across a restart: a watch resuming from a version of
+        an earlier run is older than anything here and gets 410 Expired (its client lists again),
+        instead of silently waiting for versions it has already seen."""
         if history < 1:
             raise ValueError(f"watch history must be at least 1 event, got {history}")
+        if first_version < 1:
+            raise ValueError(f"resourceVersions start at 1 or later, got {first_version}")
         self.default_node = default_node
         self.host_ip = host_ip
-        self._rv = 1
+        self._rv = first_version
         self._entries: dict[str, dict[Key, _Entry]] = {PODS: {}, NAMESPACES: {}}
         self._log: deque[WatchEvent] = deque()
         self._history = history
-        self._compacted = 0  # the resourceVersion of the newest event no longer in the log
+        # The newest resourceVersion no longer in the log (at first: all before this store existed).
+        self._compacted = first_version - 1
         self._incarnations: dict[Key, int] = {}
         self._tombstones: dict[Key, Workload] = {}
         self._listeners: list[Callable[[WatchEvent], None]] = []
