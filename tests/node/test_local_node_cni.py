@@ -170,6 +170,7 @@ def test_the_chain_is_installed_and_a_sidecar_pods_connections_land_on_envoys_po
     [validation] = api_pod["status"]["initContainerStatuses"]
     assert validation["name"] == "istio-validation" and validation["state"]["terminated"]["exitCode"] == 0
     assert api_pod["status"]["podIP"] == pod.ip
+    assert node.cni.status_errors == []  # every status PATCH so far was accepted
 
 
 def test_a_pod_without_a_sidecar_gets_no_rules(node: LocalNode) -> None:

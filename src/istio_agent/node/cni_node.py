@@ -49,7 +49,6 @@ from istio_agent.node.cni_plan import (
     CNI_IDENTITY,
     INSTALL_CNI_READY_PORT,
     SYSTEM_CNI_BIN,
-    VALIDATION_FAILED,
     CniPaths,
     container_id,
     host_veth,
@@ -219,6 +218,7 @@ class NodeCni:
                                   self.base_env, plugin_timeout)
         self.agent: NetnsProcess | None = None
         self.agent_exit: int | None = None  # install-cni's exit status once stopped
+        self.status_errors: list[str] = []  # status PATCHes the API refused or missed (also in logs/kubelet.log)
         self.api: KubeApi | None = None
         self._generation = 0
 
@@ -413,7 +413,9 @@ class NodeCni:
         at = _now()
         init = [validation_status(validation, at, message)] if validation else []
         body = pod_status_patch(address, self.node.gateway, init, running, waiting, at)
-        self.api.patch_status(pod.spec.namespace, pod.name, body)
-
-
-__all__ = ["VALIDATION_FAILED", "Attachment", "KubeApi", "KubeApiError", "NodeCni", "connect_in_netns"]
+        try:
+            self.api.patch_status(pod.spec.namespace, pod.name, body)
+        except KubeApiError as exc:  # a kubelet never fails a pod over a status update: it is noted, not raised
+            self.status_errors.append(str(exc))
+            with (self.logs / "kubelet.log").open("a") as log:
+                log.write(f"{at} status of pod {pod.spec.namespace}/{pod.name} not reported: {exc}\n")
