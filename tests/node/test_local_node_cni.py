@@ -108,6 +108,8 @@ def node() -> Iterator[LocalNode]:
     assert not runtime.exists()
     assert not pid_alive(installer)
     assert local.cni is not None and local.cni.agent_exit == 0
+    assert local.cni.conflist_at_stop == local.cni.conflist_written  # our entry removed, the rest byte-identical
+    assert not local.cni.plugin_left_at_stop
 
 
 def _netns() -> list[str]:

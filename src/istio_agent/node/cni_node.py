@@ -218,6 +218,9 @@ class NodeCni:
                                   self.base_env, plugin_timeout)
         self.agent: NetnsProcess | None = None
         self.agent_exit: int | None = None  # install-cni's exit status once stopped
+        self.conflist_written = b""  # the primary conflist as the node wrote it
+        self.conflist_at_stop = b""  # and as install-cni's SIGTERM cleanup left it
+        self.plugin_left_at_stop = False
         self.status_errors: list[str] = []  # status PATCHes the API refused or missed (also in logs/kubelet.log)
         self.api: KubeApi | None = None
         self._generation = 0
@@ -230,7 +233,8 @@ class NodeCni:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         conflist = primary_conflist(self.node, self.paths.ipam_dir)
         partial = self.paths.net_dir / f".{self.paths.conflist.name}.partial"
-        partial.write_text(json.dumps(conflist, indent=2) + "\n")
+        self.conflist_written = (json.dumps(conflist, indent=2) + "\n").encode()
+        partial.write_bytes(self.conflist_written)
         partial.chmod(0o644)
         partial.replace(self.paths.conflist)
 
@@ -300,6 +304,11 @@ class NodeCni:
             return None
         self.agent_exit = self.agent.stop(grace)
         self.agent = None
+        try:  # what its cleanup left, for whoever checks it before the runtime directory goes
+            self.conflist_at_stop = self.paths.conflist.read_bytes()
+        except OSError:
+            self.conflist_at_stop = b""
+        self.plugin_left_at_stop = (self.paths.bin_dir / "istio-cni").exists()
         return self.agent_exit
 
     # ---- pods
