@@ -64,6 +64,12 @@ class InstallCni:
     def socket_path(self) -> Path:
         return self.run_dir / "log.sock"
 
+    def launcher(self) -> bytes:
+        """What install-cni installs as istio-cni: the launcher for this installation and run dir."""
+        from istio_agent.cni.install.launcher import import_paths, interpreter_of, render
+
+        return render(interpreter_of(PLUGIN), str(self.run_dir / "sidecar-add.sock"), import_paths())
+
     def args(self, *extra: str) -> list[str]:
         return [str(INSTALL_CNI), f"--mounted-cni-net-dir={self.net_dir}", f"--cni-bin-dir={self.bin_dir}",
                 f"--cni-agent-run-dir={self.run_dir}", f"--service-account-dir={self.sa_dir}",
@@ -135,7 +141,7 @@ def test_readyz_waits_for_the_primary_config_then_installs(agent: InstallCni) ->
     write_atomically(agent.net_dir / "10-calico.conflist", json.dumps(CALICO, indent=4))
     poll(agent.ready, "/readyz 200 once the primary config exists", 10, agent.output)
     assert agent.has_entry("10-calico.conflist")
-    assert (agent.bin_dir / "istio-cni").read_bytes() == PLUGIN.read_bytes()
+    assert (agent.bin_dir / "istio-cni").read_bytes() == agent.launcher()
     assert (agent.bin_dir / "istio-cni").stat().st_mode & 0o777 == 0o755
     assert 'istio_cni_installs_total{result="SUCCESS"} 1.0' in agent.metrics()
     assert "istio_cni_install_ready 1.0" in agent.metrics()
@@ -175,7 +181,7 @@ def test_kept_installed_and_cleaned_up_on_sigterm(agent: InstallCni) -> None:
     # The binary deleted: restored.
     (agent.bin_dir / "istio-cni").unlink()
     poll(lambda: (agent.bin_dir / "istio-cni").exists(), "the binary restored", 10, agent.output)
-    assert (agent.bin_dir / "istio-cni").read_bytes() == PLUGIN.read_bytes()
+    assert (agent.bin_dir / "istio-cni").read_bytes() == agent.launcher()
 
     # The token rotated (Kubernetes swaps the projected files by rename): the kubeconfig follows.
     write_atomically(agent.sa_dir / "token", "token-two")
@@ -189,7 +195,7 @@ def test_kept_installed_and_cleaned_up_on_sigterm(agent: InstallCni) -> None:
     assert primary.stat().st_mode & 0o777 == 0o644
     assert not agent.kubeconfig.exists()
     assert not (agent.bin_dir / "istio-cni").exists()
-    assert not agent.socket_path.exists()
+    assert not agent.socket_path.exists() and not (agent.run_dir / "sidecar-add.sock").exists()
     assert other_config.read_text() == '{"cniVersion": "0.3.1", "name": "lo", "type": "loopback"}'
     assert other_file.read_text() == "not a network config\n"
     assert other_binary.read_bytes() == b"\x7fELF not really"

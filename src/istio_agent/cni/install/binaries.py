@@ -1,11 +1,12 @@
-"""The plugin executable in the CNI bin dir: found, copied atomically (temp file + rename, 0755), removed.
+"""The plugin executable in the CNI bin dir: found, written atomically (temp file + rename, 0755), removed.
 
-What is installed is the `istio-cni` console script of this installation: the one
-beside the running interpreter (a venv's bin dir), else the one on PATH. It is
-what the node's container runtime execs on a host where the project is installed
-(its first line names this interpreter). A copy is skipped when the target
-already holds the same bytes with mode 0755, so a re-check writes nothing and
-wakes no watcher.
+The source is the `istio-cni` console script of this installation: the one
+beside the running interpreter (a venv's bin dir), else the one on PATH. What
+install-cni writes into the bin dir is the launcher generated from it
+(`launcher.py`: its interpreter, the fast-path socket, the import paths), which
+the node's container runtime execs on a host where the project is installed.
+A write is skipped when the target already holds the same bytes with mode
+0755, so a re-check writes nothing and wakes no watcher.
 """
 
 from __future__ import annotations
@@ -37,22 +38,27 @@ def find_plugin_source() -> Path:
     raise BinaryError(f"the {PLUGIN_NAME} executable is neither beside {sys.executable} nor on PATH")
 
 
-def plugin_installed(source: Path, bin_dir: str) -> bool:
-    """Whether `bin_dir` holds the plugin with `source`'s bytes and mode 0755."""
+def _content(source: Path | bytes) -> bytes:
+    return source if isinstance(source, bytes) else source.read_bytes()
+
+
+def plugin_installed(source: Path | bytes, bin_dir: str) -> bool:
+    """Whether `bin_dir` holds the plugin with `source`'s bytes (a file's, or these) and mode 0755."""
     target = Path(bin_dir) / PLUGIN_NAME
     try:
         info = target.stat()
         if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != PLUGIN_MODE:
             return False
-        if info.st_size != source.stat().st_size:
+        data = _content(source)
+        if info.st_size != len(data):
             return False
-        return target.read_bytes() == source.read_bytes()
+        return target.read_bytes() == data
     except OSError:
         return False
 
 
-def install_plugin(source: Path, bin_dir: str) -> bool:
-    """Copy the plugin into `bin_dir` unless it is already there; True when a copy was made."""
+def install_plugin(source: Path | bytes, bin_dir: str) -> bool:
+    """Write the plugin (a file's bytes, or these) into `bin_dir` unless it is already there; True when written."""
     if plugin_installed(source, bin_dir):
         return False
     target = Path(bin_dir) / PLUGIN_NAME
@@ -61,7 +67,7 @@ def install_plugin(source: Path, bin_dir: str) -> bool:
             os.unlink(leftover)
     temporary = Path(f"{target}.tmp.{os.getpid()}")
     try:
-        data = source.read_bytes()
+        data = _content(source)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PLUGIN_MODE)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -73,7 +79,8 @@ def install_plugin(source: Path, bin_dir: str) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         hint = " (read-only file system: set --cni-bin-dir to the node's CNI bin dir)" if exc.errno == 30 else ""
-        raise BinaryError(f"copy {source} to {target}: {exc.strerror or exc}{hint}") from None
+        what = "the launcher" if isinstance(source, bytes) else str(source)
+        raise BinaryError(f"copy {what} to {target}: {exc.strerror or exc}{hint}") from None
     return True
 
 

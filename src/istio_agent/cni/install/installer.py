@@ -1,7 +1,8 @@
 """The install, verify and cleanup steps on the node's directories (the file edge of `cniconfig`).
 
 `Installer.install_all` runs upstream's steps in upstream's order, stopping at the
-first failure: the plugin executable into the bin dir, the plugin's kubeconfig
+first failure: the plugin executable into the bin dir (the launcher generated
+from this installation's console script, `launcher.py`), the plugin's kubeconfig
 into the run dir, our entry into the CNI config (what `cniconfig.plan_config_write`
 says). Each writes only when what is there differs, so a re-check after our own
 write is read-only and another agent watching the net dir is not woken for
@@ -139,11 +140,23 @@ class Installer:
             istio_owned_cni_config_filename=options.istio_owned_cni_config_filename)
         self.written: str | None = None  # the config file our last write produced
         self._merged: _Merged | None = None
+        self._launcher: bytes | None = None
 
     # ---- the plugin executable
+    def launcher(self) -> bytes:
+        """What goes into the bin dir: the launcher for this installation (made once; BinaryError if it cannot)."""
+        if self._launcher is None:
+            from istio_agent.cni.install.launcher import LauncherError, launcher_for
+
+            try:
+                self._launcher = launcher_for(self.plugin_source, self.options.cni_agent_run_dir)
+            except LauncherError as exc:
+                raise binaries.BinaryError(str(exc)) from None
+        return self._launcher
+
     def sync_binary(self) -> bool:
         try:
-            copied = binaries.install_plugin(self.plugin_source, self.options.cni_bin_dir)
+            copied = binaries.install_plugin(self.launcher(), self.options.cni_bin_dir)
         except binaries.BinaryError as exc:
             raise InstallError(RESULT_COPY_BINARIES_FAILURE, f"copy binaries: {exc}") from None
         if copied:
@@ -290,7 +303,7 @@ class Installer:
             changed.append("config")
         if waiting is not None:
             return StepOutcome(False, changed, waiting)
-        ready = (binaries.plugin_installed(self.plugin_source, self.options.cni_bin_dir)
+        ready = (binaries.plugin_installed(self.launcher(), self.options.cni_bin_dir)
                  and self.kubeconfig_path.is_file() and self.check_config() is None)
         return StepOutcome(ready, changed)
 

@@ -2,9 +2,10 @@
 
 Upstream's flags (each also read from its variable, see `options.py`) and
 Istio's logging flags; `main()` resolves them into `InstallOptions`, then runs:
-the log socket, the health server, the metrics server, the installer loop
-(install, watch, reinstall) and, with `--repair-enabled`, the repair controller
-beside it, restarted with backoff if it fails (install does not go down with it).
+the log socket, the istio-cni fast path (`fastpath.py`, not upstream), the health
+server, the metrics server, the installer loop (install, watch, reinstall) and,
+with `--repair-enabled`, the repair controller beside it, restarted with backoff
+if it fails (install does not go down with it).
 SIGTERM or SIGINT: not ready, stop the loop and repair, clean up (our entry,
 kubeconfig and executable), stop the servers, exit 0.
 """
@@ -238,11 +239,24 @@ async def run(options: InstallOptions, access: KubeAccess, source: Path) -> int:
         log.error("failed to start the UDS log server on %s: %s", options.log_uds_socket, exc)
         return 1
     log.info("serving plugin logs on %s", options.log_uds_socket)
+    from istio_agent.cni.install.fastpath import FastPath
+
+    fast_path: FastPath | None = None
+    candidate = FastPath(options.cni_agent_run_dir)
+    try:
+        await candidate.start()
+        fast_path = candidate
+        log.info("serving the istio-cni fast path on %s (root callers only)", candidate.path)
+    except OSError as exc:  # the launcher then runs the plugin in-process
+        log.error("failed to start the istio-cni fast path on %s: %s; the plugin runs in-process",
+                  candidate.path, exc)
     if options.readiness_port:
         try:
             port = await servers.start_tcp(options.readiness_port, health_handler(readiness))
         except OSError as exc:
             log.error("failed to start the health server on port %d: %s", options.readiness_port, exc)
+            if fast_path is not None:
+                await fast_path.stop()
             await servers.stop()
             return 1
         log.info("serving /healthz and /readyz on port %d", port)
@@ -257,6 +271,8 @@ async def run(options: InstallOptions, access: KubeAccess, source: Path) -> int:
         installer = Installer(options, source, access)
     except ValueError as exc:
         log.error("%s", exc)
+        if fast_path is not None:
+            await fast_path.stop()
         await servers.stop()
         return 1
     watcher = DirectoryWatcher(watched_directories(options, access))
@@ -302,6 +318,8 @@ async def run(options: InstallOptions, access: KubeAccess, source: Path) -> int:
         for task in [*tasks, stopping]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if fast_path is not None:
+            await fast_path.stop()
         installer.cleanup()
         watcher.close()
         await servers.stop()

@@ -11,7 +11,9 @@ the pod (`podinfo`), and the project's istio-iptables run inside CNI_NETNS
 (`capture.program.execute`), recorded instead with DRY_RUN_FILE_PATH.
 
 The kubeconfig is read on each attempt rather than once, so a kubeconfig
-install-cni writes (or rotates) while we wait is picked up.
+install-cni writes (or rotates) while we wait is picked up. `cmd_add` is the
+one implementation of these rules: the in-process plugin and install-cni's
+fast path (which passes its kept-alive `get`) both call it.
 """
 
 from __future__ import annotations
@@ -104,10 +106,14 @@ def fetch_pod(namespace: str, name: str, kubeconfig: str, retries: int, interval
 
 
 def same_netns_as_plugin(netns: str) -> bool:
-    """skel's check: CNI_NETNS must not be the plugin's own namespace (False when it cannot be opened)."""
+    """skel's check: CNI_NETNS must not be the plugin's own namespace (False when it cannot be opened).
+
+    The calling thread's namespace (`/proc/thread-self`): in install-cni's fast
+    path each call runs on a thread of its own, which is still in the node's namespace here.
+    """
     try:
         target = os.stat(netns)
-        own = os.stat("/proc/self/ns/net")
+        own = os.stat("/proc/thread-self/ns/net")
     except OSError:
         return False
     return (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino)

@@ -4,7 +4,8 @@ Standard library only, and not even `http.client` (its `email` parser costs
 ~14 ms of every ADD): one HTTP/1.1 request over a socket (TLS when the
 server is https), `Connection: close`, the response read to the end.
 `ssl` is imported only when the server is https. The request bytes and the
-response parsing are pure functions; `get_pod` is the I/O.
+response parsing are pure functions; `get_pod` is the I/O. install-cni's fast
+path sends the same request over kept-alive connections (`kubepool`).
 
 From the kubeconfig, as client-go reads it: the current context's cluster
 (`server`, `certificate-authority-data` or `certificate-authority`,
@@ -175,13 +176,13 @@ def pod_path(cfg: KubeConfig, namespace: str, name: str) -> str:
     return f"{cfg.prefix}/api/v1/namespaces/{_quote(namespace)}/pods/{_quote(name)}"
 
 
-def build_request(cfg: KubeConfig, path: str, user_agent: str = "istio-cni") -> bytes:
-    """The GET, with the bearer token when there is one."""
+def build_request(cfg: KubeConfig, path: str, user_agent: str = "istio-cni", keep_alive: bool = False) -> bytes:
+    """The GET, with the bearer token when there is one (`Connection: close` unless `keep_alive`)."""
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     default_port = 443 if cfg.scheme == "https" else 80
     authority = host if cfg.port == default_port else f"{host}:{cfg.port}"
     lines = [f"GET {path} HTTP/1.1", f"Host: {authority}", "Accept: application/json", f"User-Agent: {user_agent}",
-             "Connection: close"]
+             "Connection: keep-alive" if keep_alive else "Connection: close"]
     if cfg.token:
         lines.append(f"Authorization: Bearer {cfg.token}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()

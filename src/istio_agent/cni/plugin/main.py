@@ -1,10 +1,14 @@
 """`istio-cni`: the thin edge. The CNI runtime execs it once per pod with CNI_* in the environment.
 
-Everything protocol-shaped is in `protocol` (pure); this module reads the
-environment and stdin, dispatches the command, writes the result or the
-error object to stdout (non-zero exit on error), and hands the log to the
-node agent's socket at the end. It stays small on purpose: its import graph
-is what every pod's ADD pays for before doing anything (`python -X importtime`).
+Everything protocol-shaped is in `protocol` (pure); `handle` is one
+invocation from the environment and stdin to what the plugin answers (stdout
+bytes, exit status, its log entries) and is shared by the two ways a call
+arrives: this process (`run`, `main`) and install-cni's fast path
+(`cni/install/fastpath.py`), which runs the same function for the launcher
+install-cni puts in the CNI bin dir (`cni/install/launcher.py`). `run` writes
+the answer and hands the log to the node agent's socket at the end. The
+module stays small on purpose: its import graph is what every pod's ADD pays
+for when it runs in-process (`python -X importtime`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from istio_agent.cni.plugin.protocol import (
     ABOUT,
     ERR_INTERNAL,
     ERR_IO_FAILURE,
+    ERR_TRY_AGAIN_LATER,
     SUPPORTED_VERSIONS,
     CniError,
     add_result,
@@ -32,14 +37,28 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import BinaryIO, TextIO
 
+    from istio_agent.cni.plugin.add import GetPod
 
-def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr: TextIO,
-        sleep: Callable[[float], None] = time.sleep) -> int:
-    """One invocation: 0 on success, 1 after writing a CNI error object to stdout.
+
+class Outcome:
+    """What one invocation answers: the exit status, stdout's bytes, and the log socket it would post to."""
+
+    __slots__ = ("code", "socket_path", "stdout")
+
+    def __init__(self, code: int, stdout: bytes, socket_path: str = "") -> None:
+        self.code = code
+        self.stdout = stdout
+        self.socket_path = socket_path
+
+
+def handle(env: Mapping[str, str], stdin: bytes | OSError, log: PluginLog,
+           sleep: Callable[[float], None] = time.sleep, get: GetPod | None = None) -> Outcome:
+    """One invocation: status 0 on success, 1 with a CNI error object as stdout.
 
     `stdin` is what was read, or the error reading it (skel's I/O failure, code 5).
+    `get` fetches the pod (default: one fresh HTTPS GET per attempt); the log's
+    entries are in `log` (and on its stderr) when this returns.
     """
-    log = PluginLog(stderr=stderr)
     socket_path = ""
     version = ""
     if isinstance(stdin, OSError):
@@ -48,54 +67,79 @@ def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr
         else:
             err = CniError(ERR_IO_FAILURE, f"error reading the network configuration from stdin: {stdin}")
             log.error(str(err))
-            stdout.write(error_result(err))
-            return 1
+            return Outcome(1, error_result(err))
     try:
         request = parse_request(env, stdin)
         if request is None:
-            stderr.write(f"{ABOUT}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n")
-            return 0
+            log.stderr.write(f"{ABOUT}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n")
+            return Outcome(0, b"")
         if request.command == "VERSION":
-            stdout.write(version_result(stdin))
-            return 0
+            return Outcome(0, version_result(stdin))
         version = request.version
         from istio_agent.cni.plugin.netconf import parse_plugin_config
 
         conf = parse_plugin_config(request.config)
         log.set_level(conf.plugin_log_level)
         socket_path = os.path.join(conf.cni_agent_run_dir, SOCKET_NAME)
+        result = b""
         if request.command == "ADD":
             from istio_agent.cni.plugin.add import cmd_add
 
             log.debug(f"istio-cni ADD for container {request.container_id}, netns {request.netns}, "
                       f"if {request.ifname}, args {request.args!r}")
             result = add_result(request.config, version)  # a bad prevResult fails before anything is applied
-            cmd_add(request, conf, env, log, sleep=sleep)
-            stdout.write(result)
+            if get is None:
+                cmd_add(request, conf, env, log, sleep=sleep)
+            else:
+                cmd_add(request, conf, env, log, get=get, sleep=sleep)
         # DEL, CHECK, STATUS and GC have nothing to do in sidecar mode (upstream's are no-ops too):
         # the rules live in the pod's netns and go with it.
-        return 0
+        return Outcome(0, result, socket_path)
     except CniError as err:
         log.error(f"istio-cni {env.get('CNI_COMMAND', '')} error: {err}")
-        stdout.write(error_result(err, version or error_version(stdin)))
-        return 1
+        return Outcome(1, error_result(err, version or error_version(stdin)), socket_path)
     except Exception as err:
         log.error(f"istio-cni {env.get('CNI_COMMAND', '')} failed unexpectedly: {type(err).__name__}: {err}")
-        stdout.write(error_result(CniError(ERR_INTERNAL, f"istio-cni failed: {type(err).__name__}: {err}"),
-                                  version or error_version(stdin)))
-        return 1
-    finally:
-        if socket_path:
-            send_to_socket(socket_path, log.entries)
+        return Outcome(1, error_result(CniError(ERR_INTERNAL, f"istio-cni failed: {type(err).__name__}: {err}"),
+                                       version or error_version(stdin)), socket_path)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    stdin: bytes | OSError
+def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr: TextIO,
+        sleep: Callable[[float], None] = time.sleep) -> int:
+    """One in-process invocation: the answer written to `stdout`, the log to the node agent's socket; the status."""
+    log = PluginLog(stderr=stderr)
+    outcome = handle(env, stdin, log, sleep)
     try:
-        stdin = sys.stdin.buffer.read() if sys.stdin is not None else b""
+        if outcome.stdout:
+            stdout.write(outcome.stdout)
+    finally:
+        if outcome.socket_path:
+            send_to_socket(outcome.socket_path, log.entries)
+    return outcome.code
+
+
+def read_stdin() -> bytes | OSError:
+    try:
+        return sys.stdin.buffer.read() if sys.stdin is not None else b""
     except OSError as err:
-        stdin = err
-    code = run(os.environ, stdin, sys.stdout.buffer, sys.stderr)
+        return err
+
+
+def main(stdin: bytes | OSError | None = None) -> None:
+    """Console-script entry point (and the launcher's fallback, which has read stdin already)."""
+    code = run(os.environ, read_stdin() if stdin is None else stdin, sys.stdout.buffer, sys.stderr)
     sys.stdout.flush()
     sys.exit(code)
+
+
+def agent_failed(stdin: bytes, message: str) -> None:
+    """The launcher's answer when the node agent took the call but gave no answer: code 11, never a retry here.
+
+    The agent may have started applying the pod's rules, so running ADD again in
+    this process could apply them twice; the runtime retries the whole sandbox.
+    """
+    err = CniError(ERR_TRY_AGAIN_LATER, f"istio-cni: the node agent's fast path failed: {message}")
+    PluginLog(stderr=sys.stderr).error(str(err))
+    sys.stdout.buffer.write(error_result(err, error_version(stdin)))
+    sys.stdout.flush()
+    sys.exit(1)
