@@ -163,6 +163,9 @@ class IstiodLocal:
         self.proc: subprocess.Popen[str] | None = None
         self._log: LineCollector | None = None
         self.plaintext = self.secure = ""
+        if any(a == "--kube-api-addr" or a.startswith("--kube-api-addr=") for a in self.args):
+            # Passed through `args`, start() would not know to wait for the API's serving line.
+            raise ValueError("give the Kubernetes API's address as kube_api_addr=, not in args")
         if quiet and (_port(secure_addr) == 0 or (grpc_addr and _port(grpc_addr) == 0)):
             raise ValueError("a quiet istiod-local logs no serving line: give it fixed ports")
 

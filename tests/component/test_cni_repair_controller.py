@@ -99,8 +99,8 @@ class Kube:
 def istiod_kube(tmp_path: Path) -> Iterator[tuple[IstiodLocal, str, Path, Path]]:
     registry = RegistryFile(tmp_path / "registry.yaml", REGISTRY)
     port = free_port()
-    istiod = IstiodLocal(tmp_path / "state", registry=registry,
-                         args=["--kube-api-addr", f"127.0.0.1:{port}", "--kube-bookmark-interval", "1s"])
+    istiod = IstiodLocal(tmp_path / "state", registry=registry, kube_api_addr=f"127.0.0.1:{port}",
+                         args=["--kube-bookmark-interval", "1s"])
     with istiod:
         admin, cni = tmp_path / "admin-sa", tmp_path / "cni-sa"
         istiod_local_cli("kubeconfig", "--out", str(tmp_path / "admin.kubeconfig"), "--service-account-dir",

@@ -88,3 +88,10 @@ def test_bad_arguments_fail_with_a_message(tmp_path: Path) -> None:
     done = istiod_local_cli("pod-files", "--namespace", "a", "--service-account", "b", "--out", str(tmp_path / "p"),
                             state_dir=tmp_path / "s", check=False)
     assert done.returncode != 0 and "root-cert.pem" in done.stderr
+
+
+@pytest.mark.parametrize("args", [["--kube-api-addr", "127.0.0.1:6443"], ["--kube-api-addr=127.0.0.1:6443"]])
+def test_the_kube_api_address_is_not_taken_through_args(tmp_path: Path, args: list[str]) -> None:
+    """Through `args` start() would not wait for the API to serve, and a test would race its listener."""
+    with pytest.raises(ValueError, match="kube_api_addr="):
+        IstiodLocal(tmp_path / "state", args=args)
