@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from istio_agent.controlplane.kubeapi import validation
+
 # Kind in the Status' details is the resource (plural), as the apiserver writes it.
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
            406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
@@ -21,13 +23,14 @@ class ApiError(Exception):
     """An error response: `status()` is its body, `code` its HTTP status."""
 
     def __init__(self, code: int, message: str, reason: str | None = None, name: str | None = None,
-                 kind: str | None = None) -> None:
+                 kind: str | None = None, causes: list[dict[str, str]] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason or REASONS.get(code, "")
         self.name = name
         self.kind = kind
+        self.causes = causes
 
     def status(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -37,6 +40,8 @@ class ApiError(Exception):
             details["name"] = self.name
         if self.kind is not None:
             details["kind"] = self.kind
+        if self.causes:
+            details["causes"] = self.causes
         if details:
             body["details"] = details
         body["code"] = self.code
@@ -82,5 +87,13 @@ def method_not_allowed(method: str) -> ApiError:
                     reason="MethodNotAllowed")
 
 
-def invalid(kind: str, name: str, message: str, resource: str = "pods") -> ApiError:
-    return ApiError(422, f'{kind} "{name}" is invalid: {message}', name=name, kind=resource)
+def invalid(kind: str, name: str, message: str, resource: str = "pods",
+            causes: list[dict[str, str]] | None = None) -> ApiError:
+    return ApiError(422, f'{kind} "{name}" is invalid: {message}', name=name, kind=resource, causes=causes)
+
+
+def invalid_fields(kind: str, name: str, found: list[validation.FieldError]) -> ApiError:
+    """422 for failed field rules, as the apiserver's NewInvalid builds it (details name the kind, not the
+    resource, and list each rule as a cause)."""
+    return ApiError(422, f'{kind} "{name}" is invalid: {validation.aggregate(found)}', name=name, kind=kind,
+                    causes=[e.cause() for e in found])

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from istio_agent.controlplane.kubeapi import errors
+from istio_agent.controlplane.kubeapi import errors, validation
 from istio_agent.controlplane.kubeapi.patch import PatchError, apply_patch
 from istio_agent.controlplane.kubeapi.pods import (
     DEFAULT_HOST_IP,
@@ -300,6 +300,9 @@ class KubeStore:
             if value is not None and (not isinstance(value, dict) or
                                       not all(isinstance(v, str) for v in value.values())):
                 raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: must map strings to strings")
+        found = validation.labels(meta.get("labels") or {}) + validation.annotations(meta.get("annotations") or {})
+        if found:
+            raise errors.invalid_fields("Pod", name, found)
         if subresource == "status":
             result["spec"] = old.get("spec")
         else:
