@@ -4,7 +4,7 @@ A brand-new pod namespace has no tables at all; then there can be no rules,
 no Istio residue and nothing to compare, and the `iptables-save` probe (a
 process of its own) can be skipped. For the nf_tables backend the tables come
 from one NFT_MSG_GETTABLE dump over nfnetlink; for the legacy backend from
-/proc/net/ip{,6}_tables_names, which lists only tables already in use. Any
+/proc/thread-self/net/ip{,6}_tables_names, which lists only tables already in use. Any
 doubt (an error, an unexpected reply) answers None, and the caller falls back
 to `iptables-save`.
 """
@@ -12,6 +12,7 @@ to `iptables-save`.
 from __future__ import annotations
 
 import _socket
+import os
 import struct
 
 _NETLINK_NETFILTER = 12
@@ -75,8 +76,15 @@ def _table_name(attrs: bytes) -> str | None:
 
 
 def legacy_table_names(v6: bool) -> set[str] | None:
-    """Legacy xtables tables in use in this namespace (instantiated on first use)."""
-    path = "/proc/net/ip6_tables_names" if v6 else "/proc/net/ip_tables_names"
+    """Legacy xtables tables in use in this namespace (instantiated on first use).
+
+    The calling thread's namespace (`/proc/thread-self/net`; `/proc/net` is the
+    main thread's): install-cni's fast path applies from a thread that entered the pod's netns.
+    """
+    name = "ip6_tables_names" if v6 else "ip_tables_names"
+    path = f"/proc/thread-self/net/{name}"
+    if not os.path.exists("/proc/thread-self"):  # kernels before 3.17
+        path = f"/proc/net/{name}"
     try:
         with open(path) as handle:
             return set(handle.read().split())
