@@ -14,9 +14,20 @@ Reinstall: `WRITES` times, the primary conflist is replaced (atomically, as a CN
 version without our entry, and the time until install-cni has merged the entry back into the file is
 measured (the file polled every millisecond); 0.3 s pass between writes.
 
+Per plugin: each plugin exec of the timed ADDs is timed too (median ms per plugin type and arm), so a
+missed aim says where the time goes.
+
+The plugin's own start-up (issue 13): `START_RUNS` times, the installed `istio-cni` (install-cni's
+launcher, answered on its fast path) is exec'd alone for a sidecar pod, from exec to its answer, which
+comes after the rules are applied in the pod's netns; then the rules it left there (`iptables-save`)
+are loaded by a bare `iptables-restore` into a fresh namespace. Both are spawned the same way, from a
+thread that entered the namespace (the node's for the plugin, the fresh one for the restore). The
+ratio of the medians is `plugin_start_ratio_vs_iptables_restore` (aim <= 5).
+
 Figures: median and p99 (nearest rank) of each arm in ms, the with/without ratio of the medians (aim
 <= 2), reinstall p99 (aim <= 1000 ms). Needs root. Last line: JSON with `add_ratio_with_istio_cni`,
-`add_ms_p50`, `add_ms_p99` (the chain with istio-cni), `reinstall_ms_p99`, and the other figures.
+`add_ms_p50`, `add_ms_p99` (the chain with istio-cni), `reinstall_ms_p99`,
+`plugin_start_ratio_vs_iptables_restore`, and the other figures.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +53,25 @@ from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
 
 PODS = int(os.environ.get("BENCH_PODS", "60"))
 WRITES = int(os.environ.get("BENCH_WRITES", "25"))
+START_RUNS = int(os.environ.get("BENCH_START_RUNS", "25"))
+PLUGIN_TIMES: dict[str, list[float]] = {}  # "arm:plugin type" -> ms per exec, filled while an arm is timed
+_ARM = [""]
+
+
+def time_plugin_execs(runtime: object) -> None:
+    """Record each plugin exec's wall time (the runtime's `_exec`, wrapped) under the current arm."""
+    original = runtime._exec  # type: ignore[attr-defined]
+
+    def timed(path: str, stdin: bytes, environment: dict[str, str]) -> tuple[int, bytes, bytes]:
+        start = time.perf_counter()
+        try:
+            return original(path, stdin, environment)  # type: ignore[no-any-return]
+        finally:
+            if _ARM[0]:
+                key = f"{_ARM[0]}:{os.path.basename(path)}"
+                PLUGIN_TIMES.setdefault(key, []).append((time.perf_counter() - start) * 1000)
+
+    runtime._exec = timed  # type: ignore[attr-defined]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,6 +98,70 @@ def time_add(node: object, network: NetworkList, plan: PodPlan, generation: int)
     finally:
         subprocess.run(["ip", "netns", "delete", plan.netns], check=True)
     return elapsed * 1000
+
+
+def spawn_in(netns: str | None, argv: list[str], stdin: bytes, env: dict[str, str] | None = None) -> tuple[
+        float, subprocess.CompletedProcess[bytes]]:
+    """Exec `argv` in `netns` (None: this one) and wait for it: (ms, result), timed from spawn to exit.
+
+    The child is spawned from a thread that entered the namespace first (setns moves only that thread,
+    and the child inherits it), so neither exec pays for a Python `preexec_fn` fork of this process.
+    """
+    from istio_agent.capture.netns import enter_netns
+
+    out: list[tuple[float, subprocess.CompletedProcess[bytes]]] = []
+
+    def run() -> None:
+        if netns is not None:
+            enter_netns(netns)
+        start = time.perf_counter()
+        done = subprocess.run(argv, input=stdin, capture_output=True, env=env, check=False)
+        out.append(((time.perf_counter() - start) * 1000, done))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan]) -> tuple[list[float], list[float]]:
+    """(istio-cni exec to answer, bare iptables-restore of the same rules) in ms, one pod netns each."""
+    from istio_agent.node.cni_runtime import plugin_environment, plugin_stdin
+    from istio_agent.node.local_node import LocalNode
+
+    assert isinstance(node, LocalNode) and node.cni is not None
+    runtime = node.cni.runtime
+    entry = next(p for p in network.plugins if p.type == "istio-cni")
+    launcher = str(node.cni.paths.bin_dir / "istio-cni")
+    plugin_ms, restore_ms = [], []
+    for i, plan in enumerate(plans):
+        attachment = pod_attachment(plan, container_id(plan, 1000 + i))
+        prev = {"cniVersion": network.cni_version, "ips": [{"address": "10.99.0.2/24", "interface": 0}]}
+        stdin = plugin_stdin(network, entry, prev, attachment)
+        env = plugin_environment("ADD", attachment, runtime.cni_path, runtime.base_env)
+        fresh = f"{plan.netns}-r"
+        for name in (plan.netns, fresh):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+            subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+            subprocess.run(["ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"],
+                           check=True)
+            subprocess.run(["ip", "-n", name, "addr", "add", "10.99.0.2/24", "dev", "eth0"], check=True)
+            subprocess.run(["ip", "-n", name, "link", "set", "eth0", "up"], check=True)
+        try:
+            elapsed, done = spawn_in(runtime.netns, [launcher], stdin, env)  # where the runtime execs plugins
+            if done.returncode != 0:
+                raise SystemExit(f"istio-cni ADD failed: {done.stdout!r} {done.stderr[-2000:]!r}")
+            plugin_ms.append(elapsed)
+            rules = subprocess.run(["ip", "netns", "exec", plan.netns, "iptables-save"], check=True,
+                                   capture_output=True).stdout
+            assert b"ISTIO_REDIRECT" in rules, "istio-cni applied no rules"
+            elapsed, done = spawn_in(f"/var/run/netns/{fresh}", ["iptables-restore"], rules)
+            assert done.returncode == 0, done.stderr
+            restore_ms.append(elapsed)
+        finally:
+            for name in (plan.netns, fresh):
+                subprocess.run(["ip", "netns", "delete", name], check=True)
+    return plugin_ms, restore_ms
 
 
 def without_istio_cni(network: NetworkList) -> NetworkList:
@@ -103,23 +198,28 @@ def main() -> None:
         sys.exit("needs root (network namespaces, the CNI plugins)")
     with local_node("bench-cni-", ready_timeout=60, capture="cni", cni_repair="off") as node:
         assert node.cni is not None
-        plans = node.plan_pods([PodSpec(f"b-{i}", agent=False) for i in range(2 * PODS)])
+        plans = node.plan_pods([PodSpec(f"b-{i}", agent=False) for i in range(2 * PODS + START_RUNS)])
         RegistryFile(node.registry, yaml.safe_dump({"workloads": registry_workloads(plans)}))
         node.start_istiod()
         with_cni = node.cni.primary_network()
         plain = without_istio_cni(with_cni)
         original = json.dumps(json.loads(node.cni.paths.conflist.read_text()) | {
             "plugins": [dict(p.config) for p in plain.plugins]}, indent=2)
+        time_plugin_execs(node.cni.runtime)
         for plan in plans[:2]:  # warm-up: page cache, the plugin's first imports
             time_add(node, with_cni, plan, 0)
         samples: dict[str, list[float]] = {"with": [], "without": []}
         for i in range(PODS):
             arms = [("with", with_cni, plans[2 * i]), ("without", plain, plans[2 * i + 1])]
             for arm, network, plan in arms if i % 2 == 0 else arms[::-1]:
+                _ARM[0] = arm
                 samples[arm].append(time_add(node, network, plan, i + 1))
+                _ARM[0] = ""
+        plugin_ms, restore_ms = plugin_start_times(node, with_cni, plans[2 * PODS:])
         reinstall = reinstall_latencies(node.cni.paths.conflist, original)
     figures = {arm: (statistics.median(v), percentile(v, 0.99)) for arm, v in samples.items()}
     ratio = figures["with"][0] / figures["without"][0]
+    start_ratio = statistics.median(plugin_ms) / statistics.median(restore_ms)
     summary = {
         "add_ratio_with_istio_cni": round(ratio, 2),
         "add_ms_p50": round(figures["with"][0], 1),
@@ -128,9 +228,16 @@ def main() -> None:
         "add_ms_p50_without": round(figures["without"][0], 1),
         "add_ms_p99_without": round(figures["without"][1], 1),
         "reinstall_ms_p50": round(statistics.median(reinstall), 1),
+        "plugin_start_ratio_vs_iptables_restore": round(start_ratio, 2),
+        "plugin_start_ms_p50": round(statistics.median(plugin_ms), 1),
+        "iptables_restore_ms_p50": round(statistics.median(restore_ms), 1),
         "pods_per_arm": PODS,
         "writes": WRITES,
     }
+    for key, values in sorted(PLUGIN_TIMES.items()):
+        arm, plugin = key.split(":", 1)
+        print(f"  {arm:>7} arm: {plugin:<10} p50 {statistics.median(values):6.1f} ms, p99 "
+              f"{percentile(values, 0.99):6.1f} ms ({len(values)} execs)", flush=True)
     print(f"pod ADD through loopback + bridge/host-local + istio-cni: p50 {summary['add_ms_p50']} ms, "
           f"p99 {summary['add_ms_p99']} ms; without istio-cni: p50 {summary['add_ms_p50_without']} ms, "
           f"p99 {summary['add_ms_p99_without']} ms ({PODS} pods each)", flush=True)
@@ -139,6 +246,9 @@ def main() -> None:
     print(f"install-cni reinstall after a conflicting write: p50 {summary['reinstall_ms_p50']} ms, p99 "
           f"{summary['reinstall_ms_p99']} ms over {WRITES} writes ({summary['reinstall_ms_p99'] / 1000:.2f} of the "
           f"1 s aim)", flush=True)
+    print(f"istio-cni alone, exec to answer (rules applied): p50 {summary['plugin_start_ms_p50']} ms; bare "
+          f"iptables-restore of the same rules: p50 {summary['iptables_restore_ms_p50']} ms; ratio "
+          f"{start_ratio:.2f}x (aim <= 5x, {START_RUNS} runs)", flush=True)
     print(json.dumps(summary))
 
 
