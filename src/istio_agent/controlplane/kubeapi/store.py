@@ -300,7 +300,8 @@ class KubeStore:
             if value is not None and (not isinstance(value, dict) or
                                       not all(isinstance(v, str) for v in value.values())):
                 raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: must map strings to strings")
-        found = validation.labels(meta.get("labels") or {}) + validation.annotations(meta.get("annotations") or {})
+        found = (validation.check_labels(meta.get("labels") or {})
+                 + validation.check_annotations(meta.get("annotations") or {}))
         if found:
             raise errors.invalid_fields("Pod", name, found)
         if subresource == "status":

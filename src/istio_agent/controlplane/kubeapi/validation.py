@@ -109,7 +109,7 @@ def _invalid(field: str, value: str, message: str) -> FieldError:
     return FieldError(field, "FieldValueInvalid", f"Invalid value: {json.dumps(value, ensure_ascii=False)}: {message}")
 
 
-def labels(values: Mapping[str, str], field: str = "metadata.labels") -> list[FieldError]:
+def check_labels(values: Mapping[str, str], field: str = "metadata.labels") -> list[FieldError]:
     out = []
     for key, value in values.items():
         out += [_invalid(field, key, msg) for msg in qualified_name(key)]
@@ -117,7 +117,7 @@ def labels(values: Mapping[str, str], field: str = "metadata.labels") -> list[Fi
     return out
 
 
-def annotations(values: Mapping[str, str], field: str = "metadata.annotations") -> list[FieldError]:
+def check_annotations(values: Mapping[str, str], field: str = "metadata.annotations") -> list[FieldError]:
     out = [_invalid(field, key, msg) for key in values for msg in qualified_name(key.lower())]
     size = sum(len(k.encode()) + len(v.encode()) for k, v in values.items())
     if size > ANNOTATIONS_MAX_BYTES:
