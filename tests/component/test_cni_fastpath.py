@@ -216,3 +216,102 @@ def test_the_launcher_is_the_same_bytes_for_the_same_installation(agent: FastPat
     assert text.startswith(interpreter_of(CONSOLE_SCRIPT).join([b"#!".decode(), " -IS\n"]).encode())
     assert str(agent.bin_dir).encode() not in text  # self-contained: nothing else of the bin dir
     assert os.stat(agent.launcher).st_mode & 0o777 == 0o755
+
+
+class ScriptedAgent:
+    """A unix socket standing in for install-cni that reads one request and answers `reply` (b"": just closes)."""
+
+    def __init__(self, path: Path, reply: bytes) -> None:
+        import threading
+
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        self.reply = reply
+        self.calls = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.calls += 1
+                data = b""
+                while not data.endswith(b"}") and (chunk := conn.recv(65536)):  # the request ends with the JSON
+                    data += chunk
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def scripted_dir(api: PodApi) -> Iterator[tuple[Path, Path, dict[str, Any]]]:
+    run_dir = Path(tempfile.mkdtemp(prefix="iacni-sc-"))
+    from cni_peers import write_kubeconfig
+
+    write_kubeconfig(run_dir, api.url, api.ca_pem)
+    launcher = run_dir / "istio-cni"
+    launcher.write_bytes(render(interpreter_of(CONSOLE_SCRIPT), str(run_dir / fastwire.SOCKET_NAME), import_paths()))
+    launcher.chmod(0o755)
+    config = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni", "cni_agent_run_dir": str(run_dir),
+              "prevResult": {"cniVersion": "1.0.0", "ips": []}}
+    yield run_dir, launcher, config
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_refusal_makes_the_launcher_answer_in_process(scripted_dir: tuple[Path, Path, dict[str, Any]]) -> None:
+    run_dir, launcher, config = scripted_dir
+    agent = ScriptedAgent(run_dir / fastwire.SOCKET_NAME, fastwire.encode_refusal())
+    try:
+        env = cni_env(pod_name="evil")
+        fast = run_plugin(launcher, env, config)
+        slow = run_plugin(CONSOLE_SCRIPT, env, config)
+        assert agent.calls == 1
+        assert (fast.returncode, fast.stdout) == (slow.returncode, slow.stdout), (fast, slow)
+        assert b"excludeInterfaces" in fast.stdout
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("reply", [b"", fastwire.MAGIC + b"A" + b"\0\0"], ids=["closed", "truncated"])
+def test_an_agent_that_took_the_call_is_final_even_without_an_answer(
+        scripted_dir: tuple[Path, Path, dict[str, Any]], api: PodApi, reply: bytes) -> None:
+    """Code 11 from the launcher, and no second ADD in-process (the pod API is never asked)."""
+    run_dir, launcher, config = scripted_dir
+    agent = ScriptedAgent(run_dir / fastwire.SOCKET_NAME, reply)
+    try:
+        asked = len(api.pod_requests())
+        done = run_plugin(launcher, cni_env(pod_name="app-1"), config)
+        assert agent.calls == 1 and done.returncode == 1, done
+        body = json.loads(done.stdout)
+        assert body["code"] == 11 and "node agent's fast path failed" in body["msg"] and body["cniVersion"] == "1.0.0"
+        assert len(api.pod_requests()) == asked
+    finally:
+        agent.close()
+
+
+def test_pod_gets_reuse_one_kept_alive_connection(api: PodApi, tmp_path: Path) -> None:
+    from cni_peers import write_kubeconfig
+
+    from istio_agent.cni.plugin.kubepool import KeepAliveClient
+
+    kubeconfig = write_kubeconfig(tmp_path, api.url, api.ca_pem)
+    client = KeepAliveClient()
+    try:
+        for _ in range(3):
+            got: Any = client.get_pod(str(kubeconfig), "shop", "app-1")
+            assert got["metadata"]["name"] == "app-1"
+        assert client.connections_opened == 1
+        for conns in client._idle.values():  # dead while idle (as a server's idle timeout leaves it)
+            for conn in conns:
+                conn.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(Exception, match='pods "nope" not found'):  # replaced within the attempt
+            client.get_pod(str(kubeconfig), "shop", "nope")
+        assert client.connections_opened == 2
+    finally:
+        client.close()
