@@ -243,3 +243,35 @@ def test_error_bodies_are_the_apiservers(api: tuple[IstiodLocal, RegistryFile, P
     code, body = _request(istiod, "GET", "/api/v1/pods?fieldSelector=spec.foo%3Dbar", admin)
     assert (code, body["reason"], body["message"]) == (400, "BadRequest", "field label not supported: spec.foo")
     assert _request(istiod, "PUT", "/api/v1/namespaces/default/pods/echo-1", admin, {})[0] == 405
+
+
+def test_authorization_comes_before_dispatch(api: tuple[IstiodLocal, RegistryFile, Path], tmp_path: Path) -> None:
+    """A verb or resource outside the identity's role is 403 (not 405/404); 405 only for an authorized identity."""
+    istiod = api[0]
+    admin = _admin_token(istiod, tmp_path / "a")
+    cni = _admin_token(istiod, tmp_path / "c", identity="istio-system/istio-cni")
+    user = "system:serviceaccount:istio-system:istio-cni"
+    code, body = _request(istiod, "DELETE", "/api/v1/namespaces/shop", cni)
+    assert (code, body["reason"]) == (403, "Forbidden")
+    assert body["message"] == (f'namespaces "shop" is forbidden: User "{user}" cannot delete resource "namespaces" '
+                               'in API group "" in the namespace "shop"')
+    assert body["details"] == {"name": "shop", "kind": "namespaces"}
+    code, body = _request(istiod, "PUT", "/api/v1/namespaces/default/pods/echo-1", cni, {})
+    assert (code, body["message"]) == (403, f'pods "echo-1" is forbidden: User "{user}" cannot update resource '
+                                            '"pods" in API group "" in the namespace "default"')
+    code, body = _request(istiod, "DELETE", "/api/v1/namespaces/default/pods", cni)
+    assert (code, body["message"]) == (403, f'pods is forbidden: User "{user}" cannot deletecollection resource '
+                                            '"pods" in API group "" in the namespace "default"')
+    code, body = _request(istiod, "GET", "/api/v1/secrets", cni)
+    assert (code, body["message"]) == (403, f'secrets is forbidden: User "{user}" cannot list resource "secrets" '
+                                            'in API group "" at the cluster scope')
+    code, body = _request(istiod, "GET", "/apis/apps/v1/namespaces/default/deployments/web", cni)
+    assert (code, body["message"], body["details"]) == (
+        403, f'deployments.apps "web" is forbidden: User "{user}" cannot get resource "deployments" in API group '
+             '"apps" in the namespace "default"', {"name": "web", "group": "apps", "kind": "deployments"})
+    code, body = _request(istiod, "GET", "/api/v1/namespaces/default/events?watch=1", cni)
+    assert code == 403 and 'cannot watch resource "events"' in body["message"]
+    # Authorized, but not served here: 405 (upstream would update the pod or delete the namespace).
+    assert _request(istiod, "PUT", "/api/v1/namespaces/default/pods/echo-1", admin, {})[0] == 405
+    assert _request(istiod, "DELETE", "/api/v1/namespaces/shop", admin)[0] == 405
+    assert _request(istiod, "GET", "/api/v1/namespaces/default/pods/echo-1", cni)[0] == 200

@@ -6,7 +6,7 @@ import pytest
 
 from istio_agent.controlplane.kubeapi import errors, rbac
 from istio_agent.controlplane.kubeapi.credentials import kubeconfig, parse_identity, serving_names
-from istio_agent.controlplane.kubeapi.server import parse_path
+from istio_agent.controlplane.kubeapi.server import ResourcePath, parse_path, request_verb, resource_path
 from istio_agent.controlplane.tokens import TokenIdentity
 
 
@@ -19,6 +19,11 @@ from istio_agent.controlplane.tokens import TokenIdentity
     (rbac.CNI_USER, "delete", "namespaces", False),
     (rbac.CNI_USER, "create", "events", True),
     (rbac.ADMIN_USER, "patch", "pods", True),
+    (rbac.ADMIN_USER, "update", "pods", True),  # cluster-admin: what is not served is then 405, not 403
+    (rbac.ADMIN_USER, "delete", "namespaces", True),
+    (rbac.CNI_USER, "update", "pods", False),
+    (rbac.CNI_USER, "deletecollection", "pods", False),
+    (rbac.CNI_USER, "list", "secrets", False),
     ("system:serviceaccount:default:echo", "get", "pods", False),
     ("system:serviceaccount:istio-system:istiod", "list", "pods", False),
 ])
@@ -81,3 +86,38 @@ def test_identity_and_kubeconfig_document() -> None:
     assert doc["contexts"][0]["context"]["user"] == doc["users"][0]["name"]
     assert doc["users"][0]["user"] == {"token": "tok"}
     assert doc["clusters"][0]["cluster"]["certificate-authority-data"] == "UEVN"
+
+
+@pytest.mark.parametrize(("path", "attributes"), [
+    ("/api/v1/pods", ResourcePath("", "", "pods", "")),
+    ("/api/v1/namespaces", ResourcePath("", "", "namespaces", "")),
+    ("/api/v1/namespaces/shop", ResourcePath("", "shop", "namespaces", "shop")),
+    ("/api/v1/namespaces/shop/status", ResourcePath("", "shop", "namespaces/status", "shop")),
+    ("/api/v1/namespaces/default/pods", ResourcePath("", "default", "pods", "")),
+    ("/api/v1/namespaces/default/pods/p/status", ResourcePath("", "default", "pods/status", "p")),
+    ("/api/v1/namespaces/default/pods/p/log", ResourcePath("", "default", "pods/log", "p")),
+    ("/api/v1/secrets", ResourcePath("", "", "secrets", "")),
+    ("/apis/apps/v1/namespaces/ns/deployments/web", ResourcePath("apps", "ns", "deployments", "web")),
+    ("/api/v1", None),
+    ("/apis/apps/v1", None),
+    ("/version", None),
+])
+def test_authorization_attributes_of_a_path(path: str, attributes: ResourcePath | None) -> None:
+    assert resource_path(path) == attributes
+
+
+@pytest.mark.parametrize(("method", "named", "watch", "verb"), [
+    ("GET", False, False, "list"), ("GET", True, False, "get"), ("GET", False, True, "watch"),
+    ("GET", True, True, "watch"), ("HEAD", True, False, "get"), ("POST", False, False, "create"),
+    ("PUT", True, False, "update"), ("PATCH", True, False, "patch"), ("DELETE", True, False, "delete"),
+    ("DELETE", False, False, "deletecollection"),
+])
+def test_verb_of_a_request(method: str, named: bool, watch: bool, verb: str) -> None:
+    assert request_verb(method, named, watch) == verb
+
+
+def test_forbidden_in_a_named_group() -> None:
+    err = errors.forbidden(rbac.CNI_USER, "get", "deployments", "web", "ns", "apps").status()
+    assert err["message"].startswith('deployments.apps "web" is forbidden: ')
+    assert err["message"].endswith('cannot get resource "deployments" in API group "apps" in the namespace "ns"')
+    assert err["details"] == {"name": "web", "group": "apps", "kind": "deployments"}

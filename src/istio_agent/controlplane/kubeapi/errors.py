@@ -13,7 +13,7 @@ from typing import Any
 
 from istio_agent.controlplane.kubeapi import validation
 
-# Kind in the Status' details is the resource (plural), as the apiserver writes it.
+# Kind in a 403/404/409 Status' details is the resource (plural), as the apiserver writes it (a 422's is the kind).
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
            406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
            500: "InternalError"}
@@ -23,7 +23,7 @@ class ApiError(Exception):
     """An error response: `status()` is its body, `code` its HTTP status."""
 
     def __init__(self, code: int, message: str, reason: str | None = None, name: str | None = None,
-                 kind: str | None = None, causes: list[dict[str, str]] | None = None) -> None:
+                 kind: str | None = None, causes: list[dict[str, str]] | None = None, group: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -31,6 +31,7 @@ class ApiError(Exception):
         self.name = name
         self.kind = kind
         self.causes = causes
+        self.group = group
 
     def status(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -38,6 +39,8 @@ class ApiError(Exception):
         details: dict[str, Any] = {}
         if self.name is not None:
             details["name"] = self.name
+        if self.group:
+            details["group"] = self.group
         if self.kind is not None:
             details["kind"] = self.kind
         if self.causes:
@@ -56,13 +59,15 @@ def not_found(resource: str, name: str) -> ApiError:
     return ApiError(404, f'{resource} "{name}" not found', name=name, kind=resource)
 
 
-def forbidden(user: str, verb: str, resource: str, name: str, namespace: str) -> ApiError:
-    """The RBAC denial, worded as the apiserver words it (with or without a name and a namespace)."""
+def forbidden(user: str, verb: str, resource: str, name: str, namespace: str, group: str = "") -> ApiError:
+    """The RBAC denial, worded as the apiserver words it (with or without a name, a namespace, a group)."""
     base = resource.split("/", 1)[0]
-    subject = f'{base} "{name}"' if name else base
+    qualified = f"{base}.{group}" if group else base
+    subject = f'{qualified} "{name}"' if name else qualified
     scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-    message = f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "" {scope}'
-    return ApiError(403, message, name=name or None, kind=base)
+    message = (f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group '
+               f'"{group}" {scope}')
+    return ApiError(403, message, name=name or None, kind=base, group=group)
 
 
 def conflict(resource: str, name: str, why: str) -> ApiError:

@@ -90,6 +90,64 @@ class _Route:
     name: str = ""
 
 
+@dataclass(frozen=True)
+class ResourcePath:
+    """What the apiserver's request info makes of a resource path, for authorization: the API group, the
+    namespace (for `namespaces/{name}` the name itself, as upstream sets it), the resource (with its
+    subresource, `pods/status`) and the name."""
+
+    group: str
+    namespace: str
+    resource: str
+    name: str
+
+
+_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
+
+
+def resource_path(path: str) -> ResourcePath | None:
+    """The attributes of `/api/v1/...` or `/apis/{group}/{version}/...`; None for a path naming no resource."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) > 1 and rest[0] == "namespaces":
+        namespace = rest[1]
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+            rest = rest[2:]
+    if not rest:
+        return None
+    resource = rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
+    return ResourcePath(group, namespace, resource, rest[1] if len(rest) > 1 else "")
+
+
+_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_verb(method: str, named: bool, watch: bool) -> str:
+    """The authorization verb of a resource request, as the apiserver derives it."""
+    if method in ("GET", "HEAD"):
+        return "watch" if watch else "get" if named else "list"
+    if method == "DELETE" and not named:
+        return "deletecollection"
+    return _METHOD_VERBS.get(method, method.lower())
+
+
+# What each served route supports, once authorized; anything else is 405.
+_SERVED: dict[tuple[str, bool], frozenset[str]] = {
+    (PODS, False): frozenset({"list", "watch"}),
+    (PODS, True): frozenset({"get", "watch", "patch", "delete"}),
+    ("pods/status", True): frozenset({"get", "patch"}),
+    (NAMESPACES, False): frozenset({"list", "watch"}),
+    (NAMESPACES, True): frozenset({"get", "watch"}),
+    ("events", False): frozenset({"create", "list"}),
+}
+
+
 def parse_path(path: str) -> _Route | None:
     """The resource a /api/v1/... path names; None when it names none this server has."""
     parts = [p for p in path.split("/") if p]
@@ -222,12 +280,21 @@ class KubeApiServer:
             return _json(discovery.api_resource_list())
         if path == "/apis":
             return _json(discovery.api_group_list())
+        # Authorization comes first, from the path and the method alone, as the apiserver's filter chain has
+        # it: a request the identity may not make is 403 whatever this server would have done with it.
+        attributes = resource_path(path)
+        if attributes is None:
+            raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
+        verb = request_verb(request.method, bool(attributes.name), request.query.get("watch", "") in _TRUE)
+        if not rbac.allowed(rbac.Request(user, verb, attributes.resource, attributes.namespace, attributes.name,
+                                         attributes.group)):
+            raise errors.forbidden(user, verb, attributes.resource, attributes.name, attributes.namespace,
+                                   attributes.group)
         route = parse_path(path)
         if route is None:
             raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
-        verb = self._verb(request, route)
-        if not rbac.allowed(rbac.Request(user, verb, route.resource, route.namespace, route.name)):
-            raise errors.forbidden(user, verb, route.resource, route.name, route.namespace)
+        if request.method == "HEAD" or verb not in _SERVED.get((route.resource, bool(route.name)), frozenset()):
+            raise errors.method_not_allowed(request.method)
         if verb == "watch":
             return await self._watch(request, route)
         if verb == "list" and route.resource == "events":  # kubectl describe asks; none are kept
@@ -241,26 +308,7 @@ class KubeApiServer:
             return await self._patch(request, route)
         if verb == "delete":
             return await self._delete(request, route)
-        return await self._create_event(request, route)
-
-    def _verb(self, request: web.Request, route: _Route) -> str:
-        method = request.method
-        collection = not route.name
-        if method == "GET":
-            if request.query.get("watch", "") in _TRUE:
-                if route.resource == "events":
-                    raise errors.method_not_allowed(method)
-                return "watch"
-            return "list" if collection else "get"
-        if route.resource == "events":
-            if method == "POST":
-                return "create"
-            raise errors.method_not_allowed(method)
-        if route.resource in (PODS, "pods/status") and not collection and method == "PATCH":
-            return "patch"
-        if route.resource == PODS and not collection and method == "DELETE":
-            return "delete"
-        raise errors.method_not_allowed(method)
+        return await self._create_event(request, route)  # the one create served
 
     def _selectors(self, request: web.Request, resource: str) -> tuple[Any, Any]:
         fields = POD_FIELDS if resource == PODS else NAMESPACE_FIELDS
