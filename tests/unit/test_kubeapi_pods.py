@@ -145,3 +145,41 @@ def test_the_overlay_cannot_change_the_pods_identity() -> None:
     pod = render_pod(registry, registry.workloads[0], META)
     assert (pod["metadata"]["name"], pod["metadata"]["uid"]) == ("a", META.uid)
     assert "resourceVersion" not in pod["metadata"]
+
+
+def test_the_sidecars_probes_are_the_injection_templates() -> None:
+    """Defaults: startupProbe (global.proxy.startupProbe: enabled, failureThreshold 600) and readinessProbe
+    (delay 0, period 15, 4 failures), both httpGet /healthz/ready on 15021, as the apiserver serves them."""
+    proxy = _pods()["echo-1"]["spec"]["containers"][1]
+    assert proxy["startupProbe"] == {"failureThreshold": 600, "httpGet": {"path": "/healthz/ready", "port": 15021,
+                                                                          "scheme": "HTTP"},
+                                     "periodSeconds": 1, "successThreshold": 1, "timeoutSeconds": 3}
+    assert proxy["readinessProbe"] == {"failureThreshold": 4, "httpGet": {"path": "/healthz/ready", "port": 15021,
+                                                                          "scheme": "HTTP"},
+                                       "periodSeconds": 15, "successThreshold": 1, "timeoutSeconds": 3}
+    grpc = _pods()["greeter"]["spec"]["containers"][1]
+    assert "startupProbe" not in grpc and grpc["readinessProbe"]["httpGet"]["port"] == 15020  # grpc-agent template
+
+
+def test_probe_annotations_and_a_zero_status_port() -> None:
+    registry = parse_registry("""
+workloads:
+- name: slow
+  annotations: {readiness.status.sidecar.istio.io/initialDelaySeconds: "5",
+                readiness.status.sidecar.istio.io/periodSeconds: "2",
+                readiness.status.sidecar.istio.io/failureThreshold: "30"}
+- name: unprobed
+  annotations: {status.sidecar.istio.io/port: "0"}
+""")
+    pods = {w.name: render_pod(registry, w, META)["spec"]["containers"][1] for w in registry.workloads}
+    slow = pods["slow"]["readinessProbe"]
+    assert (slow["initialDelaySeconds"], slow["periodSeconds"], slow["failureThreshold"]) == (5, 2, 30)
+    assert pods["slow"]["startupProbe"]["periodSeconds"] == 1
+    assert "readinessProbe" not in pods["unprobed"] and "startupProbe" not in pods["unprobed"]
+
+
+def test_pod_ports_env_is_laid_out_as_the_template_renders_it() -> None:
+    env = _env(_pods()["echo-1"]["spec"]["containers"][1])
+    assert env["ISTIO_META_POD_PORTS"] == ('[\n    {"name":"grpc","containerPort":90,"protocol":"TCP"}\n'
+                                           '    ,{"name":"http","containerPort":8080,"protocol":"TCP"}\n]')
+    assert _env(_pods()["greeter"]["spec"]["containers"][1])["ISTIO_META_POD_PORTS"] == "[\n]"

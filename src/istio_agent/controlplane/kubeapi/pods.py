@@ -168,7 +168,7 @@ def _proxy_env(registry: Registry, workload: Workload, ann: Mapping[str, str], a
     env += [
         {"name": "PROXY_CONFIG", "value": json.dumps({"discoveryAddress": "istiod.istio-system.svc:15012"},
                                                      separators=(",", ":")) + "\n"},
-        {"name": "ISTIO_META_POD_PORTS", "value": json.dumps(app_ports, indent=None)},
+        {"name": "ISTIO_META_POD_PORTS", "value": _pod_ports_value(app_ports)},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": APP_CONTAINER},
     ]
     if not proxyless:
@@ -191,6 +191,35 @@ def _proxy_env(registry: Registry, workload: Workload, ann: Mapping[str, str], a
     if proxyless:
         env += [{"name": "ISTIO_META_DNS_CAPTURE", "value": "false"}, {"name": "DISABLE_ENVOY", "value": "true"}]
     return env
+
+
+def _pod_ports_value(app_ports: list[dict[str, Any]]) -> str:
+    """ISTIO_META_POD_PORTS as the injection template lays it out: `[`, each port's compact JSON (Go's field
+    order: name, containerPort, protocol) on its own line indented four spaces, the comma leading every port
+    after the first, then `]` on its own line."""
+    lines = []
+    for index, port in enumerate(app_ports):
+        ordered = {k: port[k] for k in ("name", "hostPort", "containerPort", "protocol", "hostIP") if k in port}
+        lines.append("    " + ("," if index else "") + json.dumps(ordered, separators=(",", ":")))
+    return "\n".join(["[", *lines, "]"])
+
+
+def _probe(port: int, initial_delay: int, period: int, failure_threshold: int) -> dict[str, Any]:
+    """An httpGet probe of /healthz/ready as the apiserver serves it (scheme and successThreshold defaulted,
+    a zero initialDelaySeconds left out)."""
+    probe: dict[str, Any] = {"failureThreshold": failure_threshold,
+                             "httpGet": {"path": "/healthz/ready", "port": port, "scheme": "HTTP"}}
+    if initial_delay:
+        probe["initialDelaySeconds"] = initial_delay
+    probe.update(periodSeconds=period, successThreshold=1, timeoutSeconds=3)
+    return probe
+
+
+def _int_annotation(ann: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(ann.get(key, default))
+    except ValueError:
+        return default
 
 
 def _proxy_container(registry: Registry, workload: Workload, ann: Mapping[str, str],
@@ -227,15 +256,23 @@ def _proxy_container(registry: Registry, workload: Workload, ann: Mapping[str, s
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"containerPort": 15020, "name": "mesh-metrics", "protocol": "TCP"}] if proxyless
         else [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
-        "readinessProbe": {"failureThreshold": 4, "httpGet": {"path": "/healthz/ready", "port": probe_port,
-                                                              "scheme": "HTTP"},
-                           "periodSeconds": 15, "successThreshold": 1, "timeoutSeconds": 3},
         "resources": {"limits": {"cpu": "2", "memory": "1Gi"}, "requests": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": security,
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "volumeMounts": mounts,
     }
+    # The sidecar template probes only while the status port is not 0 (`status.sidecar.istio.io/port`), with a
+    # startup probe first (`global.proxy.startupProbe`, enabled with failureThreshold 600 by default) and the
+    # readiness probe's timing from the `readiness.status.sidecar.istio.io/*` annotations or the chart's
+    # defaults (0 s delay, 15 s period, 4 failures); the proxyless template always has the readiness probe.
+    if proxyless or ann.get("status.sidecar.istio.io/port", STATUS_PORT) != "0":
+        if not proxyless:
+            container["startupProbe"] = _probe(probe_port, 0, 1, 600)
+        container["readinessProbe"] = _probe(
+            probe_port, _int_annotation(ann, "readiness.status.sidecar.istio.io/initialDelaySeconds", 0),
+            _int_annotation(ann, "readiness.status.sidecar.istio.io/periodSeconds", 15),
+            _int_annotation(ann, "readiness.status.sidecar.istio.io/failureThreshold", 4))
     if proxyless:
         container["lifecycle"] = {"postStart": {"exec": {"command": [
             "pilot-agent", "wait", "--url=http://localhost:15020/healthz/ready"]}}}
