@@ -113,6 +113,58 @@ def test_kubectl_watch_label_and_delete(api: tuple[IstiodLocal, Path, Path]) -> 
     assert "echo-1" not in _kubectl(api, "get", "pods", "-A").stdout
 
 
+def test_kubectl_watch_namespaces_sees_one_the_registry_adds(tmp_path: Path) -> None:
+    """`kubectl get ns -w`: an ADDED event per namespace there is, then one for a namespace the registry gains."""
+    kubectl = need_tool("kubectl")
+    registry = RegistryFile(tmp_path / "mesh.yaml", MESH)
+    with IstiodLocal(tmp_path / "state", registry=registry, kube_api_addr="127.0.0.1:0") as istiod:
+        kubeconfig = istiod.kubeconfig(tmp_path / "admin.kubeconfig")
+        watch = subprocess.Popen([kubectl, "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "cache"),
+                                  "get", "ns", "-w", "--output-watch-events"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "HOME": str(tmp_path)})
+        lines: queue.Queue[str] = queue.Queue()
+
+        def pump() -> None:
+            for text in watch.stdout or ():
+                lines.put(text)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+
+        def line() -> list[str]:
+            try:
+                return lines.get(timeout=15).split()
+            except queue.Empty:
+                raise AssertionError(f"kubectl get ns -w printed nothing more (exit status {watch.poll()})") from None
+
+        try:
+            assert line()[:3] == ["EVENT", "NAME", "STATUS"]
+            first = {tuple(line()[:3]) for _ in range(4)}
+            assert first == {("ADDED", ns, "Active") for ns in ("default", "istio-system", "kube-system", "shop")}
+            registry.write({"workloads": [*MESH["workloads"], {"name": "late-1", "namespace": "late",
+                                                               "ip": "10.244.0.9", "nodeName": "iacni-node"}]})
+            assert line()[:3] == ["ADDED", "late", "Active"]
+        finally:
+            stop_process(watch, 5)
+            reader.join(5)
+            for stream in (watch.stdout, watch.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def test_kubectl_shows_a_bad_field_selector_as_against_an_apiserver(api: tuple[IstiodLocal, Path, Path]) -> None:
+    """The server says only `field label not supported: ...`, as the apiserver does: the `Unable to find ...`
+    around it is kubectl's own (cli-runtime's list helper decorates a 400 of a selected list)."""
+    done = _kubectl(api, "get", "pods", "--field-selector", "spec.foo=bar", check=False)
+    assert done.returncode != 0
+    # Older kubectl prints the resource as {"" "v1" "pods"}, newer as "/v1, Resource=pods".
+    assert done.stderr.startswith("Error from server (BadRequest): Unable to find ")
+    assert done.stderr.rstrip().endswith(' that match label selector "", field selector "spec.foo=bar": field label '
+                                         "not supported: spec.foo")
+    assert done.stderr.count("Unable to find") == 1
+
+
 def _watch_lines(istiod: IstiodLocal, sa: Path, query: str) -> list[dict[str, Any]]:
     host, port = istiod.kube_api.rsplit(":", 1)
     conn = http.client.HTTPSConnection(host, int(port), timeout=10,
