@@ -156,6 +156,12 @@ def test_the_chain_is_installed_and_a_sidecar_pods_connections_land_on_envoys_po
     assert (node.cni.paths.bin_dir / "istio-cni").is_file()
     pod, client = _pod(node, "cap-1"), _pod(node, "plain-1")
     assert pod.validation == [0]  # istio-validation passed before the app started
+    # The capture came from istio-cni, not from the node calling istio-iptables as istio-init would: the
+    # plugin's own log line for this pod reached install-cni's log (through its log socket), no init log.
+    agent_log = node.logs / "install-cni.log"
+    poll(lambda: agent_log.exists() and "configuration for cap-1 =" in agent_log.read_text(errors="replace"),
+         "istio-cni's log line for cap-1 in install-cni's log", 10)
+    assert not (node.logs / "cap-1-init.log").exists()
     rules = _rules(pod.netns)
     assert "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in rules
     assert "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006" in rules
