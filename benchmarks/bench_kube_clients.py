@@ -337,7 +337,7 @@ def main() -> None:
         work = Path(tmp)
         registry = RegistryFile(work / "registry.yaml", registry_yaml(PODS))
         kube_port = free_port()
-        with IstiodLocal(work / "state", registry=registry, args=["--kube-api-addr", f"127.0.0.1:{kube_port}"]):
+        with IstiodLocal(work / "state", registry=registry, kube_api_addr=f"127.0.0.1:{kube_port}"):
             admin = work / "admin-sa"
             istiod_local_cli("kubeconfig", "--out", str(work / "admin.kubeconfig"), "--service-account-dir",
                              str(admin), state_dir=work / "state")
