@@ -203,16 +203,21 @@ class FastPath:
             writer.write(fastwire.encode_refusal())
             await writer.drain()
             return
+        started = time.monotonic()
         result = await self._call(env, stdin)
         writer.write(fastwire.encode_answer(result.code, result.stdout, result.stderr))
         await writer.drain()
+        # Logged once the caller has its answer: the pod's ADD does not wait for install-cni's log.
+        if result.entries:
+            emit_plugin_lines(json.dumps(list(result.entries)).encode())
+        log.info("fast path: %s for container %s answered with status %d in %.1f ms", env.get("CNI_COMMAND", ""),
+                 env.get("CNI_CONTAINERID", ""), result.code, (time.monotonic() - started) * 1000)
 
     async def _call(self, env: dict[str, str], stdin: bytes) -> CallResult:
         command = env.get("CNI_COMMAND", "")
         container = env.get("CNI_CONTAINERID", "")
         deadline = call_deadline(env)
         await self._slots.acquire()
-        started = time.monotonic()
         future = _on_thread(lambda: run_call(env, stdin, self.client.get_pod))
         future.add_done_callback(lambda _: self._slots.release())  # the slot is held until the thread ends
         try:
@@ -225,10 +230,6 @@ class FastPath:
         except Exception as exc:  # a bug in the plugin's code path: the in-process plugin would crash too
             log.exception("fast path: %s for container %s failed", command, container)
             return _late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
-        if result.entries:
-            emit_plugin_lines(json.dumps(list(result.entries)).encode())
-        log.info("fast path: %s for container %s answered with status %d in %.1f ms", command, container,
-                 result.code, (time.monotonic() - started) * 1000)
         return result
 
 
