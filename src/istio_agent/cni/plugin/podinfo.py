@@ -165,19 +165,21 @@ def _items(text: str) -> str:
 
 
 class Setting:
-    """One capture setting and where it came from (for error messages)."""
+    """One capture setting, where it came from and, for an annotation, its text as written (for error messages:
+    the user is shown what they wrote, not the trimmed or merged value the rules get)."""
 
-    __slots__ = ("source", "value")
+    __slots__ = ("source", "value", "written")
 
-    def __init__(self, value: str, source: str) -> None:
+    def __init__(self, value: str, source: str, written: str | None = None) -> None:
         self.value = value
         self.source = source
+        self.written = value if written is None else written
 
 
 def _annotation(info: PodInfo, key: str, default: str, clean: Callable[[str], str] | None = None) -> Setting:
     if key in info.annotations:
         value = info.annotations[key]
-        return Setting(clean(value) if clean else value, f"annotation {key}")
+        return Setting(clean(value) if clean else value, f"annotation {key}", value)
     return Setting(default, f"default of {key}")
 
 
@@ -202,7 +204,7 @@ def redirect_settings(info: PodInfo, warn: Callable[[str], None]) -> dict[str, S
     for port in [*excluded.value.split(","), *ALWAYS_EXCLUDED_INBOUND.split(",")]:
         if port and port not in merged:
             merged.append(port)
-    settings["inbound_ports_exclude"] = Setting(",".join(merged), excluded.source)
+    settings["inbound_ports_exclude"] = Setting(",".join(merged), excluded.source, excluded.written)
     if REROUTE_VIRTUAL_INTERFACES in info.annotations:
         settings["reroute_virtual_interfaces"] = _annotation(info, REROUTE_VIRTUAL_INTERFACES, "", _items)
     else:
@@ -246,6 +248,6 @@ def capture_config(info: PodInfo, netns: str, *, dry_run: bool, native_nftables:
     except ConfigError as err:
         setting = settings.get(err.field)
         source = setting.source if setting else err.field
-        value = setting.value if setting else err.value
+        value = setting.written if setting else err.value
         raise PodError(source, value, err.reason) from None
     return cfg
