@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl
 PYTEST_ARGS ?=
 
-.PHONY: setup debs test lint typecheck pytest run bench protos docs clean
+.PHONY: setup debs test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -51,6 +51,11 @@ run: setup
 
 bench: setup
 	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# The VM package (packaging/vm/): istio-start.sh, istio.service, sidecar.env and a wheel of this project.
+VM_PACKAGE_DIR ?= build/vm
+vm-package: setup
+	packaging/vm/build-deb.sh $(PY) $(VM_PACKAGE_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
