@@ -6,15 +6,17 @@ are even imported:
 1. identity (CA client, secret cache, SDS server) and the agent's metrics
    registry, then a bounded wait for the first certificate;
 2. the heap trimmer, the DNS proxy (when on) with its NameTable feed, the XDS
-   proxy, the gRPC bootstrap (when written), the status server (when it has a
-   port) and Envoy (unless DISABLE_ENVOY), in that order.
+   proxy, the workload health checker (when ProxyConfig has a readinessProbe),
+   the gRPC bootstrap (when written), the status server (when it has a port)
+   and Envoy (unless DISABLE_ENVOY), in that order.
 
 The wiring: the XDS proxy hands NameTables to the DNS proxy (compiled off the
 event loop, in arrival order; readiness waits for the first) and PCDS trust
 bundles to the secret cache; the status server reads readiness, the one Envoy
 admin client, the cache (`/debug/secrets`), the DNS proxy (`/debug/ndsz`) and the
 metrics registry; `/quitquitquit` asks the agent to stop and `/drain` drains
-Envoy's listeners.
+Envoy's listeners. The health checker asks Envoy's readiness through the same
+admin client and reports its state changes through the XDS proxy.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from istio_agent.security.identity import WorkloadIdentity
     from istio_agent.status.agent_metrics import AgentMetrics
     from istio_agent.status.readiness import ReadinessState
+    from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,14 @@ class AgentAssembly:
         metrics.watch_xds(xds)
         components.append(xds)
 
+        admin: EnvoyAdmin | None = None
+        if options.envoy is not None:
+            from istio_agent.envoy.admin import EnvoyAdmin
+
+            admin = EnvoyAdmin(options.envoy.admin_port)
+        if options.health is not None:
+            components.append(self._health_checker(xds, admin))
+
         probe: BootstrapProbe | None = None
         if options.grpc_bootstrap is not None:
             from istio_agent.grpcxds import BootstrapProbe, BootstrapWriter
@@ -142,12 +153,9 @@ class AgentAssembly:
             probe = BootstrapProbe(target.path, options.workdir)
 
         envoy: EnvoySupervisor | None = None
-        admin: EnvoyAdmin | None = None
-        if options.envoy is not None:
-            from istio_agent.envoy.admin import EnvoyAdmin
+        if options.envoy is not None and admin is not None:
             from istio_agent.envoy.supervisor import EnvoySupervisor
 
-            admin = EnvoyAdmin(options.envoy.admin_port)
             envoy = EnvoySupervisor(options.envoy, admin)
 
         if status is not None:
@@ -155,6 +163,18 @@ class AgentAssembly:
         if envoy is not None:
             components.append(envoy)
         return components
+
+    def _health_checker(self, xds: XdsProxy, admin: EnvoyAdmin | None) -> Component:
+        """ProxyConfig's readinessProbe, after Envoy's readiness when there is an Envoy (upstream's aggregate)."""
+        from istio_agent.health.probers import EnvoyReadyProbe, NetworkProbe, Probe, app_probe
+        from istio_agent.health.runner import WorkloadHealthChecker
+
+        options = self.options.health
+        assert options is not None
+        app = app_probe(options)
+        probes: list[Probe] = [EnvoyReadyProbe(admin)] if admin is not None else []
+        return WorkloadHealthChecker(options, [*probes, app], xds.set_health,
+                                     on_close=[app.close] if isinstance(app, NetworkProbe) else [])
 
     def _status_server(self, readiness: ReadinessState, admin: EnvoyAdmin | None, probe: BootstrapProbe | None,
                        dns: DnsProxy | None, envoy: EnvoySupervisor | None) -> Component:

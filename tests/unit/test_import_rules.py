@@ -10,8 +10,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "istio_agent"
 AGENT_RUNTIME = ("istio_agent.agent", "istio_agent.assembly", "istio_agent.security", "istio_agent.xds",
-                 "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds")
-COMPONENTS = ("security", "xds", "envoy", "dns", "status", "grpcxds")
+                 "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds", "istio_agent.health")
+COMPONENTS = ("security", "xds", "envoy", "dns", "status", "grpcxds", "health")
 ENVIRONMENT_READERS = ("istio_agent.config.env", "istio_agent.config.envvar", "istio_agent.config.loader",
                        "istio_agent.config.options")
 
@@ -67,7 +67,8 @@ def test_config_imports_only_option_modules_of_the_components() -> None:
     runtime = ("istio_agent.security.cache", "istio_agent.security.identity", "istio_agent.security.sds",
                "istio_agent.security.ca_client", "istio_agent.xds.proxy", "istio_agent.dns.proxy",
                "istio_agent.status.server", "istio_agent.status.metrics_handler", "istio_agent.envoy.supervisor",
-               "istio_agent.envoy.process", "istio_agent.agent", "istio_agent.assembly")
+               "istio_agent.envoy.process", "istio_agent.health.runner", "istio_agent.health.probers",
+               "istio_agent.agent", "istio_agent.assembly")
     assert offending(sources("config"), runtime) == []
 
 

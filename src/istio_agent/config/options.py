@@ -4,7 +4,7 @@ Upstream builds its agent from `NewAgentOptions`, `NewSecurityOptions` and
 `envoy.ProxyConfig`; here `resolve_agent_options()` does all of it, once, at
 start. Components never read the environment: each gets its own frozen option
 object (`SecurityOptions`, `XdsProxyOptions`, `DnsProxyOptions`,
-`EnvoyOptions`, `StatusOptions`, `GrpcBootstrapFile`), and every rule that
+`EnvoyOptions`, `StatusOptions`, `GrpcBootstrapFile`, `HealthCheckOptions`), and every rule that
 touches more than one of them is stated here, once:
 
 - the DNS proxy runs when `ISTIO_META_DNS_CAPTURE` or `ISTIO_META_ENABLE_DNS_SERVER`;
@@ -40,6 +40,7 @@ from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats
 from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, go_join, xds_socket_for_bootstrap
+from istio_agent.health.options import HealthCheckOptions, parse_readiness_probe
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
@@ -115,6 +116,8 @@ class AgentOptions:
     envoy: EnvoyOptions | None
     status: StatusOptions | None
     grpc_bootstrap: GrpcBootstrapFile | None
+    # ProxyConfig's readinessProbe, run by the workload health checker (VMs); None when it is unset.
+    health: HealthCheckOptions | None = None
     first_certificate_head_start: float = FIRST_CERTIFICATE_HEAD_START
     # GRPC_SSL_CIPHER_SUITES for the agent's own gRPC (to istiod and the CA) under a compliance policy; the CLI
     # sets it in the process environment before any channel exists.
@@ -488,6 +491,13 @@ def grpc_bootstrap(config: AgentConfig, metadata: Mapping[str, Any],
     return GrpcBootstrapFile(config.path(target), content)
 
 
+def health_check_options(config: AgentConfig) -> HealthCheckOptions | None:
+    """The workload health check when ProxyConfig has a `readinessProbe` (upstream's only condition)."""
+    return parse_readiness_probe(
+        config.proxy_config.get("readinessProbe"), tuple(config.identity.ips),
+        legacy_localhost=config.environment.get(env.REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION))
+
+
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
     platform = discover(config.environment)
@@ -505,6 +515,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         envoy=envoy_options(config, flags, metadata, node_locality),
         status=status_options(config),
         grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
+        health=health_check_options(config),
         without_effect=tuple(config.environment.without_effect()),
         grpc_cipher_suites=grpc_cipher_suites(config.environment),
     )

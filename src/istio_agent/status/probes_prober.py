@@ -62,6 +62,7 @@ class ProbeResult:
     status: int
     body: bytes = b""
     content_type: str | None = None
+    reason: str = ""  # why there was no answer (a 500 of the prober's own); the workload health checker reports it
 
 
 class Reply(Protocol):
@@ -169,7 +170,7 @@ class AppProber:
                 return await self._grpc(probe, action)
         except TimeoutError:
             log.info("probe %s: no answer within %gs", probe.path, probe.timeout)
-            return ProbeResult(500)
+            return ProbeResult(500, reason=f"no answer within {probe.timeout:g}s")
 
     def _https(self) -> HttpsProber:
         # Imported on the first HTTPS probe with HTTP/2 on, not at agent start: most pods have none.
@@ -209,11 +210,12 @@ class AppProber:
                         continue
                     if isinstance(step, Fail):
                         log.info("probe %s: %s", probe.path, step.reason)
-                        return ProbeResult(500)
+                        return ProbeResult(500, reason=step.reason)
                     return await self._answer(step, reply)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            log.info("probe %s: request to %s failed: %s", probe.path, url, exc or type(exc).__name__)
-            return ProbeResult(500)
+            reason = f"request to {url} failed: {exc or type(exc).__name__}"
+            log.info("probe %s: %s", probe.path, reason)
+            return ProbeResult(500, reason=reason)
         finally:
             await sessions.close()
 
@@ -236,8 +238,9 @@ class AppProber:
             _, writer = await asyncio.open_connection(
                 host.strip("[]"), action.port, local_addr=(source, 0) if source else None)
         except OSError as exc:
-            log.info("tcp probe of %s failed: %s", join_host_port(host, action.port), exc)
-            return ProbeResult(500)
+            reason = f"connecting to {join_host_port(host, action.port)} failed: {exc}"
+            log.info("tcp probe: %s", reason)
+            return ProbeResult(500, reason=reason)
         writer.close()
         try:
             await writer.wait_closed()
@@ -261,15 +264,16 @@ class AppProber:
                 response = await check(health_pb2.HealthCheckRequest(service=action.service), timeout=probe.timeout)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    log.info("probe %s: %s does not implement grpc.health.v1.Health", probe.path, target)
+                    reason = f"{target} does not implement grpc.health.v1.Health"
                 else:
-                    log.info("probe %s: gRPC health check failed: %s %s", probe.path, exc.code().name,
-                             exc.details())
-                return ProbeResult(500)
+                    reason = f"gRPC health check of {target} failed: {exc.code().name} {exc.details()}"
+                log.info("probe %s: %s", probe.path, reason)
+                return ProbeResult(500, reason=reason)
         if response.status == health_pb2.HealthCheckResponse.SERVING:
             return ProbeResult(200)
-        log.info("probe %s: service %r is not SERVING (status %d)", probe.path, action.service, response.status)
-        return ProbeResult(500)
+        reason = f"service {action.service!r} on {target} is not SERVING (status {response.status})"
+        log.info("probe %s: %s", probe.path, reason)
+        return ProbeResult(500, reason=reason)
 
 
 # ---- routes -----------------------------------------------------------------------------------------------
