@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import sys
@@ -24,6 +25,7 @@ from istio_agent.controlplane.server import (
     ControlPlaneOptions,
 )
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
+from istio_agent.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD
 from istio_agent.controlplane.xds.service import XdsOptions, XdsService
 from istio_agent.netaddr import AddressError, split_host_port
 
@@ -40,6 +42,23 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc)) from None
     if seconds <= 0:
         raise click.BadParameter(f"must be positive, got {value!r}")
+    return seconds
+
+
+def _optional_duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    return None if value is None else _duration(ctx, param, value)
+
+
+def _grace_from_env(text: str) -> float:
+    """PILOT_WORKLOAD_ENTRY_GRACE_PERIOD as istiod reads it (a Go duration); unset means 10s."""
+    if not text:
+        return DEFAULT_GRACE_PERIOD
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: {exc}") from None
+    if seconds < 0:
+        raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: must not be negative, got {text!r}")
     return seconds
 
 
@@ -93,9 +112,12 @@ trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAI
               help="How often a watch asking for bookmarks gets one.")
 @click.option("--kube-watch-history", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Changes kept for watches to resume from; an older resourceVersion is 410 Expired.")
+@click.option("--workload-entry-grace-period", default=None, callback=_optional_duration,
+              help="How long an auto-registered WorkloadEntry outlives its proxy's last stream "
+                   "[default: $PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, else 10s].")
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
           log_level: str, registry: str | None, kube_api_addr: str, kube_node_name: str | None,
-          kube_bookmark_interval: float, kube_watch_history: int) -> None:
+          kube_bookmark_interval: float, kube_watch_history: int, workload_entry_grace_period: float | None) -> None:
     """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT."""
     _setup_logging(log_level)
     options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
@@ -110,8 +132,11 @@ def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: f
         kube = KubeApiOptions(kube_api_addr, kube_node_name or socket.gethostname().split(".")[0].lower(),
                               host_ip=_node_ip(kube_api_addr), bookmark_interval=kube_bookmark_interval,
                               history=kube_watch_history)
+    grace = workload_entry_grace_period
+    if grace is None:
+        grace = _grace_from_env(os.environ.get("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", ""))
     try:
-        asyncio.run(_serve(options, registry, kube))
+        asyncio.run(_serve(options, registry, kube, grace))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -129,13 +154,14 @@ def _node_ip(kube_api_addr: str) -> str:
 
 
 async def _serve(options: ControlPlaneOptions, registry: str | None = None,
-                 kube: KubeApiOptions | None = None) -> None:
+                 kube: KubeApiOptions | None = None, grace: float = DEFAULT_GRACE_PERIOD) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     plane = ControlPlane(options)
-    xds = XdsService(XdsOptions(registry, options.trust_domain), plane.verifier) if registry else None
+    xds = XdsService(XdsOptions(registry, options.trust_domain, workload_entry_grace_period=grace),
+                     plane.verifier) if registry else None
     if xds is not None:
         plane.add_service(xds.register)
     api = None

@@ -26,7 +26,9 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
+from istio_agent.controlplane.tokens import TokenIdentity
 from istio_agent.controlplane.xds.auth import AuthError, XdsAuthenticator
+from istio_agent.controlplane.xds.autoregistration import AutoRegistration, RegistrationRefused, VmProxy
 from istio_agent.controlplane.xds.generators import GeneratorSet, ProxyContext, Resources, default_generators
 from istio_agent.controlplane.xds.mesh import (
     ConnectedPod,
@@ -38,6 +40,7 @@ from istio_agent.controlplane.xds.mesh import (
 from istio_agent.controlplane.xds.proxy import Proxy, ProxyError, proxy_from_node
 from istio_agent.controlplane.xds.registry import Registry
 from istio_agent.controlplane.xds.sessions import DeltaSession, SotwSession
+from istio_agent.protos import typeurls
 
 log = logging.getLogger("istio_agent.controlplane.ads")
 
@@ -73,13 +76,16 @@ class AdsServer:
     """Serves ADS (SotW and Delta) for every connected proxy from the current registry."""
 
     def __init__(self, registry: Registry, generators: GeneratorSet | None = None,
-                 authenticator: XdsAuthenticator | None = None, clock: Callable[[], float] = time.time) -> None:
+                 authenticator: XdsAuthenticator | None = None, clock: Callable[[], float] = time.time,
+                 workload_entries: AutoRegistration | None = None) -> None:
         self._generators = generators or default_generators()
         self._authenticator = authenticator
         self._clock = clock
         self._registry = registry
         self._pods: dict[tuple[str, str], ConnectedPod] = {}
         self._pod_streams: dict[tuple[str, str], int] = {}
+        self.workload_entries = workload_entries or AutoRegistration()
+        self._expiry: asyncio.TimerHandle | None = None
         self._snapshot = build_snapshot(1, registry)
         self._probe(self._snapshot)
         self._connections: dict[str, Connection] = {}
@@ -102,10 +108,13 @@ class AdsServer:
         and the registry in service stays (a bad registry must never cut proxies off). It also warms
         the shared per-snapshot caches before the push fans out.
         """
-        trial = MeshSnapshot(self._snapshot.version + 1, registry, effective_workloads(registry, self._pods),
+        entries = self.workload_entries
+        trial = MeshSnapshot(self._snapshot.version + 1, registry,
+                             effective_workloads(registry, self._pods, entries.entries(registry)),
                              service_views(registry))
         self._probe(trial)
         self._registry = registry
+        entries.update_registry(registry, self._clock())
         self._rebuild(trial)
         return self._snapshot.version
 
@@ -120,7 +129,7 @@ class AdsServer:
                 generator.generate(type_url, ctx, None)
 
     def _rebuild(self, prepared: MeshSnapshot | None = None) -> None:
-        workloads = effective_workloads(self._registry, self._pods)
+        workloads = effective_workloads(self._registry, self._pods, self.workload_entries.entries(self._registry))
         current = self._snapshot
         same_registry = current.registry is self._registry
         if same_registry and current.workloads == workloads:
@@ -151,6 +160,45 @@ class AdsServer:
         self._pods.pop(key, None)
         self._rebuild()
 
+    # ---- WorkloadEntries -----------------------------------------------------------------------------------------
+
+    def _vm_connect(self, conn_id: str, vm: VmProxy, identity: TokenIdentity | None) -> None:
+        """Auto-register or take control of the proxy's WorkloadEntry; RegistrationRefused ends the stream."""
+        if self.workload_entries.connect(conn_id, vm, identity, self._registry, self._clock()):
+            self._rebuild()
+
+    def _vm_disconnect(self, conn_id: str) -> None:
+        self.workload_entries.disconnect(conn_id, self._clock())
+        self._rebuild()
+        self._schedule_expiry()
+
+    def _on_health(self, connection: Connection, request: Any) -> None:
+        """HealthInformation on the stream: the error detail (or its absence) becomes the entry's condition."""
+        healthy = not request.HasField("error_detail")
+        message = "" if healthy else request.error_detail.message
+        if self.workload_entries.report_health(connection.id, healthy, message, self._clock()):
+            self._rebuild()
+
+    def _schedule_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        deadline = self.workload_entries.next_deadline()
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(max(0.0, deadline - self._clock()), self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        if self.workload_entries.expire(self._clock()):
+            self._rebuild()
+        self._schedule_expiry()
+
+    def workload_entry_status(self) -> list[dict[str, Any]]:
+        """The WorkloadEntries as their objects would show (annotations, Healthy condition)."""
+        return self.workload_entries.status(self._registry)
+
     def connections(self) -> list[dict[str, Any]]:
         return [c.status() for c in self._connections.values()]
 
@@ -178,8 +226,14 @@ class AdsServer:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         reader = asyncio.create_task(_read_into(requests, queue))
         connection: Connection | None = None
+        vm_connected = False
+        conn_id = ""
         try:
             first = await queue.get()
+            while not (first is _EOF or isinstance(first, BaseException)) and first.type_url == typeurls.HEALTH_INFO \
+                    and not first.HasField("node"):
+                log.warning("ADS: health report before the first xDS request; ignored")
+                first = await queue.get()
             if first is _EOF or isinstance(first, BaseException):
                 return
             try:
@@ -187,27 +241,42 @@ class AdsServer:
             except ProxyError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 return
+            identity: TokenIdentity | None = None
             if self._authenticator is not None:
                 try:
-                    self._authenticator.authenticate(proxy, context, self._clock())
+                    identity = self._authenticator.authenticate(proxy, context, self._clock())
                 except AuthError as exc:
                     log.warning("ADS: refused %s: %s", proxy.id, exc)
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
                     return
             generate, served = self._generate_for(proxy)
             conn_id = f"{proxy.id}-{next(self._ids)}"
+            vm = VmProxy.from_proxy(proxy, _locality(first.node))
+            if vm.is_vm:
+                try:
+                    self._vm_connect(conn_id, vm, identity)
+                except RegistrationRefused as exc:
+                    log.error("ADS: %s: %s", proxy.id, exc)
+                    await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+                    return
+                vm_connected = True
             session: SotwSession | DeltaSession = (DeltaSession if delta else SotwSession)(proxy.id, served, generate)
             connection = Connection(conn_id, proxy, delta, session, queue)
             self._connections[conn_id] = connection
             log.info("ADS: new %s connection %s (generator %s)", "delta" if delta else "sotw", conn_id,
                      self._generators.for_proxy(proxy).name)
-            self._pod_connected(proxy)
+            if not vm.is_vm:
+                self._pod_connected(proxy)
             item = first
             while True:
                 if item is _EOF:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if item is not _PUSH and item.type_url == typeurls.HEALTH_INFO:
+                    self._on_health(connection, item)
+                    item = await queue.get()
+                    continue
                 if item is _PUSH:
                     connection.push_pending = False
                     responses: list[Any] = connection.session.on_push(str(self._snapshot.version))
@@ -221,8 +290,21 @@ class AdsServer:
             reader.cancel()
             if connection is not None:
                 self._connections.pop(connection.id, None)
-                self._pod_disconnected(connection.proxy)
+                if vm_connected:
+                    self._vm_disconnect(connection.id)
+                else:
+                    self._pod_disconnected(connection.proxy)
                 log.info("ADS: connection %s closed", connection.id)
+            elif vm_connected:
+                self._vm_disconnect(conn_id)
+
+
+def _locality(node: base_pb2.Node) -> str:
+    """The node's bootstrap locality as upstream writes it on an entry (region/zone/subzone)."""
+    if not node.HasField("locality"):
+        return ""
+    parts = [node.locality.region, node.locality.zone, node.locality.sub_zone]
+    return "/".join(parts).rstrip("/")
 
 
 async def _read_into(requests: AsyncIterator[Any], queue: asyncio.Queue[Any]) -> None:

@@ -4,6 +4,11 @@ istiod authenticates xDS on its TLS port with the pod's projected token and
 checks that the token's namespace (and service account, when the proxy
 states one) matches the node asking. istiod-local does the same with its
 `TokenVerifier`; the plaintext port (15010) stays open, as upstream's does.
+
+`authenticate` returns the verified identity (upstream's `VerifiedIdentity`),
+which WorkloadEntry auto-registration checks against the entry. On the open
+plaintext port a token is optional: a valid one that matches the node still
+gives the stream an identity, anything else gives it none (never a refusal).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Protocol
 
 import grpc
 
-from istio_agent.controlplane.tokens import TokenError, TokenVerifier
+from istio_agent.controlplane.tokens import TokenError, TokenIdentity, TokenVerifier
 from istio_agent.controlplane.xds.proxy import Proxy
 
 
@@ -21,7 +26,8 @@ class AuthError(Exception):
 
 
 class XdsAuthenticator(Protocol):
-    def authenticate(self, proxy: Proxy, context: grpc.aio.ServicerContext, now: float) -> None: ...
+    def authenticate(self, proxy: Proxy, context: grpc.aio.ServicerContext, now: float) -> TokenIdentity | None:
+        ...
 
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
@@ -45,10 +51,16 @@ class TokenAuthenticator:
         self._verifier = verifier
         self._plaintext_too = plaintext_too
 
-    def authenticate(self, proxy: Proxy, context: grpc.aio.ServicerContext, now: float) -> None:
+    def authenticate(self, proxy: Proxy, context: grpc.aio.ServicerContext, now: float) -> TokenIdentity | None:
+        """The token's identity; AuthError when the stream must be refused."""
         if not self._plaintext_too and not is_tls(context):
-            return
-        token = bearer_token(context)
+            try:
+                return self._check(proxy, bearer_token(context), now) if bearer_token(context) else None
+            except AuthError:
+                return None
+        return self._check(proxy, bearer_token(context), now)
+
+    def _check(self, proxy: Proxy, token: str, now: float) -> TokenIdentity:
         if not token:
             raise AuthError("no bearer token (authorization: Bearer <service-account token>)")
         try:
@@ -61,3 +73,4 @@ class TokenAuthenticator:
         if proxy.service_account and identity.service_account != proxy.service_account:
             raise AuthError(f"token for service account {identity.service_account!r} cannot fetch config of "
                             f"{proxy.id!r} (service account {proxy.service_account!r})")
+        return identity

@@ -25,9 +25,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from istio_agent.controlplane.xds.proxy import Proxy
 from istio_agent.controlplane.xds.registry import Registry, Service, ServiceEntry, ServicePort
+from istio_agent.controlplane.xds.workloadgroups import WorkloadEntry
 
 KUBERNETES = "Kubernetes"
 EXTERNAL = "External"
+POD = "Pod"
+WORKLOAD_ENTRY = "WorkloadEntry"
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,23 @@ class MeshWorkload:
     labels: Mapping[str, str]
     ip: str
     registered: bool = True
+    kind: str = POD
+    # A WorkloadEntry with health checks enabled whose Healthy condition is not True: no endpoint.
+    healthy: bool = True
+    weight: int = 0
+    locality_text: str = ""  # a WorkloadEntry's `locality` (region/zone/subzone), over its labels
 
     @property
     def locality(self) -> Locality:
+        if self.locality_text:
+            parts = [*self.locality_text.split("/"), "", ""]
+            return Locality(parts[0], parts[1], parts[2])
         return locality_from_labels(self.labels)
+
+    @classmethod
+    def from_entry(cls, entry: WorkloadEntry, healthy: bool = True) -> MeshWorkload:
+        return cls(entry.name, entry.namespace, entry.service_account or "default", dict(entry.labels),
+                   entry.address, True, WORKLOAD_ENTRY, healthy, entry.weight, entry.locality)
 
 
 @dataclass(frozen=True)
@@ -155,21 +171,27 @@ class WorkloadIndex(Generic[W]):
         return next(iter(at_ips.values())) if len(at_ips) == 1 else None
 
 
-def effective_workloads(registry: Registry,
-                        connected: Mapping[tuple[str, str], ConnectedPod]) -> tuple[MeshWorkload, ...]:
-    """The registry's workloads (addresses learned from their connected pods), then connected pods of their own.
+def effective_workloads(registry: Registry, connected: Mapping[tuple[str, str], ConnectedPod],
+                        entries: Iterable[tuple[WorkloadEntry, bool]] | None = None) -> tuple[MeshWorkload, ...]:
+    """The registry's workloads (addresses learned from their connected pods), its WorkloadEntries (or
+    `entries`, each with whether it is healthy, when auto-registration adds some), then connected pods
+    of their own.
 
     A connected pod whose name is not registered but whose IP matches exactly one registered
-    workload is that workload (a VM whose agent names itself after its host), not a second one.
+    workload or entry is that workload (a VM whose agent names itself after its host), not a second one.
     """
     out = []
     index = WorkloadIndex(registry.workloads)
     for w in registry.workloads:
         pod = connected.get((w.namespace, w.name))
         out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else "")))
+    listed = entries if entries is not None else ((e, not e.health_checked) for e in registry.workload_entries)
+    entry_workloads = [MeshWorkload.from_entry(entry, healthy) for entry, healthy in listed]
+    out += entry_workloads
+    entry_ips = {(w.namespace, w.ip) for w in entry_workloads if w.ip}
     for key in sorted(connected):
         pod = connected[key]
-        if index.match(pod.namespace, pod.name, [pod.ip]) is None:
+        if index.match(pod.namespace, pod.name, [pod.ip]) is None and (pod.namespace, pod.ip) not in entry_ips:
             out.append(MeshWorkload(pod.name, pod.namespace, pod.service_account, dict(pod.labels), pod.ip, False))
     return tuple(out)
 
@@ -232,7 +254,8 @@ class MeshSnapshot:
         key = (view.hostname, port.port)
         if key not in self._endpoints:
             if view.service is not None:
-                eps = [Endpoint(w.ip, port.target_port, w) for w in self.selected_workloads(view.service) if w.ip]
+                eps = [Endpoint(w.ip, port.target_port, w) for w in self.selected_workloads(view.service)
+                       if w.ip and w.healthy]
             elif view.entry is not None and view.resolution == "STATIC":
                 eps = [Endpoint(address, port.target_port) for address in view.entry.endpoints]
             else:

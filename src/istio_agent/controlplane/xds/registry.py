@@ -25,6 +25,8 @@ istiod-local has no API server; the mesh is described by one YAML file:
       addresses: [192.0.2.10]             # optional
       ports: [{number: 443, name: tls, protocol: TCP}]
       resolution: DNS                     # NONE | STATIC | DNS | DNS_ROUND_ROBIN
+    workloadGroups: [...]                 # VMs: see `workloadgroups.py` (template, probe)
+    workloadEntries: [...]                # non-pod endpoints, selected by services like pods
 
 Workloads are unique by namespace and name, not by address: several may
 share an IP, as hostNetwork pods or the workloads of one VM do in a cluster
@@ -47,6 +49,12 @@ from yaml.constructor import SafeConstructor
 
 from istio_agent.config.textfile import non_utf8_problem
 from istio_agent.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips
+from istio_agent.controlplane.xds.workloadgroups import (
+    WorkloadEntry,
+    WorkloadGroup,
+    parse_workload_entries,
+    parse_workload_groups,
+)
 from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose, line_of
 
 PROTOCOLS = ("HTTP", "HTTP2", "GRPC", "TCP")
@@ -139,6 +147,14 @@ class Registry:
     auto_vips: Mapping[str, str] = field(default_factory=dict)
     # Namespace name -> its labels, for the Kubernetes API's Namespace objects.
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    workload_groups: tuple[WorkloadGroup, ...] = ()
+    workload_entries: tuple[WorkloadEntry, ...] = ()
+
+    def workload_group(self, namespace: str, name: str) -> WorkloadGroup | None:
+        return next((g for g in self.workload_groups if g.namespace == namespace and g.name == name), None)
+
+    def workload_entry(self, namespace: str, name: str) -> WorkloadEntry | None:
+        return next((e for e in self.workload_entries if e.namespace == namespace and e.name == name), None)
 
     def mtls_mode(self, namespace: str) -> str:
         return self.peer_authentication.get(namespace) or self.peer_authentication.get(ROOT_NAMESPACE) or "PERMISSIVE"
@@ -148,7 +164,7 @@ class Registry:
 
 
 _TOP = frozenset({"trustDomain", "domainSuffix", "services", "workloads", "peerAuthentication", "serviceEntries",
-                  "inboundTrafficPolicy", "namespaces"})
+                  "inboundTrafficPolicy", "namespaces", "workloadGroups", "workloadEntries"})
 _SERVICE = frozenset({"name", "namespace", "selector", "ports", "clusterIP"})
 _PORT = frozenset({"name", "targetPort", "protocol"})
 _WORKLOAD = frozenset({"name", "namespace", "serviceAccount", "labels", "ip", "nodeName", "annotations", "sidecar",
@@ -382,4 +398,6 @@ def parse_registry(text: str, source: str = "registry") -> Registry:
         inbound_traffic_policy=_choice(top, "inboundTrafficPolicy", INBOUND_POLICIES, "PASSTHROUGH"),
         auto_vips=_auto_vips(entries),
         namespaces=_namespaces(top),
+        workload_groups=parse_workload_groups(top),
+        workload_entries=parse_workload_entries(top),
     )

@@ -23,6 +23,7 @@ import grpc
 from istio_agent.controlplane.tokens import TokenVerifier
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.auth import TokenAuthenticator
+from istio_agent.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD, AutoRegistration
 from istio_agent.controlplane.xds.generators import GeneratorSet
 from istio_agent.controlplane.xds.registry import Registry
 from istio_agent.controlplane.xds.watcher import RegistryWatcher
@@ -39,6 +40,8 @@ class XdsOptions:
     poll_interval: float = 0.5
     # Require a service-account token on plaintext streams too (TLS streams always need one when a verifier is set).
     auth_plaintext: bool = False
+    # How long an auto-registered WorkloadEntry outlives its proxy's last stream (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
+    workload_entry_grace_period: float = DEFAULT_GRACE_PERIOD
 
 
 class XdsService:
@@ -49,7 +52,8 @@ class XdsService:
         registry = self.watcher.load()
         self._check(registry)
         authenticator = TokenAuthenticator(verifier, options.auth_plaintext) if verifier is not None else None
-        self.ads = AdsServer(registry, generators, authenticator)
+        self.ads = AdsServer(registry, generators, authenticator,
+                             workload_entries=AutoRegistration(options.workload_entry_grace_period))
         self._listeners: list[Callable[[Registry], None]] = []
 
     def add_listener(self, listener: Callable[[Registry], None]) -> None:

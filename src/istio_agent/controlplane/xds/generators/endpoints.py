@@ -31,7 +31,7 @@ def _lb_endpoint(endpoint: Endpoint, mesh: bool) -> endpoint_components_pb2.LbEn
     out = endpoint_components_pb2.LbEndpoint(
         endpoint=endpoint_components_pb2.Endpoint(address=socket_address(endpoint.address, endpoint.port)),
         health_status=health_check_pb2.HEALTHY,
-        load_balancing_weight=uint32(1),
+        load_balancing_weight=uint32(endpoint.workload.weight if endpoint.workload and endpoint.workload.weight else 1),
     )
     if mesh:
         out.metadata.CopyFrom(_ISTIO_TLS)
