@@ -1,0 +1,188 @@
+"""`istiod-local serve`: WorkloadEntry auto-registration and health, seen by another proxy's EDS.
+
+A "VM" here is an ADS client on the TLS port with the node metadata a VM's
+agent sends (`AUTO_REGISTER_GROUP`, and `PROXY_CONFIG.readinessProbe` when it
+runs a probe) and a service-account token; a sidecar on the plaintext port
+watches the service's endpoints. The grace period is cut to a fraction of a
+second with `--workload-entry-grace-period`; no test measures it, they only
+observe the order in which things happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
+from google.rpc import status_pb2
+from launchers import IstiodLocal, RegistryFile
+from needs import need_file
+from support import ISTIOD_LOCAL, eventually
+
+from istio_agent.protos import typeurls
+
+REGISTRY = """\
+services:
+- name: vm
+  selector: {app: vm}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+workloadGroups:
+- name: vm
+  metadata: {labels: {app: vm}}
+  template: {serviceAccount: vm-sa}
+  probe: {periodSeconds: 1, httpGet: {port: 8080}}
+"""
+CLUSTER = "outbound|80||vm.default.svc.cluster.local"
+PROBE = {"readinessProbe": {"httpGet": {"port": 8080}}}
+
+
+@pytest.fixture
+def istiod(tmp_path: Path) -> Any:
+    need_file(ISTIOD_LOCAL)
+    registry = RegistryFile(tmp_path / "mesh.yaml", REGISTRY)
+    with IstiodLocal(tmp_path / "state", registry=registry,
+                     args=["--workload-entry-grace-period", "300ms"]) as server:
+        yield server
+
+
+def _node(pod: str, ip: str, **meta: Any) -> base_pb2.Node:
+    metadata = struct_pb2.Struct()
+    metadata.update({"NAMESPACE": "default", **meta})
+    return base_pb2.Node(id=f"sidecar~{ip}~{pod}.default~default.svc.cluster.local", metadata=metadata)
+
+
+class Watcher:
+    """A sidecar watching the service's endpoints; `next()` is the next assignment pushed to it."""
+
+    def __init__(self, istiod: IstiodLocal) -> None:
+        self.channel = grpc.aio.insecure_channel(istiod.plaintext)
+        self.call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel).StreamAggregatedResources()
+
+    async def start(self) -> set[str]:
+        await self.call.write(discovery_pb2.DiscoveryRequest(node=_node("sleep-1", "10.244.0.9"),
+                                                             type_url=typeurls.ENDPOINT, resource_names=[CLUSTER]))
+        return await self.next()
+
+    async def next(self) -> set[str]:
+        response = await asyncio.wait_for(self.call.read(), 20)
+        await self.call.write(discovery_pb2.DiscoveryRequest(type_url=typeurls.ENDPOINT, resource_names=[CLUSTER],
+                                                             response_nonce=response.nonce))
+        cla = endpoint_pb2.ClusterLoadAssignment()
+        response.resources[0].Unpack(cla)
+        return {lb.endpoint.address.socket_address.address for group in cla.endpoints for lb in group.lb_endpoints}
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await self.channel.close()
+
+
+class Vm:
+    """A VM's proxy: its ADS stream on the TLS port with its token."""
+
+    def __init__(self, istiod: IstiodLocal, ip: str, service_account: str = "vm-sa", probe: bool = False) -> None:
+        self.istiod, self.ip, self.service_account, self.probe = istiod, ip, service_account, probe
+        creds = grpc.ssl_channel_credentials(root_certificates=istiod.root_pem())
+        self.channel = grpc.aio.secure_channel(istiod.secure, creds,
+                                               options=[("grpc.ssl_target_name_override", "istiod.istio-system.svc")])
+        self.call: Any = None
+
+    async def connect(self) -> None:
+        token = self.istiod.token(service_account=self.service_account)
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+        self.call = stub.StreamAggregatedResources(metadata=[("authorization", f"Bearer {token}")])
+        meta: dict[str, Any] = {"AUTO_REGISTER_GROUP": "vm", "SERVICE_ACCOUNT": self.service_account,
+                                "INSTANCE_IPS": self.ip}
+        if self.probe:
+            meta["PROXY_CONFIG"] = PROBE
+        await self.call.write(discovery_pb2.DiscoveryRequest(node=_node("vm-host", self.ip, **meta),
+                                                             type_url=typeurls.CLUSTER))
+        await asyncio.wait_for(self.call.read(), 20)  # its own config: the stream was accepted
+
+    async def health(self, error: str = "") -> None:
+        request = discovery_pb2.DiscoveryRequest(type_url=typeurls.HEALTH_INFO)
+        if error:
+            request.error_detail.CopyFrom(status_pb2.Status(code=500, message=error))
+        await self.call.write(request)
+
+    async def disconnect(self) -> None:
+        self.call.cancel()
+        self.call = None
+
+    async def close(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+        await self.channel.close()
+
+
+async def test_a_vm_registers_is_seen_by_others_and_leaves_after_the_grace_period(istiod: IstiodLocal) -> None:
+    watcher = Watcher(istiod)
+    vm, marker = Vm(istiod, "10.0.0.5"), Vm(istiod, "10.0.0.6")
+    try:
+        assert await watcher.start() == set()
+        await vm.connect()
+        assert await watcher.next() == {"10.0.0.5"}
+        assert "auto-registered WorkloadEntry default/vm-10.0.0.5" in istiod.log_text()
+        await marker.connect()
+        assert await watcher.next() == {"10.0.0.5", "10.0.0.6"}
+
+        # A reconnect within the grace period keeps the entry: the watcher sees no change for it.
+        await vm.disconnect()
+        await vm.connect()
+        # The marker leaves after the vm's first grace period would have ended: once it is gone, so is that deadline.
+        await marker.disconnect()
+        assert await watcher.next() == {"10.0.0.5"}
+
+        await vm.disconnect()
+        assert await watcher.next() == set()
+        assert "cleaned up auto-registered WorkloadEntry default/vm-10.0.0.5" in istiod.log_text()
+    finally:
+        await vm.close()
+        await marker.close()
+        await watcher.close()
+
+
+async def test_a_token_for_another_service_account_cannot_register(istiod: IstiodLocal) -> None:
+    watcher = Watcher(istiod)
+    intruder, vm = Vm(istiod, "10.0.0.7", service_account="other"), Vm(istiod, "10.0.0.5")
+    try:
+        assert await watcher.start() == set()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await intruder.connect()
+        assert "service account mismatch" in (info.value.details() or "")
+        await eventually(lambda: "service account mismatch: token for 'other', entry wants 'vm-sa'"
+                         in istiod.log_text(), "the refusal's reason in istiod-local's log")
+        # The next change the watcher sees is the rightful VM alone: the intruder never became an endpoint.
+        await vm.connect()
+        assert await watcher.next() == {"10.0.0.5"}
+    finally:
+        await intruder.close()
+        await vm.close()
+        await watcher.close()
+
+
+async def test_health_reports_take_the_entry_out_of_eds_and_back(istiod: IstiodLocal) -> None:
+    watcher = Watcher(istiod)
+    vm, other = Vm(istiod, "10.0.0.5", probe=True), Vm(istiod, "10.0.0.6")
+    try:
+        assert await watcher.start() == set()
+        await vm.connect()  # health checks enabled: out of EDS until its first good report
+        await other.connect()
+        assert await watcher.next() == {"10.0.0.6"}
+        await vm.health()
+        assert await watcher.next() == {"10.0.0.5", "10.0.0.6"}
+        await vm.health("Get http://127.0.0.1:8080/: connection refused")
+        assert await watcher.next() == {"10.0.0.6"}
+        await eventually(lambda: "is unhealthy: Get http://127.0.0.1:8080/: connection refused" in istiod.log_text(),
+                         "the unhealthy report in the log")
+        await vm.health()
+        assert await watcher.next() == {"10.0.0.5", "10.0.0.6"}
+    finally:
+        await vm.close()
+        await other.close()
+        await watcher.close()
