@@ -19,7 +19,7 @@ A local node's VM does the same on one host:
   `/etc/istio/proxy` (the agent's bootstrap and XDS socket),
   `/var/lib/istio/envoy` (cluster.env, sidecar.env), `/var/log/istio`, and
   the files `/etc/hosts` (the host's plus the onboarding `hosts` lines),
-  `/etc/passwd`, `/etc/group` (the host's plus `istio-proxy`, uid/gid 1337,
+  `/etc/resolv.conf` (`resolv_conf`), `/etc/passwd`, `/etc/group` (the host's plus `istio-proxy`, uid/gid 1337,
   as the package's postinst adds it). Every later VM process (the start
   script, the app, a test's command) enters the holder's namespaces
   (`nsenter`), so they all see one machine. The node's agent image mounts
@@ -53,7 +53,7 @@ BINDS: tuple[tuple[str, str, int | None], ...] = (
     ("var/lib/istio/envoy", "/var/lib/istio/envoy", AGENT_UID),
     ("var/log/istio", "/var/log/istio", AGENT_UID),
 )
-FILE_BINDS = ("/etc/hosts", "/etc/passwd", "/etc/group")
+FILE_BINDS = ("/etc/hosts", "/etc/passwd", "/etc/group", "/etc/resolv.conf")
 # Where the onboarding files go (the VM guide's copy step): file name → path under the VM root.
 ONBOARDING = {
     "root-cert.pem": "etc/certs/root-cert.pem",
@@ -128,6 +128,17 @@ def hosts_with(hosts: str, onboarding_hosts: str) -> str:
     return base + extra
 
 
+def resolv_conf(node: NodePlan) -> str:
+    """The VM's resolver: the node's gateway, as a DHCP server would name it.
+
+    Nothing answers port 53 there, so a query is refused at once (ICMP) instead of
+    timing out against the host's server, which the VM cannot reach: gRPC's c-ares
+    resolver asks DNS before /etc/hosts, and would otherwise spend its 5 s connect
+    budget on `istiod.istio-system.svc` before reading the onboarding hosts line.
+    """
+    return f"nameserver {node.gateway}\n"
+
+
 def sidecar_env_text(values: Mapping[str, str]) -> str:
     """sidecar.env lines (`KEY='value'`, quoted for the script's `.`), sorted."""
     for key in values:
@@ -153,8 +164,9 @@ def holder_argv(netns: str, hostname: str, root: str, image: str, ready_file: st
 def enter_argv(holder_pid: int, argv: Sequence[str], uid: int | None = None, gid: int | None = None,
                cwd: str = "/") -> list[str]:
     """argv on the VM: in the holder's network, mount and UTS namespaces, from `cwd`, as root unless `uid`."""
-    return ["nsenter", f"--target={holder_pid}", "--net", "--mount", "--uts", f"--wd={cwd}",
-            *as_user(uid, gid), "--", *argv]
+    # cd after entering: a directory opened before (nsenter --wd) would resolve paths in the host's mounts.
+    return ["nsenter", f"--target={holder_pid}", "--net", "--mount", "--uts", *as_user(uid, gid), "--",
+            "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
 
 
 def unit_environment(base: Mapping[str, str]) -> dict[str, str]:
