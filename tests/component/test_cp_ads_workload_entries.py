@@ -3,9 +3,10 @@
 A "VM" here is an ADS client on the TLS port with the node metadata a VM's
 agent sends (`AUTO_REGISTER_GROUP`, and `PROXY_CONFIG.readinessProbe` when it
 runs a probe) and a service-account token; a sidecar on the plaintext port
-watches the service's endpoints. The grace period is cut to a fraction of a
-second with `--workload-entry-grace-period`; no test measures it, they only
-observe the order in which things happen.
+watches the service's endpoints. The grace period is cut to a second with
+`--workload-entry-grace-period` (a reconnect on an open channel takes
+milliseconds); no test measures it, they only observe the order in which
+things happen.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
-from launchers import IstiodLocal, RegistryFile
+from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from needs import need_file
 from support import ISTIOD_LOCAL, eventually
 
@@ -47,7 +48,7 @@ def istiod(tmp_path: Path) -> Any:
     need_file(ISTIOD_LOCAL)
     registry = RegistryFile(tmp_path / "mesh.yaml", REGISTRY)
     with IstiodLocal(tmp_path / "state", registry=registry,
-                     args=["--workload-entry-grace-period", "300ms"]) as server:
+                     args=["--workload-entry-grace-period", "1s"]) as server:
         yield server
 
 
@@ -91,9 +92,11 @@ class Vm:
         self.channel = grpc.aio.secure_channel(istiod.secure, creds,
                                                options=[("grpc.ssl_target_name_override", "istiod.istio-system.svc")])
         self.call: Any = None
+        # Minted once (a CLI run): a reconnect must be quick next to the grace period.
+        self.token = istiod.token(service_account=service_account)
 
     async def connect(self) -> None:
-        token = self.istiod.token(service_account=self.service_account)
+        token = self.token
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
         self.call = stub.StreamAggregatedResources(metadata=[("authorization", f"Bearer {token}")])
         meta: dict[str, Any] = {"AUTO_REGISTER_GROUP": "vm", "SERVICE_ACCOUNT": self.service_account,
@@ -186,3 +189,40 @@ async def test_health_reports_take_the_entry_out_of_eds_and_back(istiod: IstiodL
         await vm.close()
         await other.close()
         await watcher.close()
+
+
+async def test_configure_writes_files_whose_token_registers_the_vm(istiod: IstiodLocal, tmp_path: Path) -> None:
+    out = tmp_path / "vm-files"
+    done = istiod_local_cli("workload-entry", "configure", "--name", "vm", "--namespace", "default", "--autoregister",
+                            "--registry", str(tmp_path / "mesh.yaml"), "-o", str(out), "--tokenDuration", "600",
+                            state_dir=istiod.state_dir)
+    assert f"Configuration generation into directory {out} was successful" in done.stdout
+    assert "a security token for namespace 'default' and service account 'vm-sa'" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["cluster.env", "hosts", "istio-token", "mesh.yaml",
+                                                     "root-cert.pem"]
+    assert (out / "root-cert.pem").read_bytes() == istiod.root_pem()
+    assert "ISTIO_META_AUTO_REGISTER_GROUP='vm'\n" in (out / "cluster.env").read_text()
+    assert (out / "hosts").read_text() == "127.0.0.1 istiod.istio-system.svc\n"
+    assert "readinessProbe:\n    httpGet:\n      port: 8080\n" in (out / "mesh.yaml").read_text()
+
+    watcher, vm = Watcher(istiod), Vm(istiod, "10.0.0.8")
+    vm.token = (out / "istio-token").read_text()
+    try:
+        assert await watcher.start() == set()
+        await vm.connect()
+        assert await watcher.next() == {"10.0.0.8"}
+    finally:
+        await vm.close()
+        await watcher.close()
+
+
+def test_configure_refuses_an_unknown_group_and_conflicting_flags(tmp_path: Path) -> None:
+    registry = RegistryFile(tmp_path / "mesh.yaml", REGISTRY)
+    base = ["workload-entry", "configure", "--registry", str(registry.path), "-o", str(tmp_path / "out")]
+    done = istiod_local_cli(*base, "--name", "nope", "--namespace", "default", state_dir=tmp_path / "s", check=False)
+    assert done.returncode != 0 and "workloadgroup nope not found in namespace default" in done.stderr
+    done = istiod_local_cli(*base, "--name", "vm", "--namespace", "default", "--internalIP", "10.0.0.1",
+                            "--externalIP", "10.0.0.2", state_dir=tmp_path / "s", check=False)
+    assert done.returncode != 0 and "mutually exclusive" in done.stderr
+    done = istiod_local_cli(*base, state_dir=tmp_path / "s", check=False)
+    assert done.returncode != 0 and "expecting a WorkloadGroup artifact file" in done.stderr

@@ -259,3 +259,111 @@ def kubeconfig(state_dir: str, out: str, server: str, identity: str, token_ttl: 
         directory = write_service_account_dir(Path(service_account_dir), token_text, state.root_cert_pem,
                                               who.namespace, now)
         click.echo(f"wrote {directory}")
+
+
+@main.group("workload-entry")
+def workload_entry() -> None:
+    """VMs and other machines outside Kubernetes (the role of `istioctl x workload entry`)."""
+
+
+def _go_bool(ctx: click.Context, param: click.Parameter, value: str) -> bool:
+    from istio_agent.config.gobool import parse_bool
+
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise click.BadParameter(f"not a boolean: {value!r}") from None
+
+
+@workload_entry.command("configure")
+@state_dir_option
+@click.option("--name", default="", help="The WorkloadGroup's name.")
+@click.option("-n", "--namespace", default="", help="The namespace the workload instances belong to.")
+@click.option("-f", "--file", "filename", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="A WorkloadGroup object (YAML), when the registry defines no such group.")
+@click.option("--registry", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="istiod-local's registry: the group is taken from it when it defines one.")
+@click.option("-o", "--output", "--out", "output", required=True, type=click.Path(file_okay=False),
+              help="Output directory for the generated files.")
+@click.option("--autoregister", is_flag=True, help="Create a WorkloadEntry when the VM's proxy connects.")
+@click.option("--capture-dns", default="true", is_flag=False, flag_value="true", callback=_go_bool,
+              help="Capture the VM's outgoing DNS (port 53) for the agent  [default: true].")
+@click.option("--clusterID", "cluster_id", default="Kubernetes", show_default=True,
+              help="The ID of the cluster (ISTIO_META_CLUSTER_ID).")
+@click.option("--externalIP", "external_ip", default="", help="External IP address of the workload.")
+@click.option("--internalIP", "internal_ip", default="", help="Internal IP address of the workload.")
+@click.option("--ingressIP", "ingress_ip", default="",
+              help="The address `hosts` maps istiod's name to (default: the host of --discovery-address).")
+@click.option("--ingressService", "ingress_service", default="istio-eastwestgateway", show_default=True,
+              help="Accepted for istioctl's sake; istiod-local has no ingress gateway to look up.")
+@click.option("--tokenDuration", "token_duration", default=3600, show_default=True, type=click.IntRange(min=1),
+              help="The token's lifetime in seconds.")
+@click.option("-r", "--revision", default="", help="Control plane revision (istiod-<revision> names).")
+@click.option("--istio-namespace", "istio_namespace", default="istio-system", show_default=True,
+              help="istiod's namespace (its name in mesh.yaml and hosts).")
+@click.option("--discovery-address", default=DEFAULT_SECURE_GRPC_ADDR, show_default=True,
+              help="host:port where the VM reaches istiod-local's TLS port: its port goes into mesh.yaml's "
+                   "discoveryAddress, its host (an IP) into hosts.")
+@trust_domain_option
+def workload_entry_configure(state_dir: str, name: str, namespace: str, filename: str | None, registry: str | None,
+                             output: str, autoregister: bool, capture_dns: bool, cluster_id: str, external_ip: str,
+                             internal_ip: str, ingress_ip: str, ingress_service: str, token_duration: int,
+                             revision: str, istio_namespace: str, discovery_address: str, trust_domain: str) -> None:
+    """Write cluster.env, mesh.yaml, root-cert.pem, istio-token and hosts for a WorkloadGroup's VMs."""
+    from istio_agent.controlplane.onboarding import FILE_MODE, OnboardingOptions, render_onboarding
+    from istio_agent.controlplane.tokens import TokenIdentity, issue_token
+    from istio_agent.controlplane.xds.registry import decode_registry, parse_registry
+    from istio_agent.controlplane.xds.workloadgroups import parse_workload_group_object
+    from istio_agent.controlplane.xds.yamlfields import RegistryError
+
+    del ingress_service
+    if not filename and not (name and namespace):
+        raise click.UsageError("expecting a WorkloadGroup artifact file or the name and namespace of an existing "
+                               "WorkloadGroup")
+    if internal_ip and external_ip:
+        raise click.UsageError("the flags --internalIP and --externalIP are mutually exclusive")
+    try:
+        host, port_text = split_host_port(discovery_address)
+        port = int(port_text)
+    except (AddressError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--discovery-address") from None
+    group = None
+    object_annotations: dict[str, str] = {}
+    try:
+        if registry is not None:
+            parsed = parse_registry(decode_registry(Path(registry).read_bytes(), registry), registry)
+            trust_domain = parsed.trust_domain
+            group = parsed.workload_group(namespace or "default", name) if name else None
+        if group is None and filename:
+            group, object_annotations = parse_workload_group_object(Path(filename).read_text(), filename, namespace)
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from None
+    if group is None:
+        raise click.ClickException(f"workloadgroup {name} not found in namespace {namespace}"
+                                   + (f" of {registry}" if registry else ""))
+    if not ingress_ip:
+        try:
+            ingress_ip = str(ipaddress.ip_address(host))
+        except ValueError:
+            click.echo(f"Warning: could not tell the address of {host!r}; use --ingressIP to give the address the "
+                       "VM reaches istiod at (hosts is left empty)", err=True)
+    state = _open_state(state_dir, trust_domain)
+    now = time.time()
+    token_text = issue_token(state.token_key, TokenIdentity(group.namespace, group.template.service_account), now,
+                             token_duration)
+    options = OnboardingOptions(istio_namespace, revision, cluster_id, trust_domain, port, ingress_ip, internal_ip,
+                                external_ip, autoregister, capture_dns, object_annotations=object_annotations)
+    try:
+        files = render_onboarding(group, options, state.root_cert_pem, token_text)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = Path(output)
+    out.mkdir(mode=FILE_MODE, parents=True, exist_ok=True)
+    for file_name, data in files.items():
+        path = out / file_name
+        path.write_bytes(data)
+        path.chmod(FILE_MODE)
+    click.echo(f"Warning: a security token for namespace {group.namespace!r} and service account "
+               f"{group.template.service_account!r} has been generated and stored at {str(out / 'istio-token')!r}",
+               err=True)
+    click.echo(f"Configuration generation into directory {output} was successful")

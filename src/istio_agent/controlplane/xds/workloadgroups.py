@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from istio_agent.controlplane.xds.yamlfields import Fields
+from istio_agent.config.gobool import is_true
+from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose
 
 # The annotation upstream puts on an entry whose proxy runs a readiness probe: its health decides EDS.
 HEALTH_CHECKS_ENABLED = "proxy.istio.io/health-checks-enabled"
@@ -76,7 +77,7 @@ class WorkloadEntry:
     @property
     def health_checked(self) -> bool:
         """Upstream's rule: the annotation, parsed as a Go bool, says whether health decides EDS."""
-        return self.annotations.get(HEALTH_CHECKS_ENABLED, "").lower() in ("1", "t", "true")
+        return is_true(self.annotations.get(HEALTH_CHECKS_ENABLED, ""))
 
     @property
     def auto_registration_group(self) -> str:
@@ -218,6 +219,26 @@ def _probe(f: Fields) -> dict[str, Any]:
     return out
 
 
+def _group(f: Fields, name: str, namespace: str) -> WorkloadGroup:
+    """A group's spec fields (`metadata`, `template`, `probe`) from `f`."""
+    if not f.has("template"):
+        f.fail(f.node, "template", "is required")
+    t = Fields(f.value_node("template"), f.child_path("template"), f.source, _TEMPLATE)
+    template = _entry_fields(t, "", namespace)
+    account = template.service_account or "default"  # istioctl's default for an empty one
+    if not _DNS_LABEL.match(account):
+        t.fail(t.value_node("serviceAccount"), "serviceAccount", f"must be a DNS label, got {account!r}")
+    template = WorkloadEntry("", namespace, template.address, template.labels, template.ports, account,
+                             template.network, template.locality, template.weight)
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if f.has("metadata"):
+        meta = Fields(f.value_node("metadata"), f.child_path("metadata"), f.source, _GROUP_META)
+        labels, annotations = meta.string_map("labels"), meta.string_map("annotations")
+    probe = _probe(f) if f.has("probe") else None
+    return WorkloadGroup(name, namespace, template, labels, annotations, probe)
+
+
 def parse_workload_groups(top: Fields) -> tuple[WorkloadGroup, ...]:
     out: list[WorkloadGroup] = []
     seen: dict[tuple[str, str], str] = {}
@@ -228,20 +249,31 @@ def parse_workload_groups(top: Fields) -> tuple[WorkloadGroup, ...]:
             f.fail(f.value_node("name"), "name",
                    f"workload group {namespace}/{name} is already defined at {seen[namespace, name]}")
         seen[namespace, name] = path
-        if not f.has("template"):
-            f.fail(f.node, "template", "is required")
-        t = Fields(f.value_node("template"), f.child_path("template"), f.source, _TEMPLATE)
-        template = _entry_fields(t, "", namespace)
-        account = template.service_account or "default"  # istioctl's default for an empty one
-        if not _DNS_LABEL.match(account):
-            t.fail(t.value_node("serviceAccount"), "serviceAccount", f"must be a DNS label, got {account!r}")
-        template = WorkloadEntry("", namespace, template.address, template.labels, template.ports, account,
-                                 template.network, template.locality, template.weight)
-        labels: dict[str, str] = {}
-        annotations: dict[str, str] = {}
-        if f.has("metadata"):
-            meta = Fields(f.value_node("metadata"), f.child_path("metadata"), f.source, _GROUP_META)
-            labels, annotations = meta.string_map("labels"), meta.string_map("annotations")
-        probe = _probe(f) if f.has("probe") else None
-        out.append(WorkloadGroup(name, namespace, template, labels, annotations, probe))
+        out.append(_group(f, name, namespace))
     return tuple(out)
+
+
+_OBJECT = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+
+
+def parse_workload_group_object(text: str, source: str,
+                                namespace: str = "") -> tuple[WorkloadGroup, dict[str, str]]:
+    """A Kubernetes WorkloadGroup object (istioctl's `-f workloadgroup.yaml`): the group, the object's annotations.
+
+    `namespace` is used when the object names none (as kubectl's -n)."""
+    root = compose(text, source)
+    if root is None:
+        raise RegistryError(source, 0, "", "no document")
+    top = Fields(root, "", source, _OBJECT)
+    kind = top.string("kind", "WorkloadGroup")
+    if kind != "WorkloadGroup":
+        top.fail(top.value_node("kind"), "kind", f"must be WorkloadGroup, got {kind!r}")
+    if not top.has("metadata"):
+        top.fail(top.node, "metadata", "is required")
+    meta = Fields(top.value_node("metadata"), "metadata", source)
+    name = _label(meta, "name")
+    ns = _label(meta, "namespace", namespace or "default")
+    if not top.has("spec"):
+        top.fail(top.node, "spec", "is required")
+    spec = Fields(top.value_node("spec"), "spec", source, _GROUP - {"name", "namespace"})
+    return _group(spec, name, ns), meta.string_map("annotations")
