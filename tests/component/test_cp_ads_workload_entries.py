@@ -12,6 +12,7 @@ things happen.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,13 @@ def test_configure_refuses_an_unknown_group_and_conflicting_flags(tmp_path: Path
     assert done.returncode != 0 and "mutually exclusive" in done.stderr
     done = istiod_local_cli(*base, state_dir=tmp_path / "s", check=False)
     assert done.returncode != 0 and "expecting a WorkloadGroup artifact file" in done.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), [("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "soon"),
+                                                  ("PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS", "maybe")])
+def test_a_bad_istiod_variable_stops_serve_naming_it(tmp_path: Path, variable: str, value: str) -> None:
+    registry = RegistryFile(tmp_path / "mesh.yaml", REGISTRY)
+    env = {**os.environ, variable: value}
+    done = istiod_local_cli("serve", "--registry", str(registry.path), "--kube-api-addr", "off",
+                            state_dir=tmp_path / "s", env=env, check=False)
+    assert done.returncode != 0 and f"{variable}: " in done.stderr and repr(value) in done.stderr

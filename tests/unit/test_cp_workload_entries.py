@@ -12,6 +12,7 @@ from istio_agent.controlplane.xds.autoregistration import (
     AutoRegistration,
     RegistrationRefused,
     VmProxy,
+    WorkloadEntryOptions,
     entry_name,
     format_time,
 )
@@ -122,7 +123,8 @@ def test_proxy_address_is_instance_ips_first_then_node_id() -> None:
     proxy = parse_node_id(node, {"AUTO_REGISTER_GROUP": "vm", "INSTANCE_IPS": "192.168.1.4,10.0.0.5",
                                  "PROXY_CONFIG": {"readinessProbe": {"tcpSocket": {"port": 1}}}})
     vm_proxy = VmProxy.from_proxy(proxy)
-    assert vm_proxy.ips[0] == "192.168.1.4" and vm_proxy.readiness_probe and vm_proxy.is_vm
+    assert vm_proxy.ips[0] == "192.168.1.4" and vm_proxy.readiness_probe and vm_proxy.is_vm()
+    assert not vm_proxy.is_vm(WorkloadEntryOptions(auto_registration=False))
 
 
 def test_registered_entry_takes_template_group_and_proxy_labels_and_marks_annotations() -> None:
@@ -303,3 +305,15 @@ def test_the_vm_proxy_finds_its_entry_as_its_own_workload_with_spiffe_identity()
     assert own is not None and own.name == "vm-10.0.0.5" and ctx is not None
     view = snapshot.service("vm.default.svc.cluster.local")
     assert view is not None and snapshot.service_accounts(view) == ["spiffe://cluster.local/ns/default/sa/vm-sa"]
+
+
+def test_istiods_switches_turn_registration_health_and_the_identity_check_off() -> None:
+    r = registry()
+    off = AutoRegistration(options=WorkloadEntryOptions(auto_registration=False))
+    assert off.connect("c1", vm(), VM_SA, r, 0) == ""
+    no_check = AutoRegistration(options=WorkloadEntryOptions(validate_identity=False))
+    assert no_check.connect("c1", vm(), None, r, 0) == "vm-10.0.0.5"
+    no_health = AutoRegistration(options=WorkloadEntryOptions(health_checks=False))
+    no_health.connect("c1", vm(), VM_SA, r, 0)
+    assert not no_health.report_health("c1", False, "down", 1)
+    assert no_health.entries(r)[-1][1]  # health does not decide EDS

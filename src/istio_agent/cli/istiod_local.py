@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from istio_agent.config.durations import parse_duration
+from istio_agent.config.gobool import parse_bool
 from istio_agent.controlplane.podfiles import pod_token, write_pod_files
 from istio_agent.controlplane.server import (
     DEFAULT_GRPC_ADDR,
@@ -25,7 +26,7 @@ from istio_agent.controlplane.server import (
     ControlPlaneOptions,
 )
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
-from istio_agent.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD
+from istio_agent.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD, WorkloadEntryOptions
 from istio_agent.controlplane.xds.service import XdsOptions, XdsService
 from istio_agent.netaddr import AddressError, split_host_port
 
@@ -45,21 +46,38 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return seconds
 
 
-def _optional_duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    return None if value is None else _duration(ctx, param, value)
-
-
-def _grace_from_env(text: str) -> float:
-    """PILOT_WORKLOAD_ENTRY_GRACE_PERIOD as istiod reads it (a Go duration); unset means 10s."""
-    if not text:
-        return DEFAULT_GRACE_PERIOD
+def _grace_duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
     try:
-        seconds = parse_duration(text)
+        seconds = parse_duration(value)
     except ValueError as exc:
-        raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: {exc}") from None
+        raise click.BadParameter(str(exc)) from None
     if seconds < 0:
-        raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: must not be negative, got {text!r}")
+        raise click.BadParameter(f"must not be negative, got {value!r}")
     return seconds
+
+
+def _workload_entry_options(grace: float | None) -> WorkloadEntryOptions:
+    """istiod's variables for WorkloadEntries, read as it reads them (Go durations and booleans)."""
+    def env_bool(name: str) -> bool:
+        text = os.environ.get(name, "")
+        try:
+            return parse_bool(text) if text else True
+        except ValueError as exc:
+            raise click.UsageError(f"{name}: {exc}") from None
+
+    if grace is None:
+        text = os.environ.get("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "")
+        try:
+            grace = parse_duration(text) if text else DEFAULT_GRACE_PERIOD
+        except ValueError as exc:
+            raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: {exc}") from None
+        if grace < 0:
+            raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: must not be negative, got {text!r}")
+    return WorkloadEntryOptions(grace, env_bool("PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION"),
+                                env_bool("PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS"),
+                                env_bool("ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY"))
 
 
 def _setup_logging(level: str) -> None:
@@ -112,7 +130,7 @@ trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAI
               help="How often a watch asking for bookmarks gets one.")
 @click.option("--kube-watch-history", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Changes kept for watches to resume from; an older resourceVersion is 410 Expired.")
-@click.option("--workload-entry-grace-period", default=None, callback=_optional_duration,
+@click.option("--workload-entry-grace-period", default=None, callback=_grace_duration,
               help="How long an auto-registered WorkloadEntry outlives its proxy's last stream "
                    "[default: $PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, else 10s].")
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
@@ -132,11 +150,9 @@ def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: f
         kube = KubeApiOptions(kube_api_addr, kube_node_name or socket.gethostname().split(".")[0].lower(),
                               host_ip=_node_ip(kube_api_addr), bookmark_interval=kube_bookmark_interval,
                               history=kube_watch_history)
-    grace = workload_entry_grace_period
-    if grace is None:
-        grace = _grace_from_env(os.environ.get("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", ""))
+    entries = _workload_entry_options(workload_entry_grace_period)
     try:
-        asyncio.run(_serve(options, registry, kube, grace))
+        asyncio.run(_serve(options, registry, kube, entries))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -154,13 +170,13 @@ def _node_ip(kube_api_addr: str) -> str:
 
 
 async def _serve(options: ControlPlaneOptions, registry: str | None = None,
-                 kube: KubeApiOptions | None = None, grace: float = DEFAULT_GRACE_PERIOD) -> None:
+                 kube: KubeApiOptions | None = None, entries: WorkloadEntryOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     plane = ControlPlane(options)
-    xds = XdsService(XdsOptions(registry, options.trust_domain, workload_entry_grace_period=grace),
+    xds = XdsService(XdsOptions(registry, options.trust_domain, workload_entries=entries or WorkloadEntryOptions()),
                      plane.verifier) if registry else None
     if xds is not None:
         plane.add_service(xds.register)
@@ -267,8 +283,6 @@ def workload_entry() -> None:
 
 
 def _go_bool(ctx: click.Context, param: click.Parameter, value: str) -> bool:
-    from istio_agent.config.gobool import parse_bool
-
     try:
         return parse_bool(value)
     except ValueError:

@@ -252,7 +252,8 @@ class AdsServer:
             generate, served = self._generate_for(proxy)
             conn_id = f"{proxy.id}-{next(self._ids)}"
             vm = VmProxy.from_proxy(proxy, _locality(first.node))
-            if vm.is_vm:
+            is_vm = vm.is_vm(self.workload_entries.options)
+            if is_vm:
                 try:
                     self._vm_connect(conn_id, vm, identity)
                 except RegistrationRefused as exc:
@@ -265,7 +266,7 @@ class AdsServer:
             self._connections[conn_id] = connection
             log.info("ADS: new %s connection %s (generator %s)", "delta" if delta else "sotw", conn_id,
                      self._generators.for_proxy(proxy).name)
-            if not vm.is_vm:
+            if not is_vm:
                 self._pod_connected(proxy)
             item = first
             while True:

@@ -64,6 +64,16 @@ MAX_NAME = 253
 Key = tuple[str, str]  # (namespace, name)
 
 
+@dataclass(frozen=True)
+class WorkloadEntryOptions:
+    """istiod's switches for this controller (the PILOT_* / ISTIO_* variables named beside each)."""
+
+    grace_period: float = DEFAULT_GRACE_PERIOD  # PILOT_WORKLOAD_ENTRY_GRACE_PERIOD
+    auto_registration: bool = True  # PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION
+    health_checks: bool = True  # PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS
+    validate_identity: bool = True  # ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY
+
+
 class RegistrationRefused(Exception):
     """The proxy may not register (or control) the entry; `code` is the gRPC status name the stream ends with."""
 
@@ -95,10 +105,10 @@ class VmProxy:
                    str(meta.get("WORKLOAD_ENTRY") or ""), str(meta.get("NETWORK") or ""),
                    proxy.labels, "readinessProbe" in proxy.proxy_config, locality)
 
-    @property
-    def is_vm(self) -> bool:
-        """A proxy that stands for a WorkloadEntry rather than a pod."""
-        return bool(self.group or self.workload_entry)
+    def is_vm(self, options: WorkloadEntryOptions | None = None) -> bool:
+        """A proxy that stands for a WorkloadEntry rather than a pod (with the features that make it one on)."""
+        options = options or WorkloadEntryOptions()
+        return bool((self.group and options.auto_registration) or (self.workload_entry and options.health_checks))
 
 
 def entry_name(group: str, ip: str, network: str = "") -> str:
@@ -183,8 +193,10 @@ class _Waiting:
 class AutoRegistration:
     """The WorkloadEntry controller's state: which entries exist, who is connected, their health."""
 
-    def __init__(self, grace_period: float = DEFAULT_GRACE_PERIOD, instance_id: str = DEFAULT_INSTANCE_ID) -> None:
-        self.grace_period = grace_period
+    def __init__(self, grace_period: float = DEFAULT_GRACE_PERIOD, instance_id: str = DEFAULT_INSTANCE_ID,
+                 options: WorkloadEntryOptions | None = None) -> None:
+        self.options = options or WorkloadEntryOptions(grace_period)
+        self.grace_period = self.options.grace_period
         self.instance_id = instance_id
         self._entries: dict[Key, _Controlled] = {}
         self._by_connection: dict[str, Key] = {}
@@ -198,12 +210,12 @@ class AutoRegistration:
         """Register (or take control of) the proxy's entry; its name, or "" when the proxy is no VM.
 
         RegistrationRefused when upstream's OnConnect fails (the stream is then refused)."""
-        if proxy.group:
+        if proxy.group and self.options.auto_registration:
             name = entry_name(proxy.group, proxy.ips[0], proxy.network)
             key = (proxy.namespace, name)
             self._register(key, proxy, identity, registry)
             self._auto_connections[conn_id] = _Waiting(proxy, identity, now)
-        elif proxy.workload_entry:
+        elif proxy.workload_entry and self.options.health_checks:
             key = (proxy.namespace, proxy.workload_entry)
             entry = registry.workload_entry(*key)
             if entry is None:
@@ -211,7 +223,7 @@ class AutoRegistration:
                                                      "which does not exist")
             if not entry.health_checked:
                 return ""
-            check_identity(identity, entry)
+            self._check(identity, entry)
             self._entries.setdefault(key, _Controlled(False, entry))
             log.info("updated health-checked WorkloadEntry %s/%s", *key)
         else:
@@ -225,13 +237,13 @@ class AutoRegistration:
     def _register(self, key: Key, proxy: VmProxy, identity: TokenIdentity | None, registry: Registry) -> None:
         existing = self._entries.get(key)
         if existing is not None:
-            check_identity(identity, existing.entry)
+            self._check(identity, existing.entry)
             if existing.connected_at is None:
                 log.info("updated auto-registered WorkloadEntry %s/%s as connected", *key)
             return
         static = registry.workload_entry(*key)
         if static is not None:  # the registry defines it: control it as upstream controls an existing entry
-            check_identity(identity, static)
+            self._check(identity, static)
             self._entries[key] = _Controlled(False, static)
             return
         group = registry.workload_group(proxy.namespace, proxy.group)
@@ -240,10 +252,14 @@ class AutoRegistration:
                                       f"auto-registration WorkloadEntry of {proxy.id} failed: "
                                       f"cannot find WorkloadGroup {proxy.namespace}/{proxy.group}")
         entry = entry_from_group(key[1], proxy, group)
-        check_identity(identity, entry)
+        self._check(identity, entry)
         self._entries[key] = _Controlled(True, entry)
         log.info("auto-registered WorkloadEntry %s/%s%s", *key,
                  " with health checking enabled" if entry.health_checked else "")
+
+    def _check(self, identity: TokenIdentity | None, entry: WorkloadEntry) -> None:
+        if self.options.validate_identity:
+            check_identity(identity, entry)
 
     def disconnect(self, conn_id: str, now: float) -> None:
         """A stream ended; the entry's last one starts its grace period."""
@@ -268,6 +284,8 @@ class AutoRegistration:
 
     def report_health(self, conn_id: str, healthy: bool, message: str, now: float) -> bool:
         """A HealthInformation request on `conn_id`; True when the entry's condition changed."""
+        if not self.options.health_checks:
+            return False
         key = self._by_connection.get(conn_id)
         controlled = self._entries.get(key) if key is not None else None
         if controlled is None:
@@ -363,7 +381,7 @@ class AutoRegistration:
                 annotations[WORKLOAD_CONTROLLER] = self.instance_id
                 annotations[DISCONNECTED_AT] = format_time(controlled.disconnected_at)
             entry = replace(entry, annotations=annotations)
-        healthy = not entry.health_checked or (health is not None and health.healthy)
+        healthy = not (entry.health_checked and self.options.health_checks) or (health is not None and health.healthy)
         return entry, healthy
 
     def status(self, registry: Registry) -> list[dict[str, Any]]:

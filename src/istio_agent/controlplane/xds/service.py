@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,7 @@ import grpc
 from istio_agent.controlplane.tokens import TokenVerifier
 from istio_agent.controlplane.xds.ads import AdsServer
 from istio_agent.controlplane.xds.auth import TokenAuthenticator
-from istio_agent.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD, AutoRegistration
+from istio_agent.controlplane.xds.autoregistration import AutoRegistration, WorkloadEntryOptions
 from istio_agent.controlplane.xds.generators import GeneratorSet
 from istio_agent.controlplane.xds.registry import Registry
 from istio_agent.controlplane.xds.watcher import RegistryWatcher
@@ -40,8 +40,8 @@ class XdsOptions:
     poll_interval: float = 0.5
     # Require a service-account token on plaintext streams too (TLS streams always need one when a verifier is set).
     auth_plaintext: bool = False
-    # How long an auto-registered WorkloadEntry outlives its proxy's last stream (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
-    workload_entry_grace_period: float = DEFAULT_GRACE_PERIOD
+    # Auto-registration's grace period and switches (istiod's PILOT_WORKLOAD_ENTRY_* variables).
+    workload_entries: WorkloadEntryOptions = field(default_factory=WorkloadEntryOptions)
 
 
 class XdsService:
@@ -53,7 +53,7 @@ class XdsService:
         self._check(registry)
         authenticator = TokenAuthenticator(verifier, options.auth_plaintext) if verifier is not None else None
         self.ads = AdsServer(registry, generators, authenticator,
-                             workload_entries=AutoRegistration(options.workload_entry_grace_period))
+                             workload_entries=AutoRegistration(options=options.workload_entries))
         self._listeners: list[Callable[[Registry], None]] = []
 
     def add_listener(self, listener: Callable[[Registry], None]) -> None:
