@@ -237,3 +237,14 @@ def test_a_bad_istiod_variable_stops_serve_naming_it(tmp_path: Path, variable: s
     done = istiod_local_cli("serve", "--registry", str(registry.path), "--kube-api-addr", "off",
                             state_dir=tmp_path / "s", env=env, check=False)
     assert done.returncode != 0 and f"{variable}: " in done.stderr and repr(value) in done.stderr
+
+
+def test_configure_without_an_address_for_istiod_leaves_hosts_empty(tmp_path: Path) -> None:
+    registry = RegistryFile(tmp_path / "mesh.yaml", REGISTRY)
+    out = tmp_path / "out"
+    done = istiod_local_cli("workload-entry", "configure", "--registry", str(registry.path), "-o", str(out),
+                            "--name", "vm", "--namespace", "default", "--discovery-address", "istiod.example:15012",
+                            "--capture-dns=false", state_dir=tmp_path / "s")
+    assert "use --ingressIP" in done.stderr and (out / "hosts").read_text() == ""
+    assert "ISTIO_META_DNS_CAPTURE" not in (out / "cluster.env").read_text()
+    assert "discoveryAddress: istiod.istio-system.svc:15012\n" in (out / "mesh.yaml").read_text()

@@ -324,7 +324,7 @@ def workload_entry_configure(state_dir: str, name: str, namespace: str, filename
                              internal_ip: str, ingress_ip: str, ingress_service: str, token_duration: int,
                              revision: str, istio_namespace: str, discovery_address: str, trust_domain: str) -> None:
     """Write cluster.env, mesh.yaml, root-cert.pem, istio-token and hosts for a WorkloadGroup's VMs."""
-    from istio_agent.controlplane.onboarding import FILE_MODE, OnboardingOptions, render_onboarding
+    from istio_agent.controlplane.onboarding import FILE_MODE, OnboardingOptions, istiod_host, render_onboarding
     from istio_agent.controlplane.tokens import TokenIdentity, issue_token
     from istio_agent.controlplane.xds.registry import decode_registry, parse_registry
     from istio_agent.controlplane.xds.workloadgroups import parse_workload_group_object
@@ -355,12 +355,12 @@ def workload_entry_configure(state_dir: str, name: str, namespace: str, filename
     if group is None:
         raise click.ClickException(f"workloadgroup {name} not found in namespace {namespace}"
                                    + (f" of {registry}" if registry else ""))
-    if not ingress_ip:
-        try:
-            ingress_ip = str(ipaddress.ip_address(host))
-        except ValueError:
-            click.echo(f"Warning: could not tell the address of {host!r}; use --ingressIP to give the address the "
-                       "VM reaches istiod at (hosts is left empty)", err=True)
+    try:
+        ingress_ip = str(ipaddress.ip_address(ingress_ip or host))
+    except ValueError:  # as upstream when neither the flag nor the gateway gives an address: no hosts line
+        ingress_ip = ""
+        click.echo(f"Warning: could not tell the address of {istiod_host(istio_namespace, revision)}; use "
+                   "--ingressIP to give the address the VM reaches istiod at (hosts is left empty)", err=True)
     state = _open_state(state_dir, trust_domain)
     now = time.time()
     token_text = issue_token(state.token_key, TokenIdentity(group.namespace, group.template.service_account), now,
