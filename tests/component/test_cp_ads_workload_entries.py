@@ -27,6 +27,9 @@ from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from needs import need_file
 from support import ISTIOD_LOCAL, eventually
 
+from istio_agent.controlplane.xds.ads import AdsServer
+from istio_agent.controlplane.xds.autoregistration import AutoRegistration, WorkloadEntryOptions
+from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import typeurls
 
 REGISTRY = """\
@@ -248,3 +251,31 @@ def test_configure_without_an_address_for_istiod_leaves_hosts_empty(tmp_path: Pa
     assert "use --ingressIP" in done.stderr and (out / "hosts").read_text() == ""
     assert "ISTIO_META_DNS_CAPTURE" not in (out / "cluster.env").read_text()
     assert "discoveryAddress: istiod.istio-system.svc:15012\n" in (out / "mesh.yaml").read_text()
+
+
+async def test_delta_streams_register_and_report_health_too() -> None:
+    """In-process, on a Delta stream (the agent relays Envoy's flavour), with the identity check off."""
+    options = WorkloadEntryOptions(validate_identity=False)
+    ads = AdsServer(parse_registry(REGISTRY), workload_entries=AutoRegistration(options=options))
+    server = grpc.aio.server()
+    ads.register(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources()
+        node = _node("vm-host", "10.0.0.5", AUTO_REGISTER_GROUP="vm", PROXY_CONFIG=PROBE)
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(node=node, type_url=typeurls.CLUSTER))
+        await asyncio.wait_for(call.read(), 10)
+        assert [(e["name"], e["healthy"]) for e in ads.workload_entry_status()] == [("vm-10.0.0.5", False)]
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(type_url=typeurls.HEALTH_INFO))
+        await eventually(lambda: ads.workload_entry_status()[0]["healthy"], "the good report to count")
+        bad = discovery_pb2.DeltaDiscoveryRequest(type_url=typeurls.HEALTH_INFO,
+                                                  error_detail=status_pb2.Status(code=13, message="503"))
+        await call.write(bad)
+        await eventually(lambda: not ads.workload_entry_status()[0]["healthy"], "the bad report to count")
+        assert ads.workload_entry_status()[0]["conditions"][0]["message"] == "503"
+        call.cancel()
+    finally:
+        await channel.close()
+        await server.stop(None)
