@@ -117,6 +117,7 @@ from istio_agent.node.processes import (
     run_ip,
     spawn,
     sweep_stale_namespaces,
+    tail,
     wait_for,
 )
 from istio_agent.node.runtime import RUNTIME_ROOT, NodeRuntime, envoy_binary, sweep_stale_runtime
@@ -572,7 +573,8 @@ class LocalNode:
         """Generate the onboarding files and copy them where the VM guide puts them (owned by istio-proxy)."""
         spec, root, out = machine.spec, Path(machine.root), Path(machine.onboarding)
         out.mkdir(parents=True, exist_ok=True)
-        run_ip(vm.configure_argv(str(self.options.bin_dir / "istiod-local"), str(self.istiod_state), spec,
+        run_ip(vm.configure_argv(str(self.options.bin_dir / "istiod-local"), str(self.istiod_state),
+                                 str(self.registry), spec,
                                  self.plan, machine.plan, str(out)), timeout=60)
         missing = [name for name in vm.ONBOARDING_FILES if not (out / name).is_file()]
         if missing:
@@ -660,9 +662,14 @@ class LocalNode:
         machine = self.vms[machine] if isinstance(machine, str) else machine
         timeout = self.options.ready_timeout
         watch = [p for p in (machine.agent, machine.holder, self.istiod) if p is not None]
-        wait_for(self.in_vm(machine, [str(self.options.bin_dir / "pilot-agent"), "wait", "--timeoutSeconds",
-                                      str(int(timeout)), "--periodMillis", "100"]),
-                 f"VM {machine.name} to be ready", timeout + 5, watch)
+        try:
+            wait_for(self.in_vm(machine, [str(self.options.bin_dir / "pilot-agent"), "wait", "--timeoutSeconds",
+                                          str(int(timeout)), "--periodMillis", "100"]),
+                     f"VM {machine.name} to be ready", timeout + 5, watch)
+        except NodeError as exc:  # the agent's own output is on the VM (/var/log/istio), not in the node's logs
+            logs = Path(machine.root) / "var/log/istio"
+            raise NodeError(f"{exc}\n{logs}/istio.log:\n{tail(logs / 'istio.log')}\n"
+                            f"{logs}/istio.err.log:\n{tail(logs / 'istio.err.log')}") from None
 
     def wait_ready(self, pods: Iterable[Pod], ports: Mapping[str, int] | None = None) -> None:
         """Wait for each sidecar's `:15021/healthz/ready` (through Envoy, as the kubelet probes it).

@@ -96,11 +96,13 @@ def mount_targets() -> list[str]:
     return sorted(target for _, target, _ in BINDS)
 
 
-def configure_argv(istiod_local: str, state_dir: str, spec: VmSpec, node: NodePlan, vm: PodPlan,
+def configure_argv(istiod_local: str, state_dir: str, registry: str, spec: VmSpec, node: NodePlan, vm: PodPlan,
                    out: str) -> list[str]:
-    """`istiod-local workload-entry configure` for this VM: istiod at the node's gateway, the VM's address."""
-    argv = [istiod_local, "workload-entry", "configure", "--state-dir", state_dir, "--name", spec.group,
-            "--namespace", spec.namespace, "-o", out, "--ingressIP", node.gateway, "--internalIP", vm.ip]
+    """`istiod-local workload-entry configure` for this VM: the group from the registry, istiod at the node's
+    gateway (`hosts` maps istiod's name there), the VM's own address as its internal IP."""
+    argv = [istiod_local, "workload-entry", "configure", "--state-dir", state_dir, "--registry", registry,
+            "--name", spec.group, "--namespace", spec.namespace, "-o", out,
+            "--discovery-address", node.istiod_tls_addr, "--internalIP", vm.ip]
     if spec.autoregister:
         argv.append("--autoregister")
     return argv + list(spec.configure_args)
