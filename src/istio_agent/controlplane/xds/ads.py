@@ -6,6 +6,12 @@ and one loop per stream feeds both to its `SotwSession`/`DeltaSession` and
 writes what comes back. The mesh is one immutable `MeshSnapshot`, replaced
 whole when the registry changes or a pod's proxy tells us its address.
 
+A VM's proxy (`AUTO_REGISTER_GROUP` or `WORKLOAD_ENTRY` in its metadata) is
+handed to `AutoRegistration` when its stream opens (a refusal ends the stream
+with the reason), its HealthInformation requests set the entry's health, and
+its last stream's end starts the grace period, after which a timer on the loop
+removes the entry. Each change that moves an endpoint is pushed at once.
+
     ads = AdsServer(registry)
     plane.add_service(ads.register)      # same grpc.aio server as the CA
     ...

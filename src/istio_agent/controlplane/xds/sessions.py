@@ -16,7 +16,8 @@ bytes. Rules, as istiod applies them:
   Envoy re-warms a replaced cluster.
 
 Health reports (`istio.v1.HealthInformation`) ride on the stream as requests
-and never get a response.
+and never get a response; the ADS server takes them before they reach a
+session (they set a WorkloadEntry's health, `autoregistration.py`).
 """
 
 from __future__ import annotations
