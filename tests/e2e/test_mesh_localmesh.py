@@ -57,6 +57,15 @@ def _read_until(proc: subprocess.Popen[str], out: LineCollector, marker: str, ti
     poll(seen, f"{marker!r} in the runner's output", timeout, out.text)
 
 
+def _log_tails(run_dir: Path, lines: int = 15) -> str:
+    """The last lines of every node log (what was still running, and why), for a failure message."""
+    parts = []
+    for log in sorted((run_dir / "node" / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def _stop(proc: subprocess.Popen[str], out: LineCollector) -> None:
     stop_process(proc)
     out.join(5)
@@ -91,7 +100,11 @@ def test_ctrl_c_stops_every_process_and_removes_every_namespace(run_dir: Path) -
         pids = [pid for name in names for pid in netns_pids(name)]
         assert pids
         proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the runner did not finish its cleanup within 120 s of Ctrl-C:\n{out.text()}\n"
+                                 f"{_log_tails(run_dir)}") from None
         out.join(10)
         assert proc.returncode == 0, out.text()
         assert "removed the node's namespaces" in out.text()
