@@ -236,9 +236,8 @@ class AdsServer:
         conn_id = ""
         try:
             first = await queue.get()
-            while not (first is _EOF or isinstance(first, BaseException)) and first.type_url == typeurls.HEALTH_INFO \
-                    and not first.HasField("node"):
-                log.warning("ADS: health report before the first xDS request; ignored")
+            while not (first is _EOF or isinstance(first, BaseException)) and first.type_url == typeurls.HEALTH_INFO:
+                log.warning("ADS: health report before the first xDS request; ignored")  # as upstream
                 first = await queue.get()
             if first is _EOF or isinstance(first, BaseException):
                 return
