@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import subprocess
 from collections.abc import Awaitable, Callable
 
@@ -50,9 +51,16 @@ class ExecProbe:
 
     async def __call__(self) -> Outcome:
         command = self.action.command
+        executable = shutil.which(command[0]) if "/" not in command[0] else command[0]
+        if executable is None:
+            return False, f"command {command[0]!r} could not be run: not found in PATH"
         try:
+            # An absolute executable and close_fds=False (the agent's own descriptors are close-on-exec) let
+            # subprocess use posix_spawn: no fork of a process full of gRPC threads, whose fork handlers would
+            # log about being skipped at every probe.
             process = await asyncio.create_subprocess_exec(
-                *command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                executable, *command[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, close_fds=False)
         except OSError as exc:
             return False, f"command {command[0]!r} could not be run: {exc.strerror or exc}"
         try:

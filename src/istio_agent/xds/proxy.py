@@ -238,8 +238,11 @@ class _ProxiedStream:
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.superseded = asyncio.Event()
         self.ended = False  # set once the stream's end is decided: no task starts another read or write
+        self.forwarding = False  # the first requests are queued: later ones (and health reports) follow them
 
     def report_health(self, health: Health) -> None:
+        if not self.forwarding:
+            return  # queued after the first requests, from the proxy's latest report (run() catches up)
         for data in self.session.on_health(health):
             self.outbox.put_nowait(data)
 
@@ -264,6 +267,11 @@ class _ProxiedStream:
             for data in first:
                 self.outbox.put_nowait(data)
             del first
+            self.forwarding = True
+            # A report made while this stream read its first request or dialled went nowhere yet: send it now.
+            latest = self.proxy._health
+            if latest is not None and latest != self.session.health:
+                self.report_health(latest)
             call = channel.stream_stream(method, request_serializer=_identity, response_deserializer=_identity)(
                 self._requests(), metadata=upstream.call_metadata(settings)
             )
