@@ -225,3 +225,41 @@ async def test_probe_failure_and_recovery_reach_the_ads_server(
     finally:
         await app.close()
         await ads.stop()
+
+
+async def test_envoy_not_ready_is_reported_first_then_the_app_decides(
+        pod: Path, ca: IstiodLocal, start_agent: AgentStarter) -> None:
+    """With Envoy, its readiness comes first: while Envoy is not up or has no listeners (istiod answers CDS, not
+    LDS yet) the workload is unhealthy with Envoy's reason, though the app is up; LDS answered, the app's probe
+    decides."""
+    app = TcpApp()
+    ads = FakeAds({typeurls.CLUSTER: []})  # LDS requests stay unanswered until the test answers them
+    await app.up()
+    await ads.start()
+    try:
+        proxy_config = {"discoveryAddress": f"127.0.0.1:{ads.port}", "controlPlaneAuthPolicy": "NONE",
+                        "readinessProbe": {"periodSeconds": 1, **app.probe}}
+        environment = agent_environment(
+            pod="vm-1", service_account="vm", proxy_config=proxy_config, base=base_env(),
+            CA_ADDR=ca.secure_address, PILOT_CERT_PROVIDER="istiod", PROXY_CONFIG_XDS_AGENT="false")
+        agent = start_agent(pod, environment)
+        reports = Reports(ads)
+        first = await reports.wait(1, "Envoy's readiness as the first report", agent.output)
+        # Envoy's reason, though the app is up: its admin API not answering yet, or no listeners from istiod.
+        assert first[0][0] is False, first
+        assert first[0][1].startswith(("Envoy's readiness stats could not be read", "config not received")), first
+        assert ads.requests_of(typeurls.LISTENER), "the report came after Envoy's LDS request"
+
+        ads.resources[typeurls.LISTENER] = []
+        for stream in ads.streams:
+            stream.subscribed.add(typeurls.LISTENER)
+        ads.push(typeurls.LISTENER, [])
+        got = await reports.wait(2, "healthy once Envoy has its listeners", agent.output)
+        assert got[1] == (True, "")
+
+        await app.down()
+        got = await reports.wait(3, "the app's failure", agent.output)
+        assert got[2][0] is False and app.broken in got[2][1], got
+    finally:
+        await app.close()
+        await ads.stop()

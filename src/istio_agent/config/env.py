@@ -211,7 +211,9 @@ PILOT_AGENT_MERGE_ENVOY_STATS = boolean(
 METRICS_LOCALHOST_ACCESS_ONLY = boolean(
     "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics (and Envoy's stats listener) to localhost only.")
 REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(
-    "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False, "Send rewritten app probes to localhost, not the pod IP.")
+    "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", False,
+    "Send rewritten app probes, and the workload health checker's probes without a host, to localhost, not the "
+    "pod IP (the proxy's first IP).")
 ISTIO_ENABLE_HTTP2_PROBING = boolean(
     "ISTIO_ENABLE_HTTP2_PROBING", True,
     "HTTPS app probes offer HTTP/2 (ALPN h2, http/1.1) and use it when the app selects h2, with Kubernetes' "
