@@ -27,6 +27,7 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
+from istio_agent.controlplane.xds.autoregistration import entry_name
 from istio_agent.localmesh import ECHO_SERVICE
 from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodSpec, registry_workloads
@@ -121,7 +122,7 @@ def test_vm_joins_through_its_onboarding_files_and_the_start_script(mesh: Mesh) 
     rules = mesh.node.vm_exec(machine, ["iptables-save"]).stdout
     assert "-A ISTIO_INBOUND -p tcp -m tcp --dport 8080 -j ISTIO_IN_REDIRECT" in rules, rules
     assert "-A ISTIO_OUTPUT -j ISTIO_REDIRECT" in rules
-    assert "-A ISTIO_OUTPUT_DNS -d 10.244.0.1/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053" in rules
+    assert "-A ISTIO_OUTPUT_DNS -d 127.0.0.1/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053" in rules
 
 
 def test_vm_reaches_the_pods_service_with_its_own_identity(mesh: Mesh) -> None:
@@ -189,6 +190,8 @@ def test_killed_agent_leaves_after_the_grace_period_and_returns_when_restarted(m
     assert machine.ip in mesh.vm_endpoints()  # kept while the grace period runs (3 s)
     poll(lambda: mesh.vm_endpoints() == {mesh.vms["vm-1"].ip}, "vm-2's WorkloadEntry to go after the grace",
          timeout=30)
+    entry = f"vmns/{entry_name('vm', machine.ip)}"
+    assert f"cleaned up auto-registered WorkloadEntry {entry}" in mesh.istiod_log()
     mesh.node.stop_vm_agent(machine)  # ExecStopPost's clean, as systemd runs it after the kill
     mesh.node.start_vm_agent(machine)  # Restart=always
     mesh.node.wait_vm_ready(machine)
@@ -207,7 +210,8 @@ def test_token_of_another_service_account_cannot_register_into_the_group(mesh: M
     shutil.copyfile(other / "var/run/secrets/tokens/istio-token", token)
     node.start_vm_agent(intruder)
     line = poll(lambda: next((ln for ln in mesh.istiod_log().splitlines()
-                              if "intruder" in ln and "vm-sa" in ln), None),
+                              if "refused" in ln and f"~{intruder.ip}~vm-3." in ln), None),
                 "istiod-local to log why vm-3 was refused", timeout=30)
-    assert "vm" in line
+    # The reason names the token's service account and the one the VM claims (its cluster.env's, the group's).
+    assert "'intruder'" in line and "'vm-sa'" in line, line
     assert intruder.ip not in mesh.vm_endpoints()

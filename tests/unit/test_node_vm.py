@@ -28,7 +28,7 @@ def test_proxy_user_added_once_as_postinst_would() -> None:
 def test_hosts_appended_and_resolver_is_the_gateway() -> None:
     assert hosts_with("127.0.0.1 localhost", "10.244.0.1 istiod.istio-system.svc") == \
         "127.0.0.1 localhost\n10.244.0.1 istiod.istio-system.svc\n"
-    assert resolv_conf(plan_node(1, 0)) == "nameserver 10.244.0.1\n"
+    assert resolv_conf() == "nameserver 127.0.0.1\n"
 
 
 def test_sidecar_env_is_quoted_for_the_shell_and_refuses_bad_names() -> None:

@@ -593,7 +593,7 @@ class LocalNode:
         passwd, group = vm.with_proxy_user(Path("/etc/passwd").read_text(), Path("/etc/group").read_text())
         (root / "etc/passwd").write_text(passwd)
         (root / "etc/group").write_text(group)
-        (root / "etc/resolv.conf").write_text(vm.resolv_conf(self.plan))
+        (root / "etc/resolv.conf").write_text(vm.resolv_conf())
         (root / "etc/hosts").write_text(vm.hosts_with(Path("/etc/hosts").read_text(), (out / "hosts").read_text()))
         for source, _, uid in vm.BINDS:
             if uid is not None:

@@ -130,15 +130,18 @@ def hosts_with(hosts: str, onboarding_hosts: str) -> str:
     return base + extra
 
 
-def resolv_conf(node: NodePlan) -> str:
-    """The VM's resolver: the node's gateway, as a DHCP server would name it.
+def resolv_conf() -> str:
+    """The VM's resolver: a loopback address where nothing listens, so every query is refused at once.
 
-    Nothing answers port 53 there, so a query is refused at once (ICMP) instead of
-    timing out against the host's server, which the VM cannot reach: gRPC's c-ares
-    resolver asks DNS before /etc/hosts, and would otherwise spend its 5 s connect
-    budget on `istiod.istio-system.svc` before reading the onboarding hosts line.
+    The host's nameserver is out of the VM's reach, and a query to it times out;
+    gRPC's c-ares resolver (the agent's CA and XDS clients) asks DNS before it
+    reads /etc/hosts, so the onboarding `hosts` line for istiod would only be
+    found after seconds of timeouts, beyond the agent's 5 s connect budget. A
+    closed port elsewhere is no better: ICMP port-unreachable is rate-limited,
+    except on loopback. With DNS capture the app's queries to it reach the
+    agent's DNS proxy, which answers mesh names and finds nothing else.
     """
-    return f"nameserver {node.gateway}\n"
+    return "nameserver 127.0.0.1\n"
 
 
 def sidecar_env_text(values: Mapping[str, str]) -> str:
