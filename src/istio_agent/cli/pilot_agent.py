@@ -23,6 +23,12 @@ import click
 
 from istio_agent.cli.logging_setup import LogOptions, configure_logging
 
+# grpcio's core registers fork handlers by default; with its resolver or poller threads busy, a fork for a child
+# that runs code before exec (Envoy's preexec: process group, user, death signal) could abort in those handlers
+# (seen once: Envoy exiting -6 on `ares_resolver ... channel_ != nullptr`). The agent never uses gRPC in a forked
+# child, so they are off unless the operator asks for them. Read by gRPC when it initialises, after this import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]}
 
 # Subcommands that live in their own modules, loaded only when invoked.
