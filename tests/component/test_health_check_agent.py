@@ -212,13 +212,13 @@ async def test_probe_failure_and_recovery_reach_the_ads_server(
 
             await app.down()
             got = await reports.wait(2, "an unhealthy report", agent.output)
-            assert got[1][0] is False and app.broken in got[1][1], got
+            assert got[1][0] is False and app.broken in got[1][1], f"{got}\n{agent.output()}"
 
             await app.up()
             got = await reports.wait(3, "the healthy report", agent.output)
-            assert got[2] == (True, "")
+            assert got[2] == (True, ""), f"{got}\n{agent.output()}"
             await asyncio.sleep(1.2)  # more probes pass: still only the three changes
-            assert reports.all() == got[:3]
+            assert reports.all() == got[:3], agent.output()
         assert agent.alive(), agent.output()
         if isinstance(app, HttpApp):
             assert set(app.user_agents) == {"istio-probe/1.0"}

@@ -10,7 +10,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "istio_agent"
 AGENT_RUNTIME = ("istio_agent.agent", "istio_agent.assembly", "istio_agent.security", "istio_agent.xds",
-                 "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds", "istio_agent.health")
+                 "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds",
+                 "istio_agent.health")
 COMPONENTS = ("security", "xds", "envoy", "dns", "status", "grpcxds", "health")
 ENVIRONMENT_READERS = ("istio_agent.config.env", "istio_agent.config.envvar", "istio_agent.config.loader",
                        "istio_agent.config.options")
