@@ -601,6 +601,10 @@ class LocalNode:
                     os.chown(folder, uid, AGENT_GID)
                     for name in files:
                         os.chown(Path(folder) / name, uid, AGENT_GID)
+        script = _vm_start_script(machine)  # where the package puts it, under the VM's root (the checkout may be
+        script.parent.mkdir(parents=True, exist_ok=True)  # out of reach: a 0700 home, hidden in the VM's mounts)
+        shutil.copyfile(VM_START_SCRIPT, script)
+        script.chmod(0o755)
         os.chmod(root, 0o755)
         os.chmod(root.parent, 0o755)
 
@@ -612,7 +616,7 @@ class LocalNode:
         assert machine.holder is not None
         env = vm.unit_environment(os.environ)
         run_ip(vm.enter_argv(machine.holder.pid, vm.exec_start_pre()))
-        argv = vm.enter_argv(machine.holder.pid, ["bash", str(VM_START_SCRIPT)])
+        argv = vm.enter_argv(machine.holder.pid, ["bash", str(_vm_start_script(machine))])
         machine.agent = spawn(f"{machine.name} istio.service", argv, self.logs / f"{machine.name}-service.log",
                               env=env)
         return machine.agent
@@ -623,7 +627,7 @@ class LocalNode:
             machine.agent.stop(self.options.stop_grace)
         if machine.holder is not None and machine.holder.running():
             with (self.logs / f"{machine.name}-service.log").open("ab") as log:
-                subprocess.run(vm.enter_argv(machine.holder.pid, ["bash", str(VM_START_SCRIPT), "clean"]),
+                subprocess.run(vm.enter_argv(machine.holder.pid, ["bash", str(_vm_start_script(machine)), "clean"]),
                                stdout=log, stderr=subprocess.STDOUT, env=vm.unit_environment(os.environ),
                                timeout=60, check=False)
 
@@ -720,6 +724,11 @@ def _containers(pod: Pod, planned: bool = False) -> list[str]:
     if pod.agent is not None or (planned and pod.plan.spec.sidecar):
         names.append("istio-proxy")
     return names
+
+
+def _vm_start_script(machine: vm.Vm) -> Path:
+    """The VM's copy of `packaging/vm/istio-start.sh`, at the package's path under the VM's own root."""
+    return Path(machine.root) / "usr/local/bin/istio-start.sh"
 
 
 def sweep_stale_runs(runtime_root: Path = RUNTIME_ROOT) -> list[str]:
