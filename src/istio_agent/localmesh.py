@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("make run builds network namespaces and iptables rules: run it as root", file=sys.stderr)
         return 1
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: Python leaves it ignored when it started ignored (a background job of a non-interactive
+    # shell, nohup), and Ctrl-C or a caller's SIGINT must still stop and clean up.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     return run(args)
 
 
