@@ -19,10 +19,10 @@ import pytest
 from needs import need_conformance
 from support import CONFORMANCE
 
+from istio_agent import gojson
 from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_id, node_metadata, pilot_sans
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config
-from istio_agent.grpcxds import gojson
 from istio_agent.grpcxds.bootstrap import GrpcBootstrapOptions
 from istio_agent.grpcxds.writer import write_bootstrap_file
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from istio_agent.grpcxds.gojson import dumps, go_number, go_string
+from istio_agent.gojson import dumps, go_number, go_string
 
 
 @pytest.mark.parametrize(("text", "expected"), [

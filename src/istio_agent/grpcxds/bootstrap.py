@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from istio_agent.grpcxds import gojson
+from istio_agent import gojson
 from istio_agent.grpcxds.metadata import sorted_json, typed_metadata
 
 SERVER_LISTENER_NAME_PREFIX = "xds.istio.io/grpc/lds/inbound/"

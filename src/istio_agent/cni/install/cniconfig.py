@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from istio_agent.cni.install.gojson import go_marshal_indent
+from istio_agent.gojson import dumps as go_marshal_indent
 
 PLUGIN_TYPE = "istio-cni"
 STANDALONE_DEFAULT_NAME = "YYY-istio-cni.conf"

@@ -1,7 +1,9 @@
 """JSON text as Go's `json.MarshalIndent(v, "", "  ")` writes it.
 
-Upstream writes the gRPC bootstrap with Go's encoder, and gRPC libraries,
-tests and humans diff that file, so the bytes matter, not only the values.
+Upstream writes the gRPC bootstrap and every CNI config it touches with Go's
+encoder, and gRPC libraries, other CNI agents on a node, the conformance
+goldens and humans diff those files, so the bytes matter, not only the values.
+One plain library for both (the agent's `grpcxds/` and the CNI's `install/`).
 Python's `json.dumps(indent=2)` differs in three ways this module fixes:
 
 - strings: Go escapes `<`, `>`, `&` (HTML safety), U+2028/U+2029, and turns
@@ -10,8 +12,9 @@ Python's `json.dumps(indent=2)` differs in three ways this module fixes:
 - numbers: Go holds every JSON number as a float64 and prints it without
   exponent in [1e-6, 1e21) (`2.0` -> `2`, `1e-05` -> `0.00001`) and with a
   one-digit negative exponent outside (`1e-07` -> `1e-7`);
-- key order is the caller's: Go structs keep declaration order, maps sort,
-  so the builder orders each dict and this encoder never reorders.
+- key order: Go structs keep declaration order and maps sort, so the
+  caller either orders each dict (`sort_keys=False`, the default) or asks
+  for every object's keys sorted, as for a `map[string]any` (`sort_keys=True`).
 """
 
 from __future__ import annotations
@@ -63,14 +66,14 @@ def go_number(value: int | float) -> str:
     return fixed
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, sort_keys: bool = False) -> str:
     """`value` (dicts, lists, str, int, float, bool, None) as indented Go-style JSON, no trailing newline."""
     out: list[str] = []
-    _encode(value, 0, out)
+    _encode(value, 0, out, sort_keys)
     return "".join(out)
 
 
-def _encode(value: Any, level: int, out: list[str]) -> None:
+def _encode(value: Any, level: int, out: list[str], sort_keys: bool) -> None:
     if value is None:
         out.append("null")
     elif value is True:
@@ -87,11 +90,12 @@ def _encode(value: Any, level: int, out: list[str]) -> None:
             return
         inner = "\n" + INDENT * (level + 1)
         out.append("{")
-        for index, (key, item) in enumerate(value.items()):
+        items = sorted(value.items()) if sort_keys else value.items()
+        for index, (key, item) in enumerate(items):
             if not isinstance(key, str):
                 raise TypeError(f"JSON object keys must be strings, not {type(key).__name__}")
             out.append(("," if index else "") + inner + go_string(key) + ": ")
-            _encode(item, level + 1, out)
+            _encode(item, level + 1, out, sort_keys)
         out.append("\n" + INDENT * level + "}")
     elif isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
         if not value:
@@ -101,7 +105,7 @@ def _encode(value: Any, level: int, out: list[str]) -> None:
         out.append("[")
         for index, item in enumerate(value):
             out.append(("," if index else "") + inner)
-            _encode(item, level + 1, out)
+            _encode(item, level + 1, out, sort_keys)
         out.append("\n" + INDENT * level + "]")
     else:
         raise TypeError(f"cannot encode {type(value).__name__} as JSON")
