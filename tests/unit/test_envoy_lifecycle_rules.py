@@ -61,14 +61,19 @@ def test_readiness_rules_and_latch() -> None:
     state = ReadinessState()
     live = {"server.state": 0, "listener_manager.workers_started": 1}
     assert state.evaluate(None, None) is not None
-    assert "config not received" in (state.evaluate(_updates(0, 1), live) or "")
-    assert "config not received" in (state.evaluate(_updates(1, 0), live) or "")
-    # A rejected LDS, or a rejected CDS, still counts as configuration received: the next rule decides.
-    not_live = {"server.state": 2, "listener_manager.workers_started": 1}
-    assert state.evaluate(_updates(1, 0, rejected=1), not_live) == "server is not live, current state is: 2"
+    assert state.evaluate(_updates(0, 0), live) == (
+        "config not received from XDS server (is Istiod running?): "
+        "cds updates: 0 successful, 0 rejected; lds updates: 0 successful, 0 rejected")
+    assert (state.evaluate(_updates(0, 1), live) or "").startswith("config not fully received from XDS server: ")
+    assert (state.evaluate(_updates(1, 0), live) or "").startswith("config not fully received from XDS server: ")
+    # A rejected update is not configuration accepted (upstream's rule): unready, saying it was rejected.
+    assert state.evaluate(_updates(1, 0, rejected=1), live) == (
+        "config received from XDS server, but was rejected: "
+        "cds updates: 1 successful, 0 rejected; lds updates: 0 successful, 1 rejected")
     rejected_cds = {"cluster_manager.cds.update_rejected": 1, "listener_manager.lds.update_success": 1}
-    assert state.evaluate(rejected_cds, not_live) == "server is not live, current state is: 2"
-    assert ReadinessState().evaluate(_updates(1, 0, rejected=1), live) is None
+    assert (state.evaluate(rejected_cds, live) or "").startswith("config received from XDS server, but was rejected")
+    not_live = {"server.state": 2, "listener_manager.workers_started": 1}
+    assert state.evaluate(_updates(1, 1, rejected=1), not_live) == "server is not live, current state is: 2"
     assert "workers" in (state.evaluate(_updates(1, 1), {"server.state": 0}) or "")
     assert state.evaluate(_updates(1, 1), live) is None
     assert not state.needs_envoy_stats()

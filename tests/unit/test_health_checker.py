@@ -180,7 +180,7 @@ async def test_envoy_readiness_is_the_ready_rules_and_is_not_asked_once_ready() 
     assert not healthy and "connection refused" in message
     admin.stage = "no-lds"
     healthy, message = await probe()
-    assert not healthy and message.startswith("config not received from XDS server")
+    assert not healthy and message.startswith("config not fully received from XDS server")
     admin.stage = "live"
     assert await probe() == (True, "")
     calls = admin.calls

@@ -1,7 +1,8 @@
 """Readiness rules for `/healthz/ready`, as upstream's probe applies them (sans-IO).
 
-With Envoy, ready means: Envoy has received configuration (CDS and LDS each
-updated or rejected at least once), its server is LIVE (`server.state` 0) with
+With Envoy, ready means: Envoy has accepted configuration (CDS and LDS each
+updated successfully at least once: a rejected update is not enough, and the
+reason then says it was rejected), its server is LIVE (`server.state` 0) with
 workers started, and, when the DNS proxy is on, a NameTable has arrived. Once
 Envoy has been ready it stays ready (those stats never go back within one
 Envoy), so later probes do not hit the admin API.
@@ -52,18 +53,9 @@ class ReadinessState:
         if not self.envoy_ready_once:
             if update_stats is None or ready_stats is None:
                 return "Envoy admin API not reachable yet"
-            cds = update_stats.get("cluster_manager.cds.update_success", 0) + update_stats.get(
-                "cluster_manager.cds.update_rejected", 0)
-            lds = update_stats.get("listener_manager.lds.update_success", 0) + update_stats.get(
-                "listener_manager.lds.update_rejected", 0)
-            if not (cds > 0 and lds > 0):
-                return (
-                    "config not received from XDS server (is Istiod running?): "
-                    f"cds updates: {update_stats.get('cluster_manager.cds.update_success', 0)} successful, "
-                    f"{update_stats.get('cluster_manager.cds.update_rejected', 0)} rejected; "
-                    f"lds updates: {update_stats.get('listener_manager.lds.update_success', 0)} successful, "
-                    f"{update_stats.get('listener_manager.lds.update_rejected', 0)} rejected"
-                )
+            problem = config_problem(update_stats)
+            if problem:
+                return problem
             if "server.state" not in ready_stats:
                 return "server.state is not yet updated"
             if ready_stats["server.state"] != SERVER_LIVE:
@@ -74,3 +66,20 @@ class ReadinessState:
         if self.dns_enabled and not self.name_table_received:
             return "DNS proxy has not received a NameTable yet"
         return None
+
+
+def config_problem(update_stats: dict[str, int]) -> str | None:
+    """Why Envoy's configuration does not count yet (None: CDS and LDS each had a successful update)."""
+    cds_ok = update_stats.get("cluster_manager.cds.update_success", 0)
+    cds_rejected = update_stats.get("cluster_manager.cds.update_rejected", 0)
+    lds_ok = update_stats.get("listener_manager.lds.update_success", 0)
+    lds_rejected = update_stats.get("listener_manager.lds.update_rejected", 0)
+    if cds_ok > 0 and lds_ok > 0:
+        return None
+    counts = (f"cds updates: {cds_ok} successful, {cds_rejected} rejected; "
+              f"lds updates: {lds_ok} successful, {lds_rejected} rejected")
+    if cds_ok == 0 and lds_ok == 0:
+        return f"config not received from XDS server (is Istiod running?): {counts}"
+    if cds_rejected > 0 or lds_rejected > 0:
+        return f"config received from XDS server, but was rejected: {counts}"
+    return f"config not fully received from XDS server: {counts}"
