@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import http.client
 import inspect
+import json
 import os
 import random
 import re
@@ -34,6 +35,16 @@ SHARED = ROOT.parent / "shared"
 # ISTIO_AGENT_CONFORMANCE_DIR points the conformance tier at another copy of the kit (same layout),
 # e.g. one built from more of upstream's cases; by default it is ../shared/conformance.
 CONFORMANCE = Path(os.environ.get("ISTIO_AGENT_CONFORMANCE_DIR") or SHARED / "conformance")
+
+
+def conformance_cases(kit: str) -> list[dict[str, Any]]:
+    """The `cases` of `<conformance>/<kit>/cases.json`, or none when the kit is absent (the tests then say so
+    through `needs.need_conformance`)."""
+    path = CONFORMANCE / kit / "cases.json"
+    if not path.exists():
+        return []
+    cases: list[dict[str, Any]] = json.loads(path.read_text())["cases"]
+    return cases
 VENV_BIN = ROOT / ".venv" / "bin"
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"
 PILOT_AGENT = VENV_BIN / "pilot-agent"

@@ -10,7 +10,6 @@ as upstream does: text after trimming whitespace.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import stat
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from needs import need, need_conformance
-from support import CONFORMANCE
+from support import CONFORMANCE, conformance_cases
 
 from istio_agent.cni.install import cniconfig
 from istio_agent.cni.install.installer import Installer, wait_for_config, watched_directories
@@ -28,15 +27,7 @@ from istio_agent.cni.install.watcher import DirectoryWatcher
 KIT = CONFORMANCE / "cni-install"
 
 
-def _cases() -> list[dict[str, Any]]:
-    path = KIT / "cases.json"
-    if not path.exists():
-        return []
-    cases: list[dict[str, Any]] = json.loads(path.read_text())["cases"]
-    return cases
-
-
-CASES = _cases()
+CASES = conformance_cases("cni-install")
 
 
 def _of(kind: str) -> list[dict[str, Any]]:

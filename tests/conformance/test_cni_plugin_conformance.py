@@ -38,20 +38,12 @@ from typing import Any
 import pytest
 from launchers import IstiodLocal, RegistryFile
 from needs import need, need_conformance
-from support import CONFORMANCE, ISTIOD_LOCAL, VENV_BIN
+from support import CONFORMANCE, ISTIOD_LOCAL, VENV_BIN, conformance_cases
 
 KIT = CONFORMANCE / "cni-plugin"
 
 
-def _cases() -> list[dict[str, Any]]:
-    path = KIT / "cases.json"
-    if not path.exists():
-        return []
-    cases: list[dict[str, Any]] = json.loads(path.read_text())["cases"]
-    return cases
-
-
-CASES = _cases()
+CASES = conformance_cases("cni-plugin")
 IDS = [c["name"] for c in CASES]
 
 

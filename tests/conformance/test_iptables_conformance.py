@@ -12,7 +12,6 @@ kit at test time, never copied.
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -20,20 +19,12 @@ from typing import Any
 
 import pytest
 from needs import need, need_conformance
-from support import CONFORMANCE, VENV_BIN
+from support import CONFORMANCE, VENV_BIN, conformance_cases
 
 KIT = CONFORMANCE / "iptables"
 
 
-def _cases() -> list[dict[str, Any]]:
-    path = KIT / "cases.json"
-    if not path.exists():
-        return []
-    cases: list[dict[str, Any]] = json.loads(path.read_text())["cases"]
-    return cases
-
-
-CASES = _cases()
+CASES = conformance_cases("iptables")
 IDS = [c["name"] for c in CASES]
 
 
