@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -286,3 +287,11 @@ def serving_addresses(proc: subprocess.Popen[str], log: LineCollector, timeout: 
 
     match = poll(serving, "istiod-local to serve", timeout, log.text)
     return match.group(1), match.group(2)
+
+
+def loaded_after(code: str) -> set[str]:
+    """Modules loaded by `code` in a fresh interpreter, beyond what the interpreter loads by itself."""
+    probe = f"import sys\nbefore = set(sys.modules)\n{code}\nprint(' '.join(sorted(set(sys.modules) - before)))\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())

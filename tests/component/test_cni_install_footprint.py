@@ -3,15 +3,7 @@ no YAML parser unless an ambient enablement selector needs one; checked in a fre
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-
-def loaded_after(code: str) -> set[str]:
-    probe = f"import sys\nbefore = set(sys.modules)\n{code}\nprint(' '.join(sorted(set(sys.modules) - before)))\n"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return set(done.stdout.split())
+from support import loaded_after
 
 
 def test_install_cni_runtime_stays_light() -> None:

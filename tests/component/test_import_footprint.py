@@ -7,18 +7,8 @@ the way it is.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-
-
-def loaded_after(code: str) -> set[str]:
-    """Modules loaded by `code` in a fresh interpreter, beyond what the interpreter loads by itself."""
-    probe = f"import sys\nbefore = set(sys.modules)\n{code}\nprint(' '.join(sorted(set(sys.modules) - before)))\n"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return set(done.stdout.split())
+from support import loaded_after
 
 
 def test_istio_iptables_cli_path_stays_lean() -> None:
