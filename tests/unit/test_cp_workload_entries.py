@@ -128,7 +128,7 @@ def test_proxy_address_is_instance_ips_first_then_node_id() -> None:
 
 
 def test_registered_entry_takes_template_group_and_proxy_labels_and_marks_annotations() -> None:
-    auto = AutoRegistration(grace_period=10)
+    auto = AutoRegistration(options=WorkloadEntryOptions(grace_period=10))
     r = registry()
     proxy = vm(labels={"tier": "front", "istio-locality": "r/z"}, network="net1")
     name = auto.connect("c1", proxy, VM_SA, r, 1000.5)
@@ -181,7 +181,7 @@ def names(auto: AutoRegistration, r: Registry) -> list[str]:
 
 
 def test_the_entry_outlives_its_last_stream_by_the_grace_period() -> None:
-    auto, r = AutoRegistration(grace_period=10), registry()
+    auto, r = AutoRegistration(options=WorkloadEntryOptions(grace_period=10)), registry()
     auto.connect("c1", vm(), VM_SA, r, 100)
     auto.connect("c2", vm(), VM_SA, r, 101)  # a second stream of the same VM
     auto.disconnect("c1", 102)
@@ -196,7 +196,7 @@ def test_the_entry_outlives_its_last_stream_by_the_grace_period() -> None:
 
 
 def test_a_reconnect_within_the_grace_period_keeps_the_entry_and_its_health() -> None:
-    auto, r = AutoRegistration(grace_period=10), registry()
+    auto, r = AutoRegistration(options=WorkloadEntryOptions(grace_period=10)), registry()
     auto.connect("c1", vm(), VM_SA, r, 100)
     auto.report_health("c1", True, "", 101)
     auto.disconnect("c1", 102)
@@ -209,7 +209,7 @@ def test_a_reconnect_within_the_grace_period_keeps_the_entry_and_its_health() ->
 
 
 def test_reconnecting_with_another_identity_is_refused_even_while_the_entry_lingers() -> None:
-    auto, r = AutoRegistration(grace_period=10), registry()
+    auto, r = AutoRegistration(options=WorkloadEntryOptions(grace_period=10)), registry()
     auto.connect("c1", vm(), VM_SA, r, 100)
     auto.disconnect("c1", 101)
     with pytest.raises(RegistrationRefused):
@@ -247,7 +247,7 @@ def test_health_from_a_stream_with_no_entry_is_ignored() -> None:
 def test_a_static_health_checked_entry_is_controlled_by_its_proxy() -> None:
     text = REGISTRY + ("- {name: db-vm, address: 10.0.0.7, labels: {app: db}, serviceAccount: vm-sa,\n"
                        "   annotations: {proxy.istio.io/health-checks-enabled: 'true'}}\n")
-    auto, r = AutoRegistration(grace_period=5), registry(text)
+    auto, r = AutoRegistration(options=WorkloadEntryOptions(grace_period=5)), registry(text)
     assert not dict((e.name, h) for e, h in auto.entries(r))["db-vm"]  # never reported: unhealthy
     proxy = vm(ip="10.0.0.7", group="", workload_entry="db-vm")
     assert auto.connect("c1", proxy, VM_SA, r, 10) == "db-vm"

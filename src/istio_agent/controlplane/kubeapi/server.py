@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from istio_agent.config.gobool import TRUE_SPELLINGS
 from istio_agent.controlplane.kubeapi import discovery, errors, rbac
 from istio_agent.controlplane.kubeapi.credentials import KUBE_API_AUDIENCE, load_or_issue_serving_cert
 from istio_agent.controlplane.kubeapi.selectors import (
@@ -61,7 +62,6 @@ DEFAULT_ADDR = "127.0.0.1:6443"
 JSON = "application/json"
 _PUBLIC = frozenset({"/version", "/healthz", "/livez", "/readyz"})
 _WATCH_QUEUE = 10_000
-_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ class KubeApiServer:
         attributes = resource_path(path)
         if attributes is None:
             raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
-        verb = request_verb(request.method, bool(attributes.name), request.query.get("watch", "") in _TRUE)
+        verb = request_verb(request.method, bool(attributes.name), request.query.get("watch", "") in TRUE_SPELLINGS)
         if not rbac.allowed(rbac.Request(user, verb, attributes.resource, attributes.namespace, attributes.name,
                                          attributes.group)):
             raise errors.forbidden(user, verb, attributes.resource, attributes.name, attributes.namespace,
@@ -392,7 +392,7 @@ class KubeApiServer:
                                           else NAMESPACE_FIELDS)
         table = discovery.wants_table(request.headers.get("Accept", ""))
         include = request.query.get("includeObject", "Metadata")
-        bookmarks = request.query.get("allowWatchBookmarks", "") in _TRUE
+        bookmarks = request.query.get("allowWatchBookmarks", "") in TRUE_SPELLINGS
         try:
             timeout = float(request.query.get("timeoutSeconds", "") or self.options.watch_timeout)
         except ValueError:
@@ -411,7 +411,7 @@ class KubeApiServer:
 
         try:
             # sendInitialEvents (client-go's WatchList): every object first, whatever the resourceVersion.
-            initial_events = request.query.get("sendInitialEvents", "") in _TRUE
+            initial_events = request.query.get("sendInitialEvents", "") in TRUE_SPELLINGS
             initial = self.store.watch_start(resource, "" if initial_events else
                                              request.query.get("resourceVersion", ""))
             expired = None

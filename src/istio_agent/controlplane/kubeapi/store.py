@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,11 +134,6 @@ class KubeStore:
     @property
     def resource_version(self) -> int:
         return self._rv
-
-    @property
-    def oldest_watchable(self) -> int:
-        """The oldest resourceVersion a watch may start from (older ones are 410 Expired)."""
-        return self._compacted
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         entry = self._entries[resource].get((namespace if resource == PODS else "", name))
@@ -394,10 +389,3 @@ def bookmark(resource: str, resource_version: int) -> dict[str, Any]:
     return {"kind": KINDS[resource], "apiVersion": "v1", "metadata": {"resourceVersion": str(resource_version)}}
 
 
-def event_json(event_type: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return {"type": event_type, "object": obj}
-
-
-def objects_of(events: Iterable[WatchEvent]) -> list[tuple[str, str]]:
-    """(type, name) of each event: what tests and logs want to see."""
-    return [(e.type, e.object["metadata"]["name"]) for e in events]

@@ -55,7 +55,7 @@ class TokenAuthenticator:
         """The token's identity; AuthError when the stream must be refused."""
         if not self._plaintext_too and not is_tls(context):
             try:
-                return self._check(proxy, bearer_token(context), now) if bearer_token(context) else None
+                return self._check(proxy, bearer_token(context), now)  # no token, or a bad one: anonymous
             except AuthError:
                 return None
         return self._check(proxy, bearer_token(context), now)

@@ -193,10 +193,8 @@ class _Waiting:
 class AutoRegistration:
     """The WorkloadEntry controller's state: which entries exist, who is connected, their health."""
 
-    def __init__(self, grace_period: float = DEFAULT_GRACE_PERIOD, instance_id: str = DEFAULT_INSTANCE_ID,
-                 options: WorkloadEntryOptions | None = None) -> None:
-        self.options = options or WorkloadEntryOptions(grace_period)
-        self.grace_period = self.options.grace_period
+    def __init__(self, instance_id: str = DEFAULT_INSTANCE_ID, options: WorkloadEntryOptions | None = None) -> None:
+        self.options = options or WorkloadEntryOptions()
         self.instance_id = instance_id
         self._entries: dict[Key, _Controlled] = {}
         self._by_connection: dict[str, Key] = {}
@@ -272,7 +270,7 @@ class AutoRegistration:
         if controlled.connections:
             return
         controlled.connected_at, controlled.disconnected_at = None, now
-        controlled.cleanup_at = now + self.grace_period
+        controlled.cleanup_at = now + self.options.grace_period
         log.info("updated %s WorkloadEntry %s/%s as disconnected", "auto-registered" if controlled.auto else
                  "health-checked", *key)  # type: ignore[misc]
 
