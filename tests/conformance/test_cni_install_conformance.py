@@ -103,7 +103,7 @@ async def test_create_config_file(case: dict[str, Any], tmp_path: Path) -> None:
         (set(before) - set(expect.get("removed_files", []))) | {expect["result_file"]})
     # The mode: a merge in place keeps the primary's, a file of our own gets the configured 0600.
     mode = stat.S_IMODE(result.stat().st_mode)
-    if options.chained_cni_plugin and not options.istio_owned:
+    if options.chained_cni_plugin and not installer.settings.istio_owned:
         assert mode == 0o604
     else:
         assert mode == 0o600

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from istio_agent.node.cni_runtime import RuntimeConf
-from istio_agent.node.plan import AGENT_UID, NodePlan, PodPlan
+from istio_agent.node.plan import NodePlan, PodPlan
 
 CNI_VERSION = "1.0.0"  # what Debian's containernetworking-plugins (1.1) speak at most
 NETWORK_NAME = "local-node"
@@ -209,11 +209,6 @@ def install_cni_environment(node: NodePlan, base: Mapping[str, str]) -> dict[str
     environment.update({"KUBERNETES_SERVICE_HOST": node.gateway, "KUBERNETES_SERVICE_PORT": str(KUBE_API_PORT),
                         "KUBERNETES_NODE_NAME": node.name, "HOME": "/tmp"})
     return environment
-
-
-def validation_run_as() -> tuple[int, int]:
-    """istio-validation's user: the injector runs it as 1337:1337 with no capabilities."""
-    return AGENT_UID, AGENT_UID
 
 
 _STATES = ("waiting", "running", "terminated")

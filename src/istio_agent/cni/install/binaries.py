@@ -57,6 +57,26 @@ def plugin_installed(source: Path | bytes, bin_dir: str) -> bool:
         return False
 
 
+def atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
+    """Replace `path` with `data` (mode `mode`, and `owner` when given and permitted) by rename."""
+    temporary = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fchmod(fd, mode)
+            if owner is not None:
+                with contextlib.suppress(PermissionError):
+                    os.fchown(fd, *owner)
+            os.fsync(fd)
+        os.rename(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def install_plugin(source: Path | bytes, bin_dir: str) -> bool:
     """Write the plugin (a file's bytes, or these) into `bin_dir` unless it is already there; True when written."""
     if plugin_installed(source, bin_dir):
@@ -65,19 +85,9 @@ def install_plugin(source: Path | bytes, bin_dir: str) -> bool:
     for leftover in glob.glob(glob.escape(str(target)) + ".tmp.*"):  # a copy interrupted by a crash
         with contextlib.suppress(OSError):
             os.unlink(leftover)
-    temporary = Path(f"{target}.tmp.{os.getpid()}")
     try:
-        data = _content(source)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PLUGIN_MODE)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fchmod(fd, PLUGIN_MODE)
-            os.fsync(fd)
-        os.rename(temporary, target)
+        atomic_write(target, _content(source), PLUGIN_MODE)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
         hint = " (read-only file system: set --cni-bin-dir to the node's CNI bin dir)" if exc.errno == 30 else ""
         what = "the launcher" if isinstance(source, bytes) else str(source)
         raise BinaryError(f"copy {what} to {target}: {exc.strerror or exc}{hint}") from None

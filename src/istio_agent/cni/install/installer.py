@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from istio_agent.cni.install import binaries, cniconfig
-from istio_agent.cni.install.kubeconfig import KUBECONFIG_NAME, KubeconfigInputs, render_kubeconfig
+from istio_agent.cni.install.kubeconfig import KubeconfigInputs, render_kubeconfig
 from istio_agent.cni.install.options import InstallOptions
 from istio_agent.cni.install.watcher import DirectoryWatcher, ReinstallThrottle
 from istio_agent.cni.kubeaccess import KubeAccess
+from istio_agent.cni.plugin.add import KUBECONFIG_NAME  # the file the plugin reads
 
 log = logging.getLogger("istio_agent.cni.install")
 
@@ -54,26 +55,6 @@ class InstallError(Exception):
     def __init__(self, result: str, message: str) -> None:
         super().__init__(message)
         self.result = result
-
-
-def atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
-    """Replace `path` with `data` (mode `mode`, and `owner` when given and permitted) by rename."""
-    temporary = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fchmod(fd, mode)
-            if owner is not None:
-                with contextlib.suppress(PermissionError):
-                    os.fchown(fd, *owner)
-            os.fsync(fd)
-        os.rename(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def read_listing(net_dir: str, extra_names: tuple[str, ...] = ()) -> cniconfig.Listing:
@@ -188,7 +169,7 @@ class Installer:
             return False
         try:
             self.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.kubeconfig_path, text.encode(), mode)
+            binaries.atomic_write(self.kubeconfig_path, text.encode(), mode)
         except OSError as exc:
             raise InstallError(RESULT_CREATE_KUBECONFIG_FAILURE,
                                f"write kubeconfig {self.kubeconfig_path}: {exc.strerror or exc}") from None
@@ -252,7 +233,7 @@ class Installer:
         if plan.rename_to is None and listing.text(plan.target) == plan.text and _mode_of(target) == mode:
             log.info("valid Istio config already present in %s, not modifying", target)
         else:
-            atomic_write(target, data, mode, owner)
+            binaries.atomic_write(target, data, mode, owner)
             if plan.rename_to is not None:
                 log.info("renaming %s extension to .conflist", target)
                 os.rename(target, final)
@@ -276,7 +257,7 @@ class Installer:
         if merged is not None and merged.name == name and merged.original_name is not None \
                 and current == merged.written:
             original = path.with_name(merged.original_name)
-            atomic_write(original, merged.original, merged.original_mode, merged.original_owner)
+            binaries.atomic_write(original, merged.original, merged.original_mode, merged.original_owner)
             if original != path:
                 os.unlink(path)
             log.info("restored %s as it was before install", original)
@@ -286,7 +267,7 @@ class Installer:
             return
         config = cniconfig.remove_plugin_entry(text, name)
         info = path.stat()
-        atomic_write(path, cniconfig.marshal_config(config).encode("utf-8", "surrogateescape"),
+        binaries.atomic_write(path, cniconfig.marshal_config(config).encode("utf-8", "surrogateescape"),
                      stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid))
         log.info("removed the istio-cni entry from %s", path)
 

@@ -16,7 +16,6 @@ import json
 import re
 from dataclasses import dataclass
 
-KUBECONFIG_NAME = "istio-cni-kubeconfig"
 CLUSTER_NAME = "local"
 USER_NAME = "istio-cni"
 CONTEXT_NAME = "istio-cni-context"

@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from istio_agent.cni.kubeaccess import SERVICE_ACCOUNT_DIR
+from istio_agent.cni.plugin.log import SOCKET_NAME
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.config.gobool import parse_bool
 
 STR, BOOL, INT = "str", "bool", "int"
 
 DEFAULT_ISTIO_OWNED_CNI_CONFIG_FILENAME = "02-istio-cni.conflist"
-LOG_SOCKET_NAME = "log.sock"
+LOG_SOCKET_NAME = SOCKET_NAME  # the plugin posts its logs to <run dir>/log.sock
 DEFAULT_KUBECONFIG_MODE = 0o600
 CNI_CONF_MODE = 0o600
 CNI_CONF_MODE_GROUP_READ = 0o640
@@ -92,7 +94,7 @@ FLAGS: tuple[tuple[str, str, str, str], ...] = (
      "A set of field selectors in label=value format that will be added to the pod list filters"),
     # Ours (upstream hard-codes these for its container image).
     ("cni-bin-dir", STR, "/host/opt/cni/bin", "Where the istio-cni plugin executable is installed (not upstream)"),
-    ("service-account-dir", STR, "/var/run/secrets/kubernetes.io/serviceaccount",
+    ("service-account-dir", STR, SERVICE_ACCOUNT_DIR,
      "The service-account directory: token, ca.crt, namespace (not upstream)"),
     ("readiness-port", INT, "8000", "Port of /healthz and /readyz (not upstream: upstream fixes 8000)"),
 )
@@ -141,7 +143,7 @@ class InstallOptions:
     enable_ambient_detection_retry: bool = False
     native_nftables: bool = False
     cni_bin_dir: str = "/host/opt/cni/bin"
-    service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount"
+    service_account_dir: str = SERVICE_ACCOUNT_DIR
     readiness_port: int = 8000
     k8s_service_protocol: str = ""
     k8s_service_host: str = ""
@@ -152,10 +154,6 @@ class InstallOptions:
     @property
     def cni_conf_mode(self) -> int:
         return CNI_CONF_MODE_GROUP_READ if self.cni_conf_group_read else CNI_CONF_MODE
-
-    @property
-    def istio_owned(self) -> bool:
-        return self.istio_owned_cni_config and self.chained_cni_plugin and self.ambient_enabled
 
 
 def parse_go_int(text: str) -> int:
