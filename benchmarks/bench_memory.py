@@ -1,0 +1,302 @@
+"""The agent's memory: idle, during and after a 5,000-cluster push, proxyless, each beside the Python floor.
+
+One network namespace (so the sidecar's fixed ports are free), istiod-local in
+it (15010 plaintext, 15012 TLS), and in turn:
+
+- **sidecar**: `pilot-agent proxy sidecar` with the real Envoy and the DNS
+  proxy on (ISTIO_META_DNS_CAPTURE=true), as in the issue's demo (TLS + token
+  to 15012). Idle RSS/RssAnon once Envoy has its first config and the agent
+  has had `IDLE_SECONDS` to settle; then the registry goes from 1 service to
+  1,000 services x 5 ports (5,000 clusters, the push of `bench_xds.py`, whose
+  machinery this reuses) and the agent's VmRSS is sampled every 50 ms until
+  Envoy has all of them active and nothing warms (the peak), then again
+  `STEADY_SECONDS` (30) after that (steady);
+- **proxyless**: the sidecar agent stopped, `pilot-agent proxy sidecar` with
+  the grpc-agent template's environment (DISABLE_ENVOY, ISTIO_META_GENERATOR=
+  grpc, OUTPUT_CERTS), idle once its status port is ready.
+
+Every figure is the `pilot-agent` Python process alone (/proc/PID/status:
+VmRSS and RssAnon; Envoy is another process), printed beside the floor: a
+fresh interpreter that imports only asyncio, grpc (with grpc.aio),
+cryptography's x509 and EC, and the protobuf runtime (`any_pb2`). File-backed
+pages (RssFile: shared libraries, mostly) are shared by every agent of a node
+running one image; anonymous pages are what each pod costs.
+
+Then the import budget: one fresh interpreter importing the floor's groups and
+then the agent's modules group by group in the order the agent loads them,
+RSS and RssAnon after each; and the top `python -X importtime` entries of
+`istio_agent.cli.pilot_agent` (what `pilot-agent` loads before it parses
+flags) and of everything the sidecar agent loads.
+
+Needs root (network namespaces). `BENCH_SERVICES` (1000), `BENCH_STEADY_SECONDS`
+(30), `BENCH_IDLE_SECONDS` (5) and `BENCH_AGENT_ENV` (JSON: extra environment for
+both agents, e.g. allocator settings to try) change the run. Prints figures and,
+last, one JSON object: `{"rss_idle_mb", "anon_idle_mb", "rss_steady_5k_mb",
+"anon_steady_5k_mb", "rss_peak_5k_mb", "rss_proxyless_mb", "anon_proxyless_mb",
+"python_floor_mb", "idle_over_floor_mb", ...}`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_xds: its arm, registries and push
+from bench_xds import PORTS, SERVICES, Arm, RssSampler, push_once
+from launchers import PilotAgent, agent_environment, pod_files
+from support import HTTP_NOT_YET, poll, rss_mb
+
+STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "30"))
+IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "5"))
+PY = sys.executable
+DNS_ON = {"ISTIO_META_DNS_CAPTURE": "true"}
+
+# The floor: what any agent of this design (asyncio, gRPC, X.509/EC, protobuf) holds before its own code.
+FLOOR_GROUPS: list[tuple[str, str]] = [
+    ("interpreter", "pass"),
+    ("asyncio", "import asyncio"),
+    ("grpc", "import grpc, grpc.aio"),
+    ("cryptography x509+EC", "from cryptography import x509\nfrom cryptography.hazmat.primitives.asymmetric import ec"),
+    ("protobuf", "from google.protobuf import any_pb2"),
+]
+# The agent's own modules, in the order a sidecar agent loads them (cli, options, stage 1, stage 2).
+AGENT_GROUPS: list[tuple[str, str]] = [
+    ("cli (click, logging)", "import istio_agent.cli.pilot_agent"),
+    ("options", "import istio_agent.agent"),
+    ("metrics (prometheus)", "import prometheus_client, istio_agent.status.agent_metrics"),
+    ("identity + SDS", "import istio_agent.security.ca_client, istio_agent.security.identity,"
+                       " istio_agent.security.sds"),
+    ("assembly + trimmer", "import istio_agent.assembly, istio_agent.memory"),
+    ("DNS proxy", "import istio_agent.dns.proxy"),
+    ("XDS proxy", "import istio_agent.xds.proxy"),
+    ("Envoy admin + supervisor", "import istio_agent.envoy.admin, istio_agent.envoy.supervisor"),
+    ("status server", "import istio_agent.status.server, istio_agent.status.probes_prober,"
+                      " istio_agent.status.metrics_handler, istio_agent.status.ndsz, istio_agent.status.secrets_debug"),
+    ("gRPC bootstrap (proxyless)", "import istio_agent.grpcxds"),
+]
+STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile")
+PROBE = (  # noqa: UP031 - the braces of the code inside stay literal
+    "import gc, json, sys\n"
+    "def status():\n"
+    "    gc.collect()\n"
+    "    out = {}\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        key, _, value = line.partition(':')\n"
+    "        if key in %r:\n"
+    "            out[key] = int(value.split()[0]) / 1024\n"
+    "    return out\n"
+    "for name, code in json.loads(sys.argv[1]):\n"
+    "    exec(code)\n"
+    "    print(json.dumps([name, status()]), flush=True)\n"
+) % (STATUS_FIELDS,)
+
+
+def group_figures(groups: list[tuple[str, str]]) -> list[tuple[str, dict[str, float]]]:
+    """RSS/RssAnon/RssFile (MiB) of one fresh interpreter after each import group, in order."""
+    done = subprocess.run([PY, "-c", PROBE, json.dumps(groups)], capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"})
+    if done.returncode != 0:
+        raise RuntimeError(f"the import probe failed:\n{done.stderr[-3000:]}")
+    return [(name, figures) for name, figures in map(json.loads, done.stdout.splitlines())]
+
+
+def floor() -> dict[str, float]:
+    """The floor process (median of three fresh interpreters, each importing only the floor's groups)."""
+    runs = [group_figures(FLOOR_GROUPS)[-1][1] for _ in range(3)]
+    return {field: statistics.median(run[field] for run in runs) for field in STATUS_FIELDS}
+
+
+def import_budget() -> list[tuple[str, dict[str, float]]]:
+    return group_figures(FLOOR_GROUPS + AGENT_GROUPS)
+
+
+def importtime_top(code: str, top: int = 12) -> tuple[float, list[tuple[int, int, str]]]:
+    """(total ms, the `top` entries by self time as (self us, cumulative us, module)) of `python -X importtime`."""
+    done = subprocess.run([PY, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"importtime failed:\n{done.stderr[-3000:]}")
+    entries = []
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cumulative_us, name = line.removeprefix("import time:").split("|", 2)
+        entries.append((int(self_us), int(cumulative_us), name.rstrip()))
+    total = sum(e[0] for e in entries) / 1000
+    return total, sorted(entries, reverse=True)[:top]
+
+
+# ---- the agents -----------------------------------------------------------------------------------
+
+
+def extra_env() -> dict[str, str]:
+    extra: dict[str, str] = json.loads(os.environ.get("BENCH_AGENT_ENV", "{}"))
+    return extra
+
+
+def start_sidecar(arm: Arm, pod: Path) -> PilotAgent:
+    environment = agent_environment(discovery="localhost:15012", proxy_config={"terminationDrainDuration": "1s"},
+                                    base={**os.environ, **extra_env()}, **DNS_ON)
+    arm.agent = PilotAgent(pod, environment, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
+    return arm.agent
+
+
+def start_proxyless(arm: Arm, pod: Path) -> PilotAgent:
+    """The grpc-agent template's agent (as tests/component/test_proxyless_agent.py starts it)."""
+    environment = agent_environment(
+        pod="sleep-1", service_account="sleep", discovery="localhost:15012",
+        proxy_config={"configPath": str(pod / "etc/istio/proxy")}, base={**os.environ, **extra_env()},
+        ISTIO_META_GENERATOR="grpc", DISABLE_ENVOY="true", OUTPUT_CERTS=str(pod / "var/lib/istio/data"),
+        PILOT_CERT_PROVIDER="istiod", ISTIO_META_CLUSTER_ID="Kubernetes", TRUST_DOMAIN="cluster.local")
+    args = ["proxy", "sidecar", "--domain", "default.svc.cluster.local", "--proxyLogLevel=warning",
+            "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info"]
+    return PilotAgent(pod, environment, args=args, prefix=arm.prefix(), log_file=arm.dir / "proxyless.log").start()
+
+
+def status_ready(arm: Arm, port: int = 15020) -> bool:
+    def call() -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", "/healthz/ready")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    return arm.admin_thread.submit(call).result() == 200
+
+
+def memory(pid: int) -> dict[str, float]:
+    return {field: rss_mb(pid, field) for field in STATUS_FIELDS}
+
+
+def settle_and_measure(pid: int, seconds: float) -> dict[str, float]:
+    """Median of one sample a second over the last half of `seconds` (after it has had the first half to settle)."""
+    time.sleep(seconds / 2)
+    samples = []
+    for _ in range(max(1, int(seconds / 2))):
+        samples.append(memory(pid))
+        time.sleep(1.0)
+    return {field: statistics.median(s[field] for s in samples) for field in STATUS_FIELDS}
+
+
+def beside(name: str, figures: dict[str, float], base: dict[str, float]) -> str:
+    return (f"{name:28s} RSS {figures['VmRSS']:6.1f} MB ({figures['VmRSS'] / base['VmRSS']:.2f}x floor, "
+            f"+{figures['VmRSS'] - base['VmRSS']:5.1f}), anonymous {figures['RssAnon']:5.1f} MB "
+            f"({figures['RssAnon'] / base['RssAnon']:.2f}x, +{figures['RssAnon'] - base['RssAnon']:5.1f}), "
+            f"file-backed {figures['RssFile']:5.1f} MB")
+
+
+def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
+    agent = start_sidecar(arm, pod)
+    started = time.monotonic()
+    poll(arm.settled, "the agent's Envoy", 60, agent.output, retry_on=HTTP_NOT_YET)
+    print(f"sidecar agent: Envoy has its first config {time.monotonic() - started:.1f} s after the start", flush=True)
+    arm.baseline = poll(arm.settled, "Envoy's first config", 30, retry_on=HTTP_NOT_YET)
+    idle = settle_and_measure(agent.pid, IDLE_SECONDS)
+    target = arm.baseline + SERVICES * len(PORTS)
+    sampler = RssSampler(agent.pid)
+    try:
+        sampler.phase = "push"
+        from_push, _ = push_once(arm, target)
+        poll(lambda: arm.settled(target), "Envoy to settle on the big config", 120, retry_on=HTTP_NOT_YET)
+        settled_at = time.monotonic()
+        sampler.phase = "after"
+        time.sleep(STEADY_SECONDS)
+        steady = memory(agent.pid)
+        sampler.phase = "done"
+    finally:
+        sampler.stop()
+    peak = max(sampler.values("push") + sampler.values("after"))
+    return {"idle": idle, "steady": steady, "peak": peak, "hwm": rss_mb(agent.pid, "VmHWM"),
+            "push_s": from_push, "settled_s": settled_at - started, "clusters": target}
+
+
+def run_proxyless(arm: Arm, pod: Path) -> dict[str, float]:
+    agent = start_proxyless(arm, pod)
+    try:
+        poll(lambda: agent.alive() and status_ready(arm), "the proxyless agent's readiness", 60, agent.output,
+             retry_on=HTTP_NOT_YET)
+        if not (pod / "etc/istio/proxy/grpc-bootstrap.json").exists():
+            raise RuntimeError(f"the proxyless agent wrote no gRPC bootstrap:\n{agent.output()}")
+        return settle_and_measure(agent.pid, IDLE_SECONDS)
+    finally:
+        agent.kill()
+
+
+def main() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("bench_memory needs root and iproute2 (network namespaces)", file=sys.stderr)
+        sys.exit(2)
+    base_figures = floor()
+    print(beside("floor process", base_figures, base_figures), flush=True)
+    base = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    state = base / "state"
+    arm = Arm("memory", base, state)
+    try:
+        pod, proxyless_pod = arm.dir / "pod", arm.dir / "proxyless-pod"
+        pod.mkdir()
+        proxyless_pod.mkdir()
+        arm.create()
+        pod_files(state, pod, pod="echo-1")
+        pod_files(state, proxyless_pod, service_account="sleep", pod="sleep-1")
+        arm.start_istiod()
+        sidecar = run_sidecar(arm, pod)
+        assert arm.agent is not None
+        arm.agent.kill()
+        arm.agent = None
+        proxyless = run_proxyless(arm, proxyless_pod)
+    finally:
+        arm.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+    print(f"push of {sidecar['clusters']} clusters: all active {sidecar['push_s']:.1f} s after istiod's push")
+    print(beside("sidecar idle (DNS on)", sidecar["idle"], base_figures))
+    print(f"{'sidecar peak during push':28s} RSS {sidecar['peak']:6.1f} MB "
+          f"({sidecar['peak'] / base_figures['VmRSS']:.2f}x floor; VmHWM over the whole run {sidecar['hwm']:.1f})")
+    print(beside(f"sidecar steady ({STEADY_SECONDS:g} s after)", sidecar["steady"], base_figures))
+    print(beside("proxyless idle", proxyless, base_figures), flush=True)
+
+    print("import budget (one fresh interpreter, MB after each group; + over the previous group):")
+    previous: dict[str, float] | None = None
+    for name, figures in import_budget():
+        delta = "" if previous is None else (f"  +{figures['VmRSS'] - previous['VmRSS']:5.1f} RSS, "
+                                             f"+{figures['RssAnon'] - previous['RssAnon']:5.1f} anonymous")
+        print(f"  {name:28s} RSS {figures['VmRSS']:6.1f}  anonymous {figures['RssAnon']:5.1f}{delta}")
+        previous = figures
+    for title, code in [("istio_agent.cli.pilot_agent", "import istio_agent.cli.pilot_agent"),
+                        ("the sidecar agent's modules", "\n".join(code for _, code in AGENT_GROUPS[:-1]))]:
+        total, entries = importtime_top(code)
+        print(f"python -X importtime of {title}: {total:.0f} ms of imports; top by self time (self ms, cumulative ms):")
+        for self_us, cumulative_us, name in entries:
+            print(f"  {self_us / 1000:7.1f} {cumulative_us / 1000:7.1f}  {name.strip()}")
+
+    idle, steady = sidecar["idle"], sidecar["steady"]
+    print(json.dumps({
+        "rss_idle_mb": round(idle["VmRSS"], 1),
+        "anon_idle_mb": round(idle["RssAnon"], 1),
+        "rss_steady_5k_mb": round(steady["VmRSS"], 1),
+        "anon_steady_5k_mb": round(steady["RssAnon"], 1),
+        "rss_peak_5k_mb": round(sidecar["peak"], 1),
+        "rss_proxyless_mb": round(proxyless["VmRSS"], 1),
+        "anon_proxyless_mb": round(proxyless["RssAnon"], 1),
+        "python_floor_mb": round(base_figures["VmRSS"], 1),
+        "idle_over_floor_mb": round(idle["VmRSS"] - base_figures["VmRSS"], 1),
+        "python_floor_anon_mb": round(base_figures["RssAnon"], 1),
+        "anon_idle_over_floor_mb": round(idle["RssAnon"] - base_figures["RssAnon"], 1),
+        "rss_proxyless_over_floor_mb": round(proxyless["VmRSS"] - base_figures["VmRSS"], 1),
+        "clusters": sidecar["clusters"],
+        "steady_seconds": STEADY_SECONDS,
+    }))
+
+
+if __name__ == "__main__":
+    main()
