@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from istio_agent.cli.istiod_local_up import up
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.gobool import parse_bool
 from istio_agent.controlplane.podfiles import pod_token, write_pod_files
@@ -381,3 +382,6 @@ def workload_entry_configure(state_dir: str, name: str, namespace: str, filename
                f"{group.template.service_account!r} has been generated and stored at {str(out / 'istio-token')!r}",
                err=True)
     click.echo(f"Configuration generation into directory {output} was successful")
+
+
+main.add_command(up)
