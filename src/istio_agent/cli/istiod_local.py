@@ -18,6 +18,7 @@ import click
 from istio_agent.cli.istiod_local_up import up
 from istio_agent.config.durations import parse_duration
 from istio_agent.config.gobool import parse_bool
+from istio_agent.controlplane.monitoring import DEFAULT_MONITORING_ADDR
 from istio_agent.controlplane.podfiles import pod_token, write_pod_files
 from istio_agent.controlplane.server import (
     DEFAULT_GRPC_ADDR,
@@ -131,15 +132,25 @@ trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAI
               help="How often a watch asking for bookmarks gets one.")
 @click.option("--kube-watch-history", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Changes kept for watches to resume from; an older resourceVersion is 410 Expired.")
+@click.option("--monitoring-addr", default=DEFAULT_MONITORING_ADDR, show_default=True,
+              help="HTTP address of istiod's monitoring port: /metrics, /debug/connections, /debug/syncz; 'off' "
+                   "disables it, port 0 picks one.")
 @click.option("--workload-entry-grace-period", default=None, callback=_grace_duration,
               help="How long an auto-registered WorkloadEntry outlives its proxy's last stream "
                    "[default: $PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, else 10s].")
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
           log_level: str, registry: str | None, kube_api_addr: str, kube_node_name: str | None,
-          kube_bookmark_interval: float, kube_watch_history: int, workload_entry_grace_period: float | None) -> None:
+          kube_bookmark_interval: float, kube_watch_history: int, monitoring_addr: str,
+          workload_entry_grace_period: float | None) -> None:
     """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT."""
     _setup_logging(log_level)
-    options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
+    if monitoring_addr != "off":
+        try:
+            split_host_port(monitoring_addr)
+        except AddressError as exc:
+            raise click.BadParameter(str(exc), param_hint="--monitoring-addr") from None
+    options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain,
+                                  "" if monitoring_addr == "off" else monitoring_addr)
     kube = None
     if kube_api_addr != "off":
         try:
@@ -181,6 +192,7 @@ async def _serve(options: ControlPlaneOptions, registry: str | None = None,
                      plane.verifier) if registry else None
     if xds is not None:
         plane.add_service(xds.register)
+        plane.watch_xds(xds.ads)
     api = None
     if kube is not None:
         from istio_agent.controlplane.kubeapi.server import KubeApiServer

@@ -14,7 +14,10 @@ the ADS service added later share the same ports, as they do in istiod:
     await plane.stop()
 
 Port 0 picks a free port; the chosen addresses are reported by
-`plain_address` / `secure_address` once started.
+`plain_address` / `secure_address` once started. With `monitoring_addr` it
+also serves istiod's monitoring port (`/metrics`, `/debug/connections`,
+`/debug/syncz`; `monitoring.py`) for the ADS server given to `watch_xds`;
+an address it cannot listen on is logged and skipped, not fatal.
 """
 
 from __future__ import annotations
@@ -25,13 +28,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 
 from istio_agent.controlplane.ca_service import IstioCertificateServicer, register_ca_service
+from istio_agent.controlplane.monitoring import MonitoringServer, XdsMonitor
 from istio_agent.controlplane.signing import WorkloadSigner
 from istio_agent.controlplane.state import ControlPlaneState, load_or_create_state
 from istio_agent.controlplane.tokens import ISTIO_CA_AUDIENCE, TokenIdentity, TokenVerifier, issue_token
+
+if TYPE_CHECKING:
+    from istio_agent.controlplane.xds.ads import AdsServer
 
 log = logging.getLogger("istio_agent.controlplane")
 
@@ -55,6 +63,7 @@ class ControlPlaneOptions:
     secure_grpc_addr: str = DEFAULT_SECURE_GRPC_ADDR
     max_cert_ttl_seconds: float = DEFAULT_MAX_CERT_TTL
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    monitoring_addr: str = ""  # istiod's :15014 (`istiod-local serve --monitoring-addr`); empty: off
 
 
 def _with_port(address: str, port: int) -> str:
@@ -79,6 +88,17 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self.plain_address = ""
         self.secure_address = ""
+        self.monitoring_address = ""
+        self._monitor = XdsMonitor()
+        self._mesh: Callable[[], tuple[int, int]] | None = None
+        self._monitoring: MonitoringServer | None = None
+
+    def watch_xds(self, ads: AdsServer) -> None:
+        """Show this ADS server's streams and counters on the monitoring port (call before `start`)."""
+        if self._server is not None:
+            raise RuntimeError("watch_xds before the control plane starts")
+        self._monitor = ads.monitor
+        self._mesh = lambda: (ads.snapshot.version, len(ads.snapshot.services))
 
     def add_service(self, registrar: ServiceRegistrar) -> None:
         """Serve another gRPC service on the same ports (call before `start`)."""
@@ -103,6 +123,16 @@ class ControlPlane:
             raise OSError(f"cannot listen on {addrs}: {exc}") from exc
         await server.start()
         self._server = server
+        if self.options.monitoring_addr:
+            monitoring = MonitoringServer(self.options.monitoring_addr, self._monitor, self._mesh)
+            try:
+                await monitoring.start()
+            except (OSError, ValueError) as exc:
+                log.error("monitoring: cannot listen on %s (--monitoring-addr; off disables it): %s; serving "
+                          "without it", self.options.monitoring_addr, exc)
+            else:
+                self._monitoring = monitoring
+                self.monitoring_address = monitoring.bound
         log.info(
             "istiod-local serving: plaintext %s, TLS %s (trust domain %s, max cert TTL %ds, state %s)",
             self.plain_address or "off", self.secure_address or "off", self.options.trust_domain,
@@ -111,6 +141,9 @@ class ControlPlane:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         server, self._server = self._server, None
+        monitoring, self._monitoring = self._monitoring, None
+        if monitoring is not None:
+            await monitoring.stop()
         if server is not None:
             await server.stop(grace)
             log.info("istiod-local stopped")

@@ -32,6 +32,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
+from istio_agent.controlplane.monitoring import XdsMonitor
 from istio_agent.controlplane.tokens import TokenIdentity
 from istio_agent.controlplane.xds.auth import AuthError, XdsAuthenticator
 from istio_agent.controlplane.xds.autoregistration import AutoRegistration, RegistrationRefused, VmProxy
@@ -83,7 +84,9 @@ class AdsServer:
 
     def __init__(self, registry: Registry, generators: GeneratorSet | None = None,
                  authenticator: XdsAuthenticator | None = None, clock: Callable[[], float] = time.time,
-                 workload_entries: AutoRegistration | None = None) -> None:
+                 workload_entries: AutoRegistration | None = None, monitor: XdsMonitor | None = None) -> None:
+        # What the monitoring port shows (controlplane/monitoring.py): streams, pushes, ACKs and NACKs.
+        self.monitor = monitor or XdsMonitor()
         self._generators = generators or default_generators()
         self._authenticator = authenticator
         self._clock = clock
@@ -269,6 +272,8 @@ class AdsServer:
             session: SotwSession | DeltaSession = (DeltaSession if delta else SotwSession)(proxy.id, served, generate)
             connection = Connection(conn_id, proxy, delta, session, queue)
             self._connections[conn_id] = connection
+            self.monitor.connected(conn_id, proxy.id, proxy.type, _peer(context),
+                                   str(proxy.metadata.get("ISTIO_VERSION") or ""), self._clock())
             log.info("ADS: new %s connection %s (generator %s)", "delta" if delta else "sotw", conn_id,
                      self._generators.for_proxy(proxy).name)
             if not is_vm:
@@ -288,14 +293,19 @@ class AdsServer:
                     responses: list[Any] = connection.session.on_push(str(self._snapshot.version))
                     connection.pushes += bool(responses)
                 else:
+                    self.monitor.request(conn_id, item.type_url, item.response_nonce,
+                                         item.error_detail.message if item.HasField("error_detail") else None,
+                                         item.resource_names_subscribe if delta else item.resource_names, delta)
                     responses = connection.session.on_request(item, str(self._snapshot.version))  # type: ignore[arg-type]
                 for response in responses:
                     await context.write(response)
+                    self.monitor.sent(conn_id, response.type_url, response.nonce, self._clock(), item is _PUSH)
                 item = await queue.get()
         finally:
             reader.cancel()
             if connection is not None:
                 self._connections.pop(connection.id, None)
+                self.monitor.disconnected(connection.id)
                 if vm_connected:
                     self._vm_disconnect(connection.id)
                 else:
@@ -303,6 +313,15 @@ class AdsServer:
                 log.info("ADS: connection %s closed", connection.id)
             elif vm_connected:
                 self._vm_disconnect(conn_id)
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    """The client's address as upstream shows it (`10.244.0.5:41234`), without gRPC's `ipv4:` prefix."""
+    peer = context.peer() or ""
+    for prefix in ("ipv4:", "ipv6:", "unix:"):
+        if peer.startswith(prefix):
+            return peer[len(prefix):]
+    return peer
 
 
 def _locality(node: base_pb2.Node) -> str:
