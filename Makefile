@@ -46,8 +46,11 @@ protos: setup
 docs: setup
 	$(PY) -m istio_agent.config.envtable docs/ENVIRONMENT.md
 
+# istiod-local up with the default mesh (MESH=... for another file, UP_ARGS=--check, --scale N, ...).
+MESH ?= examples/mesh.yaml
+UP_ARGS ?=
 run: setup
-	$(PY) -m istio_agent.localmesh
+	$(VENV)/bin/istiod-local up $(MESH) $(UP_ARGS)
 
 bench: setup
 	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done

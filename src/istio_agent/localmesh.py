@@ -1,33 +1,17 @@
-"""`make run`: a local mesh on this machine, no Kubernetes (needs root).
+"""`make run` and `python -m istio_agent.localmesh`: `istiod-local up` with the default mesh (needs root).
 
-It builds a local node (network namespaces; see `istio_agent.node`) with
-istiod-local on the node's gateway address and two pods:
+`python -m istio_agent.localmesh [MESH.yaml] [--check] [--once] [--dir DIR]
+[--capture cni|init] [--scale N] [--timeout S] [--pod-cidr CIDR]` is
+`istiod-local up` (see `istio_agent.mesh` and docs/MESH.md): the mesh in
+examples/mesh.yaml (an HTTP chain of three services, one in two versions, a
+TCP service, proxyless gRPC, a pod outside the mesh, a STRICT namespace, a
+service entry reached by name through the DNS proxy) on a local node whose
+pods are built through the CNI chain, kept running with its live view until
+Ctrl-C, which removes every namespace, process, mount and file it made.
 
-- `client-1` (service account `sleep`): a sidecar and no app;
-- `echo-1` (service account `echo`, label app=echo): an HTTP echo app on 8080
-  behind the `echo` service, clusterIP 10.96.0.20 port 80.
-
-Each pod is built as a Kubernetes node with the Istio CNI builds it
-(`--capture cni`, the default): istiod-local also serves its Kubernetes API
-on the gateway (:6443), `install-cni` runs on the node and appends the
-`istio-cni` plugin to the node's conflist, and every pod's network comes
-from the CNI chain (loopback, bridge + host-local, istio-cni), whose plugin
-reads the pod through the API and programs its capture; the
-`istio-validation` init container checks it before the app starts, and
-install-cni's repair watches for pods where it failed. With `--capture init`
-capture rules come from `istio-iptables` (as root, as istio-init) instead.
-Each pod then runs `pilot-agent proxy sidecar` as uid 1337, the istio-proxy container's
-user, whose Envoy (the same user) takes its config from istiod-local through
-the agent. The run directory may be anywhere (a checkout in a 0700 home
-included): the pod directories and the Envoy that uid 1337 runs live in the
-node's runtime directory under /run/istio-agent-node, removed on exit.
-Once both are ready, a request goes from the client pod to
-`http://10.96.0.20:80/`: the client's Envoy captures it, opens mTLS to the
-echo pod, whose Envoy checks the client certificate (the `default` namespace is
-STRICT) and passes the request to the app with `x-forwarded-client-cert`
-naming the client's SPIFFE id. The app echoes its headers back, and this
-prints them. Then it keeps running (Ctrl-C stops everything and removes every
-namespace, process and socket it made), or exits with `--once`.
+The names below are the two-pod demo this module used to run, kept for the
+tests and benchmarks that build their own small node with them: a client
+(`sleep`) and an echo app behind the `echo` service at 10.96.0.20:80.
 """
 
 from __future__ import annotations
@@ -35,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -43,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
+from istio_agent.node.local_node import LocalNode, Pod
 from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
 from istio_agent.node.processes import NodeError
 
@@ -102,100 +85,35 @@ def ssl_handshakes(node: LocalNode, pod: Pod, needle: str) -> int:
     return total
 
 
-def show_answer(node: LocalNode, client: Pod, echo: Pod, answer: dict[str, Any]) -> bool:
-    """Print what crossed the mesh; True when it proves the client's identity reached the app over mTLS."""
-    body = answer["body"]
-    headers: dict[str, str] = body.get("headers", {})
-    xfcc = headers.get("x-forwarded-client-cert", "")
-    print(f"\nGET {ECHO_URL} from {client.name} ({client.ip}) -> {answer['status']}, served by {body.get('pod')}")
-    for key in sorted(headers):
-        print(f"  {key}: {headers[key]}")
-    outbound = ssl_handshakes(node, client, "outbound|80||echo.default.svc.cluster.local")
-    inbound = ssl_handshakes(node, echo, "listener.")
-    print(f"\nclient Envoy: TLS handshakes on outbound|80||echo.default.svc.cluster.local: {outbound}")
-    print(f"echo Envoy:   TLS handshakes on its inbound listener: {inbound}")
-    ok = f"URI={CLIENT_SPIFFE}" in xfcc and f"By={ECHO_SPIFFE}" in xfcc and outbound > 0 and inbound > 0
-    if ok:
-        print(f"\nmTLS between the sidecars: the echo app saw the client's identity {CLIENT_SPIFFE}")
-    else:
-        print("\nthe answer does not show mTLS with the client's identity", file=sys.stderr)
-    return ok
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
-def run(args: argparse.Namespace) -> int:
-    base = Path(args.dir).resolve()
-    python = sys.executable
-    node = LocalNode(NodeOptions(workdir=base / "node", istiod_state=base / "istiod",
-                                 registry=base / "mesh.yaml", pod_cidr=args.pod_cidr,
-                                 ready_timeout=args.timeout, proxy_config=DEMO_PROXY_CONFIG, capture=args.capture))
-    try:
-        node.create()
-        print(f"node: namespace {node.plan.netns}, bridge {node.plan.bridge} {node.plan.gateway}/"
-              f"{node.plan.network.prefixlen}; logs in {node.logs}")
-        client_plan, echo_plan = node.plan_pods(pod_specs(python))
-        node.registry.write_text(registry_yaml([client_plan, echo_plan], [ECHO_SERVICE]))
-        node.start_istiod()
-        print(f"istiod-local: {node.plan.istiod_tls_addr} (TLS) and {node.plan.istiod_plaintext_addr}, "
-              f"state in {node.istiod_state}, registry {node.registry}")
-        if node.cni is not None:
-            print(f"Kubernetes API on {node.plan.gateway}:6443; install-cni ready, chain in {node.cni.paths.conflist}")
-        client, echo = node.add_pod(client_plan), node.add_pod(echo_plan)
-        for pod in (client, echo):
-            print(f"pod {pod.name}: {pod.ip} in namespace {pod.netns}, directory {pod.dir}")
-        print(f"pilot-agent and Envoy run as uid 1337; Envoy: {node.proxy_config['binaryPath']} "
-              f"({node.envoy_install or 'as configured'})")
-        node.wait_ready([client, echo], {echo.name: 8080})
-        print("both sidecars ready (:15021/healthz/ready)")
-        answer = request(node, client, ECHO_URL, time.monotonic() + args.timeout)
-        ok = show_answer(node, client, echo, answer)
-        if args.once or not ok:
-            return 0 if ok else 1
-        print(f"\nrunning; try: ip netns exec {client.netns} {python} -m istio_agent.node.echo_app get {ECHO_URL}")
-        print("Ctrl-C stops everything")
-        while True:
-            for proc in [*client.processes(), *echo.processes(), *([node.istiod] if node.istiod else [])]:
-                if not proc.running():
-                    print(proc.describe_exit(), file=sys.stderr)
-                    return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("\nstopping")
-        return 0
-    except NodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-        try:
-            node.close()
-        except NodeError as exc:
-            print(f"cleanup: {exc}", file=sys.stderr)
-        print("removed the node's namespaces, processes and pod directories")
-
-
 def main(argv: list[str] | None = None) -> int:
+    """`istiod-local up` with this module's historical flags (`--exit-after-ready` is `--once`)."""
+    from istio_agent.mesh.up import UpOptions, default_mesh, interrupt_on_signals, run_up
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mesh_file", nargs="?", default=None, help="the mesh file (default examples/mesh.yaml)")
     parser.add_argument("--dir", default="run", help="istiod state, registry and logs go here (default ./run)")
     parser.add_argument("--once", "--exit-after-ready", dest="once", action="store_true",
-                        help="exit after the request (0 when it proved mTLS with the client's identity)")
+                        help="exit once every pod is ready")
+    parser.add_argument("--check", action="store_true",
+                        help="probe every pair of workloads against the mesh file's policies; exit 0 if all held")
+    parser.add_argument("--scale", type=int, default=1, help="multiply every deployment's replicas")
     parser.add_argument("--pod-cidr", default="10.244.0.0/24", help="the node's pod network")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each step")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step")
     parser.add_argument("--capture", choices=("cni", "init"), default="cni",
                         help="who programs the pods' capture: the Istio CNI (default) or istio-init")
+    parser.add_argument("--live", dest="live", action="store_true", default=None, help="force the live view")
+    parser.add_argument("--plain", dest="live", action="store_false", help="the plain event log, not the live view")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("make run builds network namespaces and iptables rules: run it as root", file=sys.stderr)
         return 1
-    # SIGINT too: Python leaves it ignored when it started ignored (a background job of a non-interactive
-    # shell, nohup), and Ctrl-C or a caller's SIGINT must still stop and clean up.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
-    return run(args)
+    if args.scale < 1:
+        parser.error("--scale must be at least 1")
+    interrupt_on_signals()
+    mesh_file = Path(args.mesh_file) if args.mesh_file else default_mesh()
+    options = UpOptions(mesh_file=mesh_file.resolve(), directory=Path(args.dir), capture=args.capture,
+                        scale=args.scale, timeout=args.timeout, pod_cidr=args.pod_cidr)
+    return run_up(options, args.check, args.once, args.live)
 
 
 if __name__ == "__main__":
