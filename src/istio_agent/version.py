@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 # The Istio release whose behaviour this implementation follows.
 ISTIO_COMPAT_VERSION = "1.28.0"
 
 
 def package_version() -> str:
+    # importlib.metadata (with zipfile, csv, email) is ~1 MB an agent never needs: only `pilot-agent version` asks.
+    from importlib import metadata
+
     try:
         return metadata.version("istio-agent")
     except metadata.PackageNotFoundError:

@@ -53,3 +53,42 @@ def test_resolving_options_loads_no_component(entry: str) -> None:
     heavy = {"aiohttp", "istio_agent.dns.proxy", "istio_agent.xds.proxy", "istio_agent.status.server",
              "istio_agent.security.sds", "istio_agent.envoy.supervisor", "envoy.config.bootstrap.v3.bootstrap_pb2"}
     assert not loaded & heavy, loaded & heavy
+
+
+# A sidecar's options resolved from the injector's JSON PROXY_CONFIG, then its bootstrap rendered, in a temp dir.
+SIDECAR_START = (
+    "import tempfile\n"
+    "from pathlib import Path\n"
+    "from istio_agent.config import env\n"
+    "from istio_agent.config.loader import load_agent_config\n"
+    "from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options\n"
+    "from istio_agent.envoy.bootstrap import render_bootstrap\n"
+    "environ = dict(POD_NAME='app-1', POD_NAMESPACE='default', SERVICE_ACCOUNT='app', INSTANCE_IP='10.1.1.5',\n"
+    "               ISTIO_META_DNS_CAPTURE='true', PROXY_CONFIG=PROXY_CONFIG_VALUE)\n"
+    "with tempfile.TemporaryDirectory() as tmp:\n"
+    "    config = load_agent_config(env.Environment(environ), Path(tmp), proxy_type='sidecar')\n"
+    "    options = resolve_agent_options(config, AgentFlags(), HostFacts())\n"
+    "    assert options.envoy is not None and options.dns is not None\n"
+    "    bootstrap = render_bootstrap(options.envoy.bootstrap)\n"
+    "    assert bootstrap['node']['id'].startswith('sidecar~10.1.1.5~app-1.default~')\n"
+)
+PROXY_CONFIG_JSON = '{"discoveryAddress": "istiod:15012", "concurrency": 2, "proxyMetadata": {"A": ""}}'
+
+
+def test_sidecar_options_and_bootstrap_load_no_yaml_metadata_or_envoy_protos() -> None:
+    """PyYAML (~1 MB) only for a layer that really is YAML, importlib.metadata (~1 MB) only for `pilot-agent
+    version`; the bootstrap is rendered from plain dicts, with none of Envoy's or Istio's message classes."""
+    loaded = loaded_after(SIDECAR_START.replace("PROXY_CONFIG_VALUE", repr(PROXY_CONFIG_JSON)))
+    assert "istio_agent.envoy.bootstrap" in loaded
+    heavy = {"yaml", "importlib.metadata"}
+    # (The CA client's istioca_pb2 and protobuf's well-known types come with the resolver's upstream settings.)
+    protos = {m for m in loaded if m.startswith("istio_agent.protos.") and ".istioca" not in m}
+    assert not loaded & heavy, loaded & heavy
+    assert not {m for m in loaded if m.startswith(("envoy.", "udpa.", "xds.", "validate"))}
+    assert not protos, protos
+
+
+def test_a_yaml_proxy_config_still_loads_yaml() -> None:
+    """The other side of the JSON fast path: the probe above would pass if nothing ever loaded PyYAML."""
+    loaded = loaded_after(SIDECAR_START.replace("PROXY_CONFIG_VALUE", repr("discoveryAddress: istiod:15012\n")))
+    assert "yaml" in loaded

@@ -21,13 +21,12 @@ in a later layer clears the other, as it does upstream.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from istio_agent.config import protojson
 from istio_agent.config.durations import parse_duration
@@ -86,14 +85,51 @@ def parse_layer(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
     return values
 
 
+class _NotPlainJson(Exception):
+    """The text uses a JSON form that PyYAML reads differently (floats, NaN): parse it as YAML."""
+
+
+def _refuse(text: str) -> Any:
+    raise _NotPlainJson(text)
+
+
+def plain_json(text: str) -> Any:
+    """`text` parsed as JSON when PyYAML would give exactly the same value, else `_NotPlainJson`.
+
+    That is ASCII JSON without backslash escapes, tabs, floats or NaN/Infinity (PyYAML reads `1e3` as a
+    string and handles escapes and tabs its own way): objects, arrays, plain strings, integers, true,
+    false and null read the same either way. The injector writes PROXY_CONFIG as such JSON, so an agent
+    never loads PyYAML (~1 MB) unless a layer really is YAML.
+    """
+    if not text.isascii() or "\\" in text or "\t" in text:
+        raise _NotPlainJson(text)
+    try:
+        return json.loads(text, parse_float=_refuse, parse_constant=_refuse)
+    except ValueError:
+        raise _NotPlainJson(text) from None
+
+
 def load_document(text: str, source: str) -> dict[str, Any]:
     """Parse YAML (a superset of JSON) that must hold an object; empty text is an empty object."""
+    if text.lstrip().startswith("{"):
+        try:
+            doc = plain_json(text)
+        except _NotPlainJson:
+            pass
+        else:
+            return _as_object(doc, source)
+    import yaml  # not for plain JSON (above): PyYAML is ~1 MB the agent otherwise never loads
+
     try:
         doc = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{source}: not valid YAML or JSON{where}: {exc}") from None
+    return _as_object(doc, source)
+
+
+def _as_object(doc: Any, source: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):

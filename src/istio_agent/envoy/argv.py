@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from istio_agent.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -109,6 +107,8 @@ def override_to_json(text: str, host_ip: str = "") -> str:
         text = text.replace("[$(HOST_IP)]", f"[{host_ip}]")
         host_ip = f"[{host_ip}]"
     text = text.replace("$(HOST_IP)", host_ip)
+    import yaml  # only with ISTIO_BOOTSTRAP_OVERRIDE: PyYAML is ~1 MB the agent otherwise never loads
+
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,74 @@
+"""ProxyConfig layers that are plain JSON are read without PyYAML, and read exactly as PyYAML reads them.
+
+`config.proxyconfig.load_document` takes the JSON fast path only for text both
+parsers agree on; everything else (floats, escapes, tabs, non-ASCII, YAML) still
+goes through PyYAML. Each case compares the result with `yaml.safe_load`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from istio_agent.config.errors import ConfigError
+from istio_agent.config.proxyconfig import _NotPlainJson, load_document, plain_json
+
+SAME = [
+    '{"concurrency": 2, "discoveryAddress": "istiod.istio-system.svc:15012"}',
+    '{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", "A": ""}, "holdApplicationUntilProxyStarts": true}',
+    '{"tracing": {"zipkin": {"address": "z:9411"}}, "statusPort": 15020, "x": null, "l": [1, -0, "2"]}',
+    '  {"a": 1, "a": 2}\n',  # duplicate keys: the last wins in both
+    '{"drainDuration": "45s", "n": 123456789012345678901234567890}',
+    "{}",
+]
+# Forms where json and PyYAML disagree (or may): the fast path refuses them, PyYAML decides.
+YAML_DECIDES = [
+    '{"sampling": 1e3}',           # PyYAML 1.1: a string
+    '{"sampling": 1.5}',
+    '{"v": NaN}',
+    '{"s": "a\\u00e9b"}',
+    '{"s": "a\\/b"}',
+    '{"s":\t"tab"}',
+    '{"s": "caf\u00e9"}',
+    '{"a": 1} # a YAML comment',
+    "{a: 1, b: [x, y]}",
+]
+
+
+@pytest.mark.parametrize("text", SAME)
+def test_plain_json_reads_as_yaml_does(text: str) -> None:
+    assert plain_json(text) == yaml.safe_load(text)
+    assert load_document(text, "PROXY_CONFIG") == yaml.safe_load(text)
+
+
+def outcome(parse: Callable[[], Any]) -> Any:
+    try:
+        return parse()
+    except (ConfigError, yaml.YAMLError):
+        return "refused"
+
+
+@pytest.mark.parametrize("text", YAML_DECIDES)
+def test_other_forms_are_left_to_yaml(text: str) -> None:
+    """Including a tab between tokens, which JSON allows and PyYAML refuses: the start still fails."""
+    with pytest.raises(_NotPlainJson):
+        plain_json(text)
+    assert outcome(lambda: load_document(text, "PROXY_CONFIG")) == outcome(lambda: yaml.safe_load(text))
+
+
+def test_sampling_1e3_stays_a_string_as_with_pyyaml() -> None:
+    assert load_document('{"sampling": 1e3}', "PROXY_CONFIG") == {"sampling": "1e3"}
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2}', "{"])
+def test_broken_json_is_still_reported_as_yaml_reports_it(text: str) -> None:
+    with pytest.raises(ConfigError, match="PROXY_CONFIG: not valid YAML or JSON"):
+        load_document(text, "PROXY_CONFIG")
+
+
+def test_a_json_array_is_not_an_object() -> None:
+    with pytest.raises(ConfigError, match="expected an object"):
+        load_document("[1, 2]", "PROXY_CONFIG")
