@@ -41,6 +41,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -59,6 +60,7 @@ STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "30"))
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "5"))
 PY = sys.executable
 DNS_ON = {"ISTIO_META_DNS_CAPTURE": "true"}
+COMPONENT_LINE = re.compile(r"start(?:ing|ed (\S+)): VmRSS ([\d.]+) MB, RssAnon ([\d.]+) MB")
 
 # The floor: what any agent of this design (asyncio, gRPC, X.509/EC, protobuf) holds before its own code.
 FLOOR_GROUPS: list[tuple[str, str]] = [
@@ -146,8 +148,18 @@ def extra_env() -> dict[str, str]:
 def start_sidecar(arm: Arm, pod: Path) -> PilotAgent:
     environment = agent_environment(discovery="localhost:15012", proxy_config={"terminationDrainDuration": "1s"},
                                     base={**os.environ, **extra_env()}, **DNS_ON)
-    arm.agent = PilotAgent(pod, environment, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
+    # agent:debug: the agent logs its RSS before its first component and after each start (the budget).
+    args = ["proxy", "sidecar", "--log_output_level=default:info,agent:debug"]
+    arm.agent = PilotAgent(pod, environment, args=args, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
     return arm.agent
+
+
+def component_budget(log_text: str) -> list[tuple[str, float, float]]:
+    """(component, VmRSS, RssAnon) from the agent's `starting:`/`started <name>:` debug lines, in order."""
+    out = []
+    for match in COMPONENT_LINE.finditer(log_text):
+        out.append((match.group(1) or "(before the first)", float(match.group(2)), float(match.group(3))))
+    return out
 
 
 def start_proxyless(arm: Arm, pod: Path) -> PilotAgent:
@@ -202,6 +214,7 @@ def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
     print(f"sidecar agent: Envoy has its first config {time.monotonic() - started:.1f} s after the start", flush=True)
     arm.baseline = poll(arm.settled, "Envoy's first config", 30, retry_on=HTTP_NOT_YET)
     idle = settle_and_measure(agent.pid, IDLE_SECONDS)
+    components = component_budget(agent.output(lines=100_000))
     target = arm.baseline + SERVICES * len(PORTS)
     sampler = RssSampler(agent.pid)
     try:
@@ -216,7 +229,7 @@ def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
     finally:
         sampler.stop()
     peak = max(sampler.values("push") + sampler.values("after"))
-    return {"idle": idle, "steady": steady, "peak": peak, "hwm": rss_mb(agent.pid, "VmHWM"),
+    return {"idle": idle, "steady": steady, "components": components, "peak": peak, "hwm": rss_mb(agent.pid, "VmHWM"),
             "push_s": from_push, "settled_s": settled_at - started, "clusters": target}
 
 
@@ -265,6 +278,13 @@ def main() -> None:
     print(beside(f"sidecar steady ({STEADY_SECONDS:g} s after)", sidecar["steady"], base_figures))
     print(beside("proxyless idle", proxyless, base_figures), flush=True)
 
+    print("sidecar agent's start, RSS after each component (+ over the previous; anonymous in brackets):")
+    previous_rss, previous_anon = None, None
+    for name, rss, anon in sidecar["components"]:
+        delta = "" if previous_rss is None else f"  +{rss - previous_rss:5.1f} (+{anon - (previous_anon or 0):5.1f})"
+        print(f"  {name:28s} RSS {rss:6.1f}  anonymous {anon:5.1f}{delta}")
+        previous_rss, previous_anon = rss, anon
+    print(f"  {'idle':28s} RSS {sidecar['idle']['VmRSS']:6.1f}  anonymous {sidecar['idle']['RssAnon']:5.1f}")
     print("import budget (one fresh interpreter, MB after each group; + over the previous group):")
     previous: dict[str, float] | None = None
     for name, figures in import_budget():

@@ -61,6 +61,17 @@ def component_name(component: object) -> str:
     return str(getattr(component, "name", type(component).__name__))
 
 
+def resident_summary() -> str:
+    """This process's resident memory as /proc/self/status gives it (VmRSS, RssAnon, RssFile), for the debug
+    line after each component's start that `benchmarks/bench_memory.py` reads; empty off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "RssAnon", "RssFile")))
+    except OSError:
+        return ""
+    return ", ".join(f"{key} {int(value.split()[0]) / 1024:.1f} MB" for key, value in fields.items())
+
+
 class Agent:
     """Runs its components until told to stop or until one that shares its fate ends."""
 
@@ -77,11 +88,15 @@ class Agent:
     async def run(self) -> int:
         """Run to the end; returns the exit code. A failing start raises after the started ones are stopped."""
         watchers: dict[asyncio.Task[int], Component] = {}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("starting: %s", resident_summary())
         try:
             for stage in self.stages:
                 for component in stage() if callable(stage) else stage:
                     await component.start()
                     self.started.append(component)
+                    if log.isEnabledFor(logging.DEBUG):  # the allocation budget: every MB has an owner
+                        log.debug("started %s: %s", component_name(component), resident_summary())
                     if isinstance(component, FateSharing):
                         watchers[asyncio.create_task(component.wait_exit())] = component
             log.info("agent started: %s", ", ".join(component_name(c) for c in self.started))
@@ -136,14 +151,19 @@ def load_options(flags: AgentFlags) -> AgentOptions | None:
         return None
 
 
-def run_agent(options: AgentOptions) -> int:
+def run_agent(options: AgentOptions, cap_malloc_arenas: bool = True) -> int:
+    """Run the agent for `options` on a new event loop; its exit code.
+
+    `cap_malloc_arenas` is false when the operator set MALLOC_ARENA_MAX, which glibc has then applied.
+    """
     import signal
 
     from istio_agent.assembly import assemble
     from istio_agent.eventloop import new_event_loop
     from istio_agent.memory import limit_malloc_arenas
 
-    limit_malloc_arenas()
+    if cap_malloc_arenas:
+        limit_malloc_arenas()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     agent = assemble(options)

@@ -130,7 +130,8 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     if options.grpc_cipher_suites:
         # Process-wide in gRPC: set before the agent opens its first TLS channel (COMPLIANCE_POLICY).
         os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", options.grpc_cipher_suites)
-    sys.exit(run_agent(options))
+    # The agent caps glibc's malloc arenas itself (memory.py) unless the operator chose a cap: theirs stands.
+    sys.exit(run_agent(options, cap_malloc_arenas=not os.environ.get("MALLOC_ARENA_MAX")))
 
 
 @main.command(context_settings=LENIENT)
