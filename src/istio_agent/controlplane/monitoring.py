@@ -37,6 +37,8 @@ DEFAULT_MONITORING_ADDR = "127.0.0.1:15014"
 # The types upstream's syncz reports by name (SyncStatus' *_sent/*_acked fields).
 _SYNCZ_FIELDS = ((typeurls.CLUSTER, "cluster"), (typeurls.LISTENER, "listener"), (typeurls.ROUTE, "route"),
                  (typeurls.ENDPOINT, "endpoint"), (typeurls.EXTENSION_CONFIG, "extensionconfig"))
+# Types where a SotW request naming nothing asks for everything (as `xds/sessions.py`).
+_WILDCARD_TYPES = frozenset({typeurls.CLUSTER, typeurls.LISTENER, typeurls.NAME_TABLE})
 _LEGACY_REJECTS = {typeurls.CLUSTER: "pilot_xds_cds_reject", typeurls.ENDPOINT: "pilot_xds_eds_reject",
                    typeurls.LISTENER: "pilot_xds_lds_reject", typeurls.ROUTE: "pilot_xds_rds_reject"}
 
@@ -111,7 +113,7 @@ class XdsMonitor:
             if names:
                 watch.names = (watch.names or frozenset()) | frozenset(names)
         else:
-            watch.names = frozenset(names) if names else None
+            watch.names = frozenset(names) if names else (None if type_url in _WILDCARD_TYPES else frozenset())
         if error is not None:
             self.rejects[type_url] = self.rejects.get(type_url, 0) + 1
             legacy = _LEGACY_REJECTS.get(type_url)
