@@ -68,8 +68,8 @@ def load_mesh(path: Path) -> Mesh:
 class EventLog:
     """One line per event on stdout (what a non-terminal gets, and the default without the live view).
 
-    Once the live view owns a terminal (`to_view`), events go to its "recent events" instead of being
-    printed over it; with a plain log they are printed and given to the view as well.
+    Once the live view runs (`to_view`), events go to it instead: on a terminal it shows them under
+    "recent events" (a print would tear its screen), otherwise its plain log prints them.
     """
 
     def __init__(self, stream: Any = None) -> None:

@@ -97,7 +97,7 @@ def _run_with_view(run: MeshRun, log: EventLog, live: bool | None) -> int:
 
     terminal = sys.stdout.isatty() if live is None else live
     events: queue.Queue[Any] = queue.Queue()
-    log.to_view(events, print_lines=not terminal)
+    log.to_view(events, print_lines=False)  # the view shows them: live on a terminal, one line each otherwise
     stop = threading.Event()
     assert run.node is not None
     monitoring = run.monitoring_addr if monitoring_supported() else None

@@ -1,0 +1,114 @@
+"""The check's logic: probes for every pair, the policies' expectations, and reading the answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from istio_agent.mesh import expect
+from istio_agent.mesh.expect import MTLS, PLAINTEXT, REFUSED, Outcome, Probe, Row
+from istio_agent.mesh.parser import parse_mesh
+from istio_agent.mesh.planner import MeshPlan, plan_mesh
+
+EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
+SLEEP = "spiffe://cluster.local/ns/default/sa/sleep"
+
+
+def _plan(text: str = EXAMPLE) -> MeshPlan:
+    return plan_mesh(parse_mesh(text), python="py")
+
+
+def _ips(plan: MeshPlan) -> dict[str, str]:
+    return {spec.name: f"10.244.0.{i + 2}" for i, spec in enumerate(plan.pods)}
+
+
+def _find(probes: list[Probe], pod: str, target: str, via: str) -> Probe:
+    return next(p for p in probes if p.pod == pod and p.target.startswith(target) and p.via == via)
+
+
+def test_probes_cover_every_pair_each_way_a_client_can_reach_it() -> None:
+    plan = _plan()
+    probes = expect.probes(plan, _ips(plan))
+    sleep = [p for p in probes if p.pod == "sleep-1"]
+    # 5 service ports by clusterIP and by name, and the service entry by name
+    assert len(sleep) == 11 and {p.via for p in sleep} == {"clusterIP", "DNS"}
+    # without DNS capture: clusterIPs only, no service entry
+    assert {p.via for p in probes if p.pod == "reviews-v2-1"} == {"clusterIP"}
+    # the proxyless client calls the gRPC service over xDS; the proxyless server is no client
+    assert [(p.kind, p.address) for p in probes if p.pod == "greeter-client-1"] == \
+        [("grpc-xds", "xds:///greeter.default.svc.cluster.local:7070")]
+    assert not [p for p in probes if p.pod == "greeter-1"]
+    # outside the mesh: each service's first pod, directly on its target port
+    outside = {p.target: p.address for p in probes if p.pod == "legacy-1"}
+    assert outside["ratings-1:8080"].startswith("http://10.244.0.") and "tcp-echo-1:9000" in outside
+    assert _find(probes, "sleep-1", "tcp-echo", "DNS").cluster == "outbound|9000||tcp-echo.secure.svc.cluster.local"
+
+
+def test_expectations_follow_the_namespaces_policies() -> None:
+    plan = _plan()
+    probes = expect.probes(plan, _ips(plan))
+
+    def expected(pod: str, target: str, via: str) -> Outcome:
+        return expect.expect(plan, _find(probes, pod, target, via))
+
+    assert expected("sleep-1", "ratings", "DNS") == Outcome(MTLS, SLEEP, "STRICT namespace")
+    assert expected("sleep-1", "legacy.example.internal", "DNS").kind == PLAINTEXT
+    assert expected("greeter-client-1", "greeter", "xDS").identity.endswith("/sa/greeter-client")
+    assert expected("legacy-1", "ratings-1", "pod IP").kind == REFUSED  # STRICT
+    assert expected("legacy-1", "frontend-1", "pod IP").kind == PLAINTEXT  # PERMISSIVE
+    assert expected("legacy-1", "greeter-1", "pod IP").kind == REFUSED  # proxyless under PERMISSIVE: mTLS only
+
+
+@pytest.mark.parametrize(("mode", "outside", "inside"), [
+    ("STRICT", REFUSED, MTLS), ("PERMISSIVE", PLAINTEXT, MTLS), ("DISABLE", PLAINTEXT, PLAINTEXT)])
+def test_each_peer_authentication_mode(mode: str, outside: str, inside: str) -> None:
+    plan = _plan(f"namespaces: [{{name: default, peerAuthentication: {mode}}}]\n"
+                 "services: [{name: web, ports: [{port: 80, targetPort: 8080, protocol: HTTP}]}]\n"
+                 "deployments:\n- {name: web, app: {kind: http-echo, port: 8080}}\n"
+                 "- {name: out, mode: none}\n- {name: in, app: client}\n")
+    probes = expect.probes(plan, _ips(plan))
+    assert expect.expect(plan, _find(probes, "out-1", "web-1", "pod IP")).kind == outside
+    assert expect.expect(plan, _find(probes, "in-1", "web", "clusterIP")).kind == inside
+
+
+def test_a_service_without_endpoints_refuses() -> None:
+    plan = _plan("services: [{name: web, ports: [{port: 80, protocol: HTTP}]}]\n"
+                 "deployments:\n- {name: web, replicas: 0, app: {kind: http-echo, port: 80}}\n- {name: c}\n")
+    (probe,) = expect.probes(plan, _ips(plan))
+    assert expect.expect(plan, probe).kind == REFUSED
+
+
+def _probe(kind: str) -> Probe:
+    return Probe("default/sleep", "sleep-1", kind, "x", "t", "clusterIP", service="default/web")
+
+
+def test_observations_read_xfcc_peer_identities_and_tls_counters() -> None:
+    xfcc = f'By=spiffe://cluster.local/ns/default/sa/web;Hash=ab;Subject="";URI={SLEEP}'
+    assert expect.observe(_probe("http"), {"answered": True, "status": 200, "xfcc": xfcc}, 1) == Outcome(MTLS, SLEEP)
+    assert expect.observe(_probe("http"), {"answered": True, "status": 200, "xfcc": ""}, 0).kind == PLAINTEXT
+    assert expect.observe(_probe("http"), {"answered": True, "status": 503}, 0) == Outcome(REFUSED, detail="HTTP 503")
+    assert expect.observe(_probe("http"), {"answered": False, "error": "reset"}, None) == \
+        Outcome(REFUSED, detail="reset")
+    assert expect.observe(_probe("grpc-xds"), {"answered": True, "identities": [SLEEP]}, None) == Outcome(MTLS, SLEEP)
+    assert expect.observe(_probe("tcp"), {"answered": True}, 2).kind == MTLS
+    assert expect.observe(_probe("tcp"), {"answered": True}, 0).kind == PLAINTEXT
+    assert expect.observe(_probe("tcp"), {"answered": True}, None).kind == PLAINTEXT
+
+
+def test_an_expectation_holds_only_with_the_same_outcome_and_identity() -> None:
+    assert expect.holds(Outcome(MTLS, SLEEP), Outcome(MTLS, SLEEP))
+    assert expect.holds(Outcome(MTLS, SLEEP), Outcome(MTLS))  # TCP: the identity is not observable
+    assert not expect.holds(Outcome(MTLS, SLEEP), Outcome(MTLS, "spiffe://cluster.local/ns/default/sa/other"))
+    assert not expect.holds(Outcome(REFUSED), Outcome(PLAINTEXT))
+    assert not expect.holds(Outcome(MTLS, SLEEP), Outcome(PLAINTEXT))
+
+
+def test_the_table_marks_each_row_and_counts() -> None:
+    rows = [Row(_probe("http"), Outcome(MTLS, SLEEP), Outcome(MTLS, SLEEP)),
+            Row(_probe("tcp"), Outcome(REFUSED), Outcome(PLAINTEXT))]
+    text = expect.table(rows)
+    lines = text.splitlines()
+    assert lines[0].split() == ["client", "target", "via", "expected", "observed", "ok"]
+    assert lines[1].endswith(" ok") and lines[2].endswith(" FAIL")
+    assert lines[-1] == "1/2 expectations held"

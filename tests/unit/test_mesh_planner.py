@@ -1,0 +1,89 @@
+"""The planner: pods and apps from the mesh file, and the registry istiod-local gets for them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+
+from istio_agent.controlplane.xds.registry import parse_registry
+from istio_agent.mesh.parser import parse_mesh
+from istio_agent.mesh.planner import plan_mesh, registry_document
+from istio_agent.node.plan import PodPlan, PodSpec, plan_node, plan_pod
+
+EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
+
+
+def _place(specs: Sequence[PodSpec]) -> list[PodPlan]:
+    node, plans = plan_node(1), list[PodPlan]()
+    for spec in specs:
+        plans.append(plan_pod(node, spec, plans))
+    return plans
+
+
+def test_pods_are_named_after_their_deployment_and_scale_multiplies_replicas() -> None:
+    mesh = parse_mesh("deployments:\n- {name: a, replicas: 2}\n- {name: b, replicas: 0}\n- {name: c}\n")
+    assert [p.name for p in plan_mesh(mesh).pods] == ["a-1", "a-2", "c-1"]
+    scaled = plan_mesh(mesh, scale=3)
+    assert [p.name for p in scaled.pods] == [f"a-{i}" for i in range(1, 7)] + ["c-1", "c-2", "c-3"]
+    assert scaled.deployment_of["a-6"] == "default/a"
+    with pytest.raises(ValueError, match="scale"):
+        plan_mesh(mesh, scale=0)
+
+
+def test_pod_specs_carry_identity_mode_and_dns_capture() -> None:
+    plan = plan_mesh(parse_mesh(EXAMPLE), python="py")
+    specs = {p.name: p for p in plan.pods}
+    ratings = specs["ratings-1"]
+    assert (ratings.namespace, ratings.service_account, ratings.sidecar, ratings.proxyless) == \
+        ("secure", "ratings", True, False)
+    assert specs["reviews-v2-1"].labels == {"app": "reviews", "version": "v2"}
+    assert specs["greeter-1"].proxyless and not specs["greeter-1"].dns_capture
+    assert not specs["legacy-1"].sidecar
+    assert specs["sleep-1"].dns_capture
+    assert plan.ready_ports == {"frontend-1": 8080, "reviews-v1-1": 8080, "reviews-v2-1": 8080, "ratings-1": 8080,
+                                "tcp-echo-1": 9000, "greeter-1": 50051, "legacy-1": 8080}
+
+
+def test_apps_call_by_name_with_dns_capture_and_by_cluster_ip_without() -> None:
+    plan = plan_mesh(parse_mesh(EXAMPLE), python="py")
+    specs = {p.name: p for p in plan.pods}
+    ratings_ip = plan.cluster_ips["secure/ratings"]
+    assert list(specs["reviews-v1-1"].app) == ["py", "-m", "istio_agent.mesh.apps", "http-echo", "--port", "8080",
+                                               "--next", "http://ratings.secure.svc.cluster.local:9080/"]
+    assert list(specs["reviews-v2-1"].app)[-1] == f"http://{ratings_ip}:9080/"
+    sleep = list(specs["sleep-1"].app)
+    assert "tcp://tcp-echo.secure.svc.cluster.local:9000" in sleep
+    assert "http://legacy.example.internal:80/" in sleep
+    assert list(specs["greeter-client-1"].app)[-2:] == ["--call", "xds:///greeter.default.svc.cluster.local:7070"]
+    assert list(specs["greeter-1"].app) == ["py", "-m", "istio_agent.node.grpc_apps", "serve", "--port", "50051"]
+    assert specs["legacy-1"].app[3] == "http-echo"
+
+
+def test_a_grpc_server_behind_a_sidecar_serves_plaintext_to_its_envoy() -> None:
+    mesh = parse_mesh("deployments:\n- name: g\n  app: {kind: grpc-server, port: 50051}\n")
+    assert plan_mesh(mesh).pods[0].app[-1] == "--plain"
+
+
+def test_the_registry_is_valid_and_lists_every_pod_service_policy_and_entry_endpoint() -> None:
+    plan = plan_mesh(parse_mesh(EXAMPLE), python="py")
+    pods = _place(plan.pods)
+    registry = parse_registry(yaml.safe_dump(registry_document(plan, pods)))
+    assert {w.name for w in registry.workloads} == {p.name for p in plan.pods}
+    assert registry.mtls_mode("secure") == "STRICT" and registry.mtls_mode("default") == "PERMISSIVE"
+    assert {f"{s.namespace}/{s.name}": s.cluster_ip for s in registry.services} == plan.cluster_ips
+    (entry,) = registry.service_entries
+    legacy_ip = next(p.ip for p in pods if p.name == "legacy-1")
+    assert (entry.hosts, entry.addresses, entry.endpoints, entry.resolution) == \
+        (("legacy.example.internal",), ("10.97.0.10",), (legacy_ip,), "STATIC")
+    sidecars = {w.name: w.sidecar for w in registry.workloads}
+    assert (sidecars["greeter-1"], sidecars["legacy-1"], sidecars["sleep-1"]) == ("proxyless", "none", "envoy")
+    assert registry.namespaces["secure"] == {"istio-injection": "enabled"}
+
+
+def test_cluster_ips_are_stable_across_edits() -> None:
+    first = plan_mesh(parse_mesh(EXAMPLE)).cluster_ips
+    edited = plan_mesh(parse_mesh(EXAMPLE.replace("- name: reviews-v1\n", "- name: reviews-v1\n  replicas: 3\n")))
+    assert edited.cluster_ips == first
