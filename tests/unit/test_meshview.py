@@ -108,6 +108,23 @@ def test_envoy_json_stats_by_cluster_with_buckets_and_without_the_split_histogra
         parse_envoy_stats("not json")
 
 
+def test_istio_alt_stat_names_end_in_a_semicolon() -> None:
+    """istiod's clusters' stats are `<cluster>;.<stat>`; the origin-split copies follow the `;`."""
+    doc = {"stats": [
+        {"name": f"cluster.{ECHO};.upstream_rq_total", "value": 4},
+        {"name": f"cluster.{ECHO};.upstream_cx_connect_fail", "value": 1},
+        {"histograms": [
+            {"name": f"cluster.{ECHO};.external.upstream_rq_time",
+             "buckets": [{"upper_bound": 1, "cumulative": 9}]},
+            {"name": f"cluster.{ECHO};.upstream_rq_time", "buckets": [{"upper_bound": 1, "cumulative": 4}]},
+        ]},
+    ]}
+    stats = parse_envoy_stats(json.dumps(doc))
+    assert list(stats.clusters) == [ECHO]
+    echo = stats.clusters[ECHO]
+    assert (echo.rq_total, echo.cx_connect_fail, echo.rq_time) == (4, 1, Histogram((1.0,), (4.0,)))
+
+
 def test_the_envoy_filter_is_anchored_on_istio_cluster_names() -> None:
     import re
 

@@ -78,13 +78,19 @@ class AgentStats:
 
 
 def _split_cluster_stat(name: str) -> tuple[str, str] | None:
+    """(cluster, stat) of a per-cluster stat; None for others and for the origin-split copies.
+
+    istiod names a cluster's stats `<name>;` (its alt_stat_name, which Istio's tag rule cuts at the `;`),
+    so `cluster.outbound|80||echo.default.svc.cluster.local;.upstream_rq_total`; a plain name is taken too.
+    """
     if not name.startswith("cluster."):
         return None
     for stat in STATS_INCLUSION_SUFFIXES:
         if name.endswith("." + stat):
             cluster = name[len("cluster."):-len(stat) - 1]
-            if stat == "upstream_rq_time" and cluster.endswith(_SPLIT_HISTOGRAMS):
-                return None
+            cluster, marked, rest = cluster.partition(";")
+            if (marked and rest) or (not marked and cluster.endswith(_SPLIT_HISTOGRAMS)):
+                return None  # `<name>;.external.upstream_rq_time` and the like: already in the plain one
             return cluster, stat
     return None
 
