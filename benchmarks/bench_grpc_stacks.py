@@ -495,6 +495,11 @@ def measure_ca(base: Path) -> dict[str, dict[str, float]]:
     return result
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of `pid` so far (/proc/PID/stat field 10): pages mapped anew, e.g. for freed buffers."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 async def rss_with_stream_open(target: str, pid: int) -> tuple[float, float]:
     """(RSS, anonymous) of the relay `pid` once a stream that received two pushes has been idle for a trim.
 
@@ -536,13 +541,18 @@ async def measure_relay_async(base: Path) -> dict[str, dict[str, float]]:
         idle = {arm: rss_mb(relays[arm].pid) for arm in arms}
         idle_anon = {arm: rss_mb(relays[arm].pid, "RssAnon") for arm in arms}
         pushes: dict[str, list[float]] = {arm: [] for arm in ("direct", *arms)}
+        faults: dict[str, int] = dict.fromkeys(arms, 0)  # the relay's minor page faults during its pushes
         for round_no in range(3):
             order = ["direct", *arms]
             if round_no % 2:
                 order.reverse()
             for arm in order:
                 target = f"127.0.0.1:{port}" if arm == "direct" else f"unix:{sockets[arm]}"
+                if arm != "direct":
+                    faults[arm] -= minor_faults(relays[arm].pid)
                 pushes[arm] += await push_times(target, PUSH_ROUNDS // 3)
+                if arm != "direct":
+                    faults[arm] += minor_faults(relays[arm].pid)
         await asyncio.sleep(TRIM_INTERVAL + 1.0)
         open_steady = {arm: await rss_with_stream_open(f"unix:{sockets[arm]}", relays[arm].pid) for arm in arms}
         result: dict[str, dict[str, float]] = {}
@@ -554,11 +564,13 @@ async def measure_relay_async(base: Path) -> dict[str, dict[str, float]]:
             pid = relays[arm].pid
             ms = statistics.median(pushes[arm]) * 1000
             result[arm] = {"push_ms": ms, "push_ratio": ms / direct_ms, "rss_idle": idle[arm],
+                           "faults_per_push": faults[arm] / len(pushes[arm]),
                            "anon_idle": idle_anon[arm], "rss_peak": rss_mb(pid, "VmHWM"), "rss_steady": rss_mb(pid),
                            "anon_steady": rss_mb(pid, "RssAnon"), "rss_open": open_steady[arm][0],
                            "anon_open": open_steady[arm][1]}
             f = result[arm]
-            print(f"xDS relay {arm:8s}: push {ms:.1f} ms, ratio {f['push_ratio']:.2f}x; "
+            print(f"xDS relay {arm:8s}: push {ms:.1f} ms, ratio {f['push_ratio']:.2f}x, "
+                  f"{f['faults_per_push']:.0f} minor page faults per push; "
                   f"RSS idle {f['rss_idle']:.1f} MB "
                   f"(anonymous {f['anon_idle']:.1f}), peak {f['rss_peak']:.1f}, steady after {f['rss_steady']:.1f} "
                   f"(anonymous {f['anon_steady']:.1f}); with a stream open after its push {f['rss_open']:.1f} "
@@ -617,6 +629,7 @@ def main() -> None:
         "relay_rss_open_mb_grpclib": round(relay[glib]["rss_open"], 1),
         "relay_rss_open_mb_xdsproxy": round(relay["xdsproxy"]["rss_open"], 1),
         "relay_anon_open_mb_xdsproxy": round(relay["xdsproxy"]["anon_open"], 1),
+        "relay_faults_per_push_xdsproxy": round(relay["xdsproxy"]["faults_per_push"]),
         "relay_rss_peak_mb_xdsproxy": round(relay["xdsproxy"]["rss_peak"], 1),
     }
     print(json.dumps(figures))

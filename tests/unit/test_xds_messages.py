@@ -163,3 +163,37 @@ def test_response_head_agrees_with_full_parse(type_url: str, nonce: str, values:
     head = messages.response_head(data, delta=False)
     assert (head.type_url, head.nonce) == (type_url, nonce)
     assert [messages.resource_value(raw, delta=False)[1] for raw in messages.resources(data)] == values
+
+
+def test_first_resource_value_sotw_and_delta() -> None:
+    table = nds_pb2.NameTable()
+    table.table["echo.default.svc.cluster.local"].ips.append("10.96.0.20")
+    sotw = discovery_pb2.DiscoveryResponse(type_url=typeurls.NAME_TABLE, nonce="s1")
+    sotw.resources.add().Pack(table)
+    sotw.resources.add().Pack(nds_pb2.NameTable())  # only the first counts
+    any_type, value = messages.first_resource_value(sotw.SerializeToString(), delta=False) or ("", b"")
+    assert any_type == typeurls.NAME_TABLE
+    assert nds_pb2.NameTable.FromString(value) == table
+    delta = discovery_pb2.DeltaDiscoveryResponse(type_url=typeurls.NAME_TABLE, nonce="d1")
+    delta.resources.add(name="nds", version="1").resource.Pack(table)
+    any_type, value = messages.first_resource_value(delta.SerializeToString(), delta=True) or ("", b"")
+    assert any_type == typeurls.NAME_TABLE
+    assert nds_pb2.NameTable.FromString(value) == table
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_first_resource_value_of_an_empty_or_malformed_response(delta: bool) -> None:
+    empty = discovery_pb2.DeltaDiscoveryResponse if delta else discovery_pb2.DiscoveryResponse
+    assert messages.first_resource_value(empty(type_url=typeurls.NAME_TABLE).SerializeToString(), delta) is None
+    with pytest.raises(DecodeError):
+        messages.first_resource_value(b"\x12\x05ab", delta)
+
+
+@given(values=st.lists(st.binary(max_size=64), min_size=1, max_size=8))
+def test_first_resource_value_agrees_with_resources(values: list[bytes]) -> None:
+    response = discovery_pb2.DiscoveryResponse(type_url=CDS)
+    for value in values:
+        response.resources.append(any_pb2.Any(type_url=CDS, value=value))
+    data = response.SerializeToString()
+    assert messages.first_resource_value(data, delta=False) == messages.resource_value(messages.resources(data)[0],
+                                                                                          delta=False)

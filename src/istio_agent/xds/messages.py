@@ -53,6 +53,9 @@ _HEADS: dict[str, list[tuple[str, int, int, int, str]]] = {
     ],
     # Its resources, as raw Any bytes: parsed only for the types the agent consumes.
     "DiscoveryResponseResources": [("resources", 2, _BYTES, _REPEATED, "")],
+    # The same field as Any (SotW) or Resource (Delta) messages: a consumed type's first value in one parse.
+    "ResponseAnys": [("resources", 2, _MESSAGE, _REPEATED, "Any")],
+    "DeltaResponseResources": [("resources", 2, _MESSAGE, _REPEATED, "Resource")],
     # envoy.service.discovery.v3.DeltaDiscoveryRequest
     "DeltaDiscoveryRequest": [
         ("type_url", 2, _STRING, _OPTIONAL, ""),
@@ -169,6 +172,19 @@ def resource_value(raw: bytes, delta: bool) -> tuple[str, bytes]:
         return wrapper.resource.type_url, wrapper.resource.value
     packed = _parse("Any", raw)
     return packed.type_url, packed.value
+
+
+def first_resource_value(data: bytes, delta: bool) -> tuple[str, bytes] | None:
+    """(Any type URL, Any value) of a response's first resource, None when it has none.
+
+    For the types the agent consumes (singletons): one parse, and only the value needed becomes a Python
+    object, instead of every resource as bytes (`resources`) and then a parse of the first.
+    """
+    message = _parse("DeltaResponseResources" if delta else "ResponseAnys", data)
+    if not message.resources:
+        return None
+    first = message.resources[0].resource if delta else message.resources[0]
+    return first.type_url, first.value
 
 
 def trust_bundle(proxy_config: bytes) -> list[str]:

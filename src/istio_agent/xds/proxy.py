@@ -21,8 +21,11 @@ Per stream, two tasks and the upstream call's request iterator:
   accepted before reading the next (or hand a consumed type to its callback
   and queue the ACK). This keeps at most one response in the proxy, so memory
   stays bounded however large a push is; gRPC flow control pushes back on
-  istiod. The request queue is unbounded, as upstream's is: requests are small
-  and a bounded queue could deadlock both directions under load.
+  istiod. A response is held once: its bytes are dropped as soon as they are
+  routed (what is still needed is the same bytes object to forward, or a consumed
+  type's value alone), and nothing of a push stays once it is handled. The
+  request queue is unbounded, as upstream's is: requests are small and a
+  bounded queue could deadlock both directions under load.
 
 The first task to end decides how the Envoy stream ends: an upstream error
 ends it with that status (Envoy reconnects with its own backoff), Envoy
@@ -381,9 +384,12 @@ class _ProxiedStream:
     async def _from_upstream(self, call: Any) -> _End:
         """istiod → Envoy, one response at a time (the next read waits for the forward).
 
-        The response just forwarded stays referenced until the next one is read (one per stream, freed with
-        the stream): dropping it right after the write made 838 KB pushes 30% slower through the proxy
-        (`bench_xds_proxy_overhead.py`: 2.0-2.3 ms → 2.8-3.0 ms), for memory the next push needs anyway.
+        Nothing of a response is kept once it is handled. Keeping the last one until the next read (as this
+        did) held a whole push per stream for as long as Envoy stays connected, i.e. for good, and two pushes
+        at once while the next large one (EDS after CDS) arrived; `bench_grpc_stacks.py` measures the RSS
+        of a relay with a stream held open after its push. Dropping it costs about a millisecond per 0.9 MB
+        push in the pure-transport `bench_xds_proxy_overhead.py` (freed memory is mapped again for the
+        next push), against pushes that Envoy takes seconds to apply (`bench_xds.py`).
         """
         while True:
             try:
@@ -404,6 +410,7 @@ class _ProxiedStream:
                 action = self.session.on_response(data)
             except messages.DecodeError as exc:
                 return _End(grpc.StatusCode.INTERNAL, f"from upstream: {exc}", "upstream")
+            del data  # the action holds what is still needed: the same bytes, or a consumed type's value
             if isinstance(action, ToEnvoy):
                 try:
                     await self.context.write(action.data)
@@ -422,3 +429,4 @@ class _ProxiedStream:
             elif isinstance(action, Drop):
                 self.proxy.stats.dropped += 1
                 log.debug("XDS proxy: dropped %s response: %s", typeurls.short(action.type_url), action.reason)
+            del action  # handled: nothing of this push stays while the next one is awaited

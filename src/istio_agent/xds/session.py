@@ -114,12 +114,11 @@ class StreamSession:
 
     def route(self, head: ResponseHead, data: bytes) -> ResponseAction:
         if head.type_url in self.consumed:
-            raw = messages.resources(data)
-            if not raw:
+            first = messages.first_resource_value(data, self.delta)
+            if first is None:
                 # Istio's own types are singletons; an empty push carries nothing to apply or ACK.
                 return Drop(head.type_url, "empty response for a consumed type")
-            _, value = messages.resource_value(raw[0], self.delta)
-            return Consume(head.type_url, value, head.nonce, head.version_info)
+            return Consume(head.type_url, first[1], head.nonce, head.version_info)
         if routing.forwardable(head.type_url):
             return ToEnvoy(data, head.type_url)
         return Drop(head.type_url, "not an Envoy type")
