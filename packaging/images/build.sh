@@ -73,7 +73,8 @@ if [[ ${REBUILD_BASE:-0} == 1 ]] || ! podman image exists "$BASE"; then
     bookworm "$OUT/base.tar" \
     "deb $MIRROR/debian bookworm main" "deb $MIRROR/debian bookworm-updates main" \
     "deb $MIRROR/debian-security bookworm-security main"
-  podman import --quiet --change 'CMD ["/bin/bash"]' --message "Debian bookworm minbase (mmdebstrap)" \
+  podman import --quiet --change 'CMD ["/bin/bash"]' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --message "Debian bookworm minbase (mmdebstrap)" \
     "$OUT/base.tar" "$BASE" >/dev/null
   rm -f "$OUT/base.tar"
 else

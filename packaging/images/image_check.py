@@ -1,0 +1,478 @@
+"""`make image-check`: this project's images run as Kubernetes would run injected pods, against istiod-local.
+
+Run as root after `make image` (image-check.sh runs it with the project's venv). It:
+
+1. makes a podman network (internal: no route off the host) and its bridge with the gateway address, and
+   starts istiod-local on the host on that address (xDS, CA and its Kubernetes API);
+2. reads two injected pods from istiod-local's Kubernetes API with kubectl (`get pod -o yaml`): a
+   client (`sleep`) and an `echo` server, both rendered as Istio's injector writes them, with istio-init;
+3. resolves what podman kube play lacks, as the kubelet would (kubeplay.py; printed), swaps the images for
+   ours and runs each pod with `podman kube play` at the IP the API server reports;
+4. checks: istio-init programmed the capture, the sidecars (pilot-agent and Envoy, uid 1337) are ready on
+   :15021/healthz/ready, and a request from the client's app to the echo service's VIP crosses both
+   sidecars over mTLS (the echo app sees the client's SPIFFE id in x-forwarded-client-cert, and Envoy's
+   TLS handshake counters moved);
+5. runs the install-cni image as the CNI DaemonSet would (node directories mounted), and then the
+   istio-cni it installed, from a root with no Python at all (the bare base image): VERSION, and an
+   ADD in dry-run mode that reads the pod from the API and records its capture;
+6. removes everything it made (pods, containers, network, bridge, istiod-local, files), also on failure or
+   Ctrl-C, and prints a summary; exit status 0 only when every check held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kubeplay  # noqa: E402  (this directory's module, not a package)
+
+HERE = Path(__file__).resolve().parent
+VENV_PYTHON = "/usr/local/lib/istio-agent/bin/python"  # in the proxy image
+NAMESPACE = "default"
+TRUST_DOMAIN = "cluster.local"
+ECHO_PORT = 8080
+
+
+class CheckError(Exception):
+    """A step failed; the message says which and why."""
+
+
+class Runner:
+    """Runs commands, remembers what to undo, and keeps the check's results."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self.undo: list[tuple[str, Callable[[], None]]] = []
+        self.results: list[tuple[str, bool, str]] = []
+        self.env = dict(os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(HERE / "containers.conf")))
+
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float = 120, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        if self.verbose:
+            print("  $ " + " ".join(argv), flush=True)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin,
+                              env=env or self.env)
+        if check and done.returncode != 0:
+            raise CheckError(f"{' '.join(argv[:4])}... exited {done.returncode}: "
+                             f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        return done
+
+    def on_exit(self, what: str, action: Callable[[], None]) -> None:
+        self.undo.append((what, action))
+
+    def result(self, name: str, ok: bool, detail: str) -> bool:
+        self.results.append((name, ok, detail))
+        print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+        return ok
+
+    def cleanup(self) -> list[str]:
+        left: list[str] = []
+        for what, action in reversed(self.undo):
+            try:
+                action()
+            except Exception as exc:  # keep going: every other resource must still go
+                left.append(f"{what}: {exc}")
+        self.undo.clear()
+        return left
+
+
+def wait_for(what: str, probe: Callable[[], bool], timeout: float, interval: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise CheckError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def listening(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def registry(subnet: str, client_ip: str, echo_ip: str, vip: str) -> dict[str, Any]:
+    """istiod-local's registry: the echo service (its VIP in the pod subnet, so the internal network routes it to
+    the pod's own capture) and the two workloads, injected with istio-init; STRICT mTLS."""
+    del subnet
+    return {
+        "services": [{"name": "echo", "namespace": NAMESPACE, "selector": {"app": "echo"}, "clusterIP": vip,
+                      "ports": [{"name": "http", "port": 80, "targetPort": ECHO_PORT, "protocol": "HTTP"}]}],
+        "workloads": [
+            {"name": "sleep-1", "namespace": NAMESPACE, "serviceAccount": "sleep", "labels": {"app": "sleep"},
+             "ip": client_ip, "sidecar": "envoy", "captureInit": "init"},
+            {"name": "echo-1", "namespace": NAMESPACE, "serviceAccount": "echo", "labels": {"app": "echo"},
+             "ip": echo_ip, "sidecar": "envoy", "captureInit": "init"},
+        ],
+        "peerAuthentication": {"default": "STRICT"},
+    }
+
+
+class Check:
+    def __init__(self, args: argparse.Namespace, runner: Runner) -> None:
+        self.args = args
+        self.r = runner
+        self.tag = args.tag
+        self.proxy_image = f"localhost/istio-agent/proxyv2:{self.tag}"
+        self.cni_image = f"localhost/istio-agent/install-cni:{self.tag}"
+        self.base_image = "localhost/istio-agent/base:bookworm"
+        prefix = args.subnet.rsplit(".", 1)[0]
+        self.gateway, self.client_ip, self.echo_ip, self.cni_ip, self.vip = (
+            f"{prefix}.1", f"{prefix}.11", f"{prefix}.12", f"{prefix}.13", f"{prefix}.250")
+        self.network = f"istio-agent-check-{os.getpid()}"
+        self.bin = Path(sys.executable).parent
+        self.work = Path(tempfile.mkdtemp(prefix="istio-agent-image-check.", dir="/run"))
+        os.chmod(self.work, 0o755)
+        self.r.on_exit(f"directory {self.work}", lambda: shutil.rmtree(self.work))
+        self.state = self.work / "istiod"
+        self.kubeconfig = self.work / "kubeconfig"
+
+    def istiod_local(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return self.r.run([str(self.bin / "istiod-local"), *argv])
+
+    # 1. network and istiod-local
+    def network_up(self) -> None:
+        for image in (self.proxy_image, self.cni_image, self.base_image):
+            if self.r.run(["podman", "image", "exists", image], check=False).returncode != 0:
+                raise CheckError(f"{image} is missing: run `make image` first")
+        routes = self.r.run(["ip", "-4", "route", "show", "match", self.gateway]).stdout
+        if any(line and not line.startswith("default") for line in routes.splitlines()):
+            raise CheckError(f"{self.args.subnet} is already routed on this host ({routes.strip()}); use --subnet")
+        self.r.run(["podman", "network", "create", "--internal", "--subnet", self.args.subnet,
+                    "--gateway", self.gateway, self.network])
+        self.r.on_exit(f"network {self.network}",
+                       lambda: self.r.run(["podman", "network", "rm", "-f", self.network], check=False) and None)
+        bridge = self.r.run(["podman", "network", "inspect", self.network, "--format",
+                             "{{.NetworkInterface}}"]).stdout.strip()
+        # The bridge exists before any pod, so istiod-local can listen on the gateway address; netavark uses it.
+        self.r.run(["ip", "link", "add", bridge, "type", "bridge"])
+        self.r.on_exit(f"bridge {bridge}", lambda: self.r.run(["ip", "link", "del", bridge], check=False) and None)
+        self.r.run(["ip", "addr", "add", f"{self.gateway}/24", "dev", bridge])
+        self.r.run(["ip", "link", "set", bridge, "up"])
+        print(f"network {self.network}: {self.args.subnet} (internal), bridge {bridge} {self.gateway}")
+
+    def istiod_up(self) -> None:
+        mesh = self.work / "mesh.yaml"
+        mesh.write_text(yaml.safe_dump(registry(self.args.subnet, self.client_ip, self.echo_ip, self.vip),
+                                       sort_keys=False))
+        log = (self.work / "istiod.log").open("w")
+        proc = subprocess.Popen(
+            [str(self.bin / "istiod-local"), "serve", "--state-dir", str(self.state), "--registry", str(mesh),
+             "--grpc-addr", f"{self.gateway}:15010", "--secure-grpc-addr", f"{self.gateway}:15012",
+             "--kube-api-addr", f"{self.gateway}:6443", "--kube-node-name", "node-1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def stop() -> None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        self.r.on_exit("istiod-local", stop)
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise CheckError(f"istiod-local exited {proc.returncode}: {(self.work / 'istiod.log').read_text()}")
+            return all(listening(self.gateway, port) for port in (15010, 15012, 6443))
+        wait_for("istiod-local", up, 30)
+        self.istiod_local("kubeconfig", "--state-dir", str(self.state), "--out", str(self.kubeconfig),
+                          "--server", f"https://{self.gateway}:6443")
+        print(f"istiod-local: xDS/CA {self.gateway}:15012 (TLS), :15010; Kubernetes API https://{self.gateway}:6443")
+
+    # 2.-3. injected pods from the API, resolved, played
+    def get_pod(self, name: str) -> dict[str, Any]:
+        text = self.r.run(["kubectl", "--kubeconfig", str(self.kubeconfig), "get", "pod", name, "-n", NAMESPACE,
+                           "-o", "yaml"]).stdout
+        pod: dict[str, Any] = yaml.safe_load(text)
+        return pod
+
+    def tokens(self, name: str, service_account: str) -> dict[str, str]:
+        files = self.work / "tokens" / name
+        self.istiod_local("pod-files", "--state-dir", str(self.state), "--namespace", NAMESPACE,
+                          "--service-account", service_account, "--pod", name, "--token-ttl", "12h", "--out", str(files))
+        api = files / "api"
+        self.istiod_local("kubeconfig", "--state-dir", str(self.state), "--out", str(files / "kubeconfig"),
+                          "--identity", f"{NAMESPACE}/{service_account}", "--service-account-dir", str(api))
+        return {"istio-ca": (files / "var/run/secrets/tokens/istio-token").read_text(),
+                "": (api / "token").read_text()}
+
+    def play(self, name: str, ip: str, app_command: Sequence[str]) -> dict[str, Any]:
+        pod = self.get_pod(name)
+        proxy = next(c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy")
+        init = [c["name"] for c in pod["spec"].get("initContainers", [])]
+        print(f"\npod {name} from the API: istio-proxy image {proxy['image']}, args {' '.join(proxy['args'])}; "
+              f"init {init}; status.podIP {pod['status'].get('podIP')}")
+        tokens = self.tokens(name, pod["spec"]["serviceAccountName"])
+        root_pem = (self.work / "tokens" / name / "var/run/secrets/istio/root-cert.pem").read_text()
+        inputs = kubeplay.Inputs(
+            pod_ip=ip, host_dir=str(self.work / "pods" / name), proxy_image=self.proxy_image,
+            app_image=self.proxy_image, app_command=app_command, tokens=tokens,
+            config_maps={"istio-ca-root-cert": {"root-cert.pem": root_pem}, "kube-root-ca.crt": {"ca.crt": root_pem}},
+            host_aliases={"istiod.istio-system.svc": self.gateway})
+        plan = kubeplay.for_podman(pod, inputs)
+        for path, mode in plan.dirs.items():
+            Path(path).mkdir(parents=True, exist_ok=True)
+            os.chmod(path, mode)
+        for path, (content, mode) in plan.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+            os.chmod(path, mode)
+        print(f"resolved for podman kube play, as the kubelet would ({len(plan.resolved)}):")
+        for line in plan.resolved:
+            print(f"  {line}")
+        print("replaced (not the kubelet's work):")
+        for line in plan.replaced:
+            print(f"  {line}")
+        spec = self.work / f"{name}.yaml"
+        spec.write_text(yaml.safe_dump_all([*plan.documents, plan.pod], sort_keys=False))
+        self.r.on_exit(f"pod {name}", lambda: self.r.run(["podman", "kube", "down", str(spec)], check=False,
+                                                         timeout=120) and None)
+        self.r.run(["podman", "kube", "play", "--network", self.network, "--ip", ip, str(spec)], timeout=180)
+        return pod
+
+    def exec(self, container: str, argv: Sequence[str], check: bool = False,
+             timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return self.r.run(["podman", "exec", container, *argv], check=check, timeout=timeout)
+
+    def inspect(self, container: str, fmt: str) -> str:
+        return self.r.run(["podman", "inspect", container, "--format", fmt], check=False).stdout.strip()
+
+    def check_init(self, name: str) -> bool:
+        container = f"{name}-istio-init"
+        wait_for(f"{container} to finish", lambda: self.inspect(container, "{{.State.Status}}") == "exited"
+                 or self.inspect(container, "{{.State.Status}}") == "", 60)
+        code = self.inspect(container, "{{.State.ExitCode}}")
+        logs = self.r.run(["podman", "logs", container], check=False)
+        rules = self.exec(f"{name}-istio-proxy", ["iptables-save", "-t", "nat"])
+        redirect = [line for line in rules.stdout.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
+        if not redirect:  # istio-proxy has no NET_ADMIN to read the table; the app container (root) shares the netns
+            rules = self.exec(f"{name}-app", ["iptables-save", "-t", "nat"])
+            redirect = [line for line in rules.stdout.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
+        ok = code in ("0", "") and bool(redirect)
+        if not ok:
+            print((logs.stdout + logs.stderr)[-3000:])
+        return self.r.result(f"{name}: istio-init", ok,
+                             f"exit {code or '?'}; nat table: {redirect[0].strip() if redirect else 'no ISTIO_REDIRECT'}")
+
+    def ready(self, name: str) -> bool:
+        probe = [VENV_PYTHON, "-c", "import urllib.request as u; print(u.urlopen("
+                 "'http://127.0.0.1:15021/healthz/ready', timeout=2).status)"]
+        started = time.monotonic()
+        try:
+            wait_for(f"{name} ready", lambda: self.exec(f"{name}-app", probe).stdout.strip() == "200", 120, 1)
+        except CheckError as exc:
+            logs = self.r.run(["podman", "logs", "--tail", "40", f"{name}-istio-proxy"], check=False)
+            print(logs.stdout[-4000:] + logs.stderr[-4000:])
+            return self.r.result(f"{name}: readiness", False, str(exc))
+        users = self.r.run(["podman", "top", f"{name}-istio-proxy", "user", "comm"], check=False).stdout.split("\n")
+        procs = sorted({" ".join(line.split()) for line in users[1:] if line.strip()})
+        uid_ok = all(p.split()[0] in ("1337", "istio-proxy") for p in procs) and any("envoy" in p for p in procs)
+        return self.r.result(f"{name}: sidecar ready", uid_ok,
+                             f":15021/healthz/ready 200 after {time.monotonic() - started:.1f} s; "
+                             f"istio-proxy processes (user command): {', '.join(procs)}")
+
+    def traffic(self) -> bool:
+        url = f"http://{self.vip}/"
+        get = [VENV_PYTHON, "-m", "istio_agent.node.echo_app", "get", url]
+        answer: dict[str, Any] = {}
+
+        def answered() -> bool:
+            nonlocal answer
+            done = self.exec("sleep-1-app", get)
+            with contextlib.suppress(ValueError):
+                answer = json.loads(done.stdout)
+            return answer.get("status") == 200
+        try:
+            wait_for(f"an answer from {url}", answered, 60, 1)
+        except CheckError as exc:
+            return self.r.result("mTLS request sleep-1 -> echo", False, f"{exc}; last answer {answer}")
+        headers = answer.get("body", {}).get("headers", {})
+        xfcc = headers.get("x-forwarded-client-cert", "")
+        print(f"\nGET {url} from sleep-1's app container -> {answer['status']}; the echo app saw:")
+        for key in sorted(headers):
+            print(f"  {key}: {headers[key]}")
+        client_id = f"spiffe://{TRUST_DOMAIN}/ns/{NAMESPACE}/sa/sleep"
+        server_id = f"spiffe://{TRUST_DOMAIN}/ns/{NAMESPACE}/sa/echo"
+        stats = {}
+        for pod, needle in (("sleep-1", "cluster.outbound|80||echo"), ("echo-1", "listener.")):
+            text = self.exec(f"{pod}-istio-proxy", ["pilot-agent", "request", "GET", "stats?filter=ssl.handshake"]).stdout
+            stats[pod] = sum(int(v) for n, _, v in (line.partition(": ") for line in text.splitlines())
+                             if needle in n and v.strip().isdigit())
+        print(f"Envoy ssl.handshake: sleep-1 outbound to echo {stats['sleep-1']}, echo-1 inbound {stats['echo-1']}")
+        ok = f"URI={client_id}" in xfcc and f"By={server_id}" in xfcc and stats["sleep-1"] > 0 and stats["echo-1"] > 0
+        return self.r.result("mTLS request sleep-1 -> echo", ok,
+                             f"echo saw x-forwarded-client-cert URI={client_id} (By={server_id}); "
+                             f"TLS handshakes {stats['sleep-1']} out / {stats['echo-1']} in" if ok
+                             else f"x-forwarded-client-cert {xfcc!r}, handshakes {stats}")
+
+    # 5. install-cni and the plugin on a root without Python
+    def cni(self) -> bool:
+        node = self.work / "cni-node"
+        bin_dir, net_dir, run_dir = node / "opt/cni/bin", node / "etc/cni/net.d", node / "var/run/istio-cni"
+        for path in (bin_dir, net_dir, run_dir):
+            path.mkdir(parents=True)
+        (net_dir / "10-bridge.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "podnet",
+            "plugins": [{"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local", "subnet": "10.85.0.0/24"}},
+                        {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=2) + "\n")
+        sa = self.work / "cni-sa"
+        self.istiod_local("kubeconfig", "--state-dir", str(self.state), "--out", str(self.work / "cni-kubeconfig"),
+                          "--server", f"https://{self.gateway}:6443", "--identity", "istio-system/istio-cni",
+                          "--service-account-dir", str(sa))
+        name = f"istio-agent-check-cni-{os.getpid()}"
+        self.r.on_exit(f"container {name}", lambda: self.r.run(["podman", "rm", "-f", "-t", "10", name],
+                                                               check=False) and None)
+        self.r.run(["podman", "run", "-d", "--name", name, "--network", self.network, "--ip", self.cni_ip,
+                    "--cap-drop", "ALL", "--cap-add", "NET_ADMIN,NET_RAW,SYS_ADMIN,DAC_OVERRIDE",
+                    "-v", f"{bin_dir}:/host/opt/cni/bin", "-v", f"{net_dir}:/host/etc/cni/net.d",
+                    "-v", f"{run_dir}:/var/run/istio-cni", "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+                    "-e", f"KUBERNETES_SERVICE_HOST={self.gateway}", "-e", "KUBERNETES_SERVICE_PORT=6443",
+                    "-e", "POD_NAMESPACE=istio-system", "-e", "POD_NAME=istio-cni-node-check", "-e", "NODE_NAME=node-1",
+                    "-e", "CNI_NET_DIR=/etc/cni/net.d", "-e", "CHAINED_CNI_PLUGIN=true", "-e", "REPAIR_ENABLED=false",
+                    self.cni_image, "install-cni"])
+
+        def installed() -> bool:
+            if self.inspect(name, "{{.State.Status}}") not in ("running", "created", "configured"):
+                logs = self.r.run(["podman", "logs", name], check=False)
+                raise CheckError(f"install-cni stopped: {(logs.stdout + logs.stderr)[-3000:]}")
+            text = (net_dir / "10-bridge.conflist").read_text()
+            return '"istio-cni"' in text and (bin_dir / "istio-cni").exists()
+        try:
+            wait_for("install-cni to install the plugin", installed, 60)
+        except CheckError as exc:
+            return self.r.result("install-cni", False, str(exc))
+        launcher = (bin_dir / "istio-cni").read_text().splitlines()[0]
+        runtime = bin_dir / "istio-cni.d"
+        size = self.r.run(["du", "-sh", str(runtime)]).stdout.split()[0]
+        self.r.result("install-cni", True, f"entry in 10-bridge.conflist; istio-cni launcher `{launcher}`; "
+                      f"runtime {runtime.relative_to(node)} ({size}) copied to the node")
+        conflist = json.loads((net_dir / "10-bridge.conflist").read_text())
+        entry = next(p for p in conflist["plugins"] if p["type"] == "istio-cni")
+        print(f"istio-cni entry: {json.dumps(entry, sort_keys=True)}")
+        # The node side: a root with no Python (the bare base image), the node's CNI dirs at their real paths.
+        has_python = self.r.run(["podman", "run", "--rm", "--network", "none", self.base_image, "sh", "-c",
+                                 "command -v python3 || ls /usr/bin/python3* 2>/dev/null || echo none"],
+                                check=False).stdout.strip()
+        mounts = ["-v", f"{bin_dir}:/opt/cni/bin:ro", "-v", f"{net_dir}:/etc/cni/net.d:ro",
+                  "-v", f"{run_dir}:/var/run/istio-cni"]
+        version = self.r.run(["podman", "run", "--rm", "--network", "none", *mounts, "-e", "CNI_COMMAND=VERSION",
+                              self.base_image, "/opt/cni/bin/istio-cni"], check=False)
+        ok_version = '"cniVersion"' in version.stdout
+        self.r.result("istio-cni on a node without Python: VERSION", ok_version,
+                      f"python on that root: {has_python}; answer {version.stdout.strip() or version.stderr.strip()}")
+        stdin = json.dumps({"cniVersion": conflist["cniVersion"], "name": conflist["name"], **entry,
+                            "prevResult": {"cniVersion": conflist["cniVersion"],
+                                           "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/check"}],
+                                           "ips": [{"address": f"{self.echo_ip}/24", "interface": 0}]}})
+        record = "/var/run/istio-cni/dry-run.txt"
+        add = self.r.run(["podman", "run", "--rm", "--network", self.network, *mounts,
+                          "-e", "CNI_COMMAND=ADD", "-e", "CNI_CONTAINERID=0123456789abcdef",
+                          "-e", "CNI_NETNS=/var/run/netns/check", "-e", "CNI_IFNAME=eth0", "-e", "CNI_PATH=/opt/cni/bin",
+                          "-e", f"CNI_ARGS=K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME=echo-1;IgnoreUnknown=1",
+                          "-e", f"DRY_RUN_FILE_PATH={record}", "-i", self.base_image, "/opt/cni/bin/istio-cni"],
+                         check=False, stdin=stdin)
+        recorded = (run_dir / "dry-run.txt").read_text() if (run_dir / "dry-run.txt").exists() else ""
+        ok_add = add.returncode == 0 and "ISTIO_REDIRECT" in recorded
+        lines = [line for line in recorded.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
+        return self.r.result("istio-cni on a node without Python: ADD (dry run)", ok_add and ok_version,
+                             f"exit {add.returncode}; pod echo-1 read from the API; recorded {len(recorded.splitlines())} "
+                             f"lines, e.g. `{lines[0] if lines else ''}`" if ok_add
+                             else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
+
+    def run(self) -> None:
+        self.network_up()
+        self.istiod_up()
+        self.play("echo-1", self.echo_ip,
+                  [VENV_PYTHON, "-m", "istio_agent.node.echo_app", "serve", "--port", str(ECHO_PORT)])
+        self.play("sleep-1", self.client_ip, ["sleep", "infinity"])
+        for name in ("echo-1", "sleep-1"):
+            self.check_init(name)
+        ready = [self.ready(name) for name in ("echo-1", "sleep-1")]
+        if all(ready):
+            self.traffic()
+        self.cni()
+
+
+def images_summary(runner: Runner, tag: str) -> None:
+    out = runner.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}"], check=False).stdout
+    wanted = ("localhost/istio-agent/base:bookworm", f"localhost/istio-agent/proxyv2:{tag}",
+              f"localhost/istio-agent/install-cni:{tag}")
+    for line in out.splitlines():
+        if line.split(" ")[0] in wanted:
+            print(f"  {line}")
+
+
+def leftovers(runner: Runner, network: str) -> list[str]:
+    """What of this run podman still has (nothing, after a clean exit)."""
+    found = []
+    pods = runner.run(["podman", "pod", "ps", "-q", "--filter", "name=sleep-1", "--filter", "name=echo-1"],
+                      check=False).stdout.split()
+    if pods:
+        found.append(f"pods {pods}")
+    if runner.run(["podman", "network", "exists", network], check=False).returncode == 0:
+        found.append(f"network {network}")
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tag", default=os.environ.get("IMAGE_TAG", "0.1.0"), help="the images' tag")
+    parser.add_argument("--subnet", default="10.89.77.0/24", help="the podman network's /24 (default %(default)s)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every command")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("image-check: run as root (podman kube play, a bridge, istio-init's iptables)", file=sys.stderr)
+        return 2
+    runner = Runner(args.verbose)
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.monotonic()
+    check: Check | None = None
+    error = ""
+    try:
+        check = Check(args, runner)
+        check.run()
+    except CheckError as exc:
+        error = str(exc)
+    except KeyboardInterrupt:
+        error = "interrupted"
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        left = runner.cleanup()
+        if check is not None:
+            left += leftovers(runner, check.network)
+    print("\n== image-check summary")
+    print("images:")
+    images_summary(runner, args.tag)
+    for name, ok, detail in runner.results:
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    if error:
+        print(f"  FAIL  stopped: {error}")
+    print(f"cleanup: {'everything removed (pods, containers, network, bridge, istiod-local, files)' if not left else left}")
+    passed = not error and not left and bool(runner.results) and all(ok for _, ok, _ in runner.results)
+    print(f"result: {'all checks held' if passed else 'FAILED'} ({time.monotonic() - started:.0f} s)")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
