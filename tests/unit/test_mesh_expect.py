@@ -112,3 +112,31 @@ def test_the_table_marks_each_row_and_counts() -> None:
     assert lines[0].split() == ["client", "target", "via", "expected", "observed", "ok"]
     assert lines[1].endswith(" ok") and lines[2].endswith(" FAIL")
     assert lines[-1] == "1/2 expectations held"
+
+
+STRICT_WEB = ("namespaces: [{name: default, peerAuthentication: STRICT}]\n"
+              "services: [{name: web, ports: [{port: 80, targetPort: 8080, protocol: HTTP}]}]\n"
+              "deployments:\n- {name: web, app: {kind: http-echo, port: 8080}}\n- {name: out, mode: none}\n")
+
+
+def test_a_declared_expectation_replaces_the_policies_verdict() -> None:
+    plan = _plan(STRICT_WEB + "expectations:\n- {from: out, to: web, outcome: plaintext}\n")
+    (probe,) = [p for p in expect.probes(plan, _ips(plan)) if p.pod == "out-1"]
+    assert expect.expect(plan, probe) == Outcome(PLAINTEXT, detail="declared in the mesh file")
+    # a port that does not match leaves the policies' verdict
+    plan = _plan(STRICT_WEB.replace("port: 80,", "port: 80, name: http},{port: 81,") +
+                 "expectations:\n- {from: out, to: web, port: 81, outcome: plaintext}\n")
+    verdicts = {p.port: expect.expect(plan, p).kind for p in expect.probes(plan, _ips(plan)) if p.pod == "out-1"}
+    assert verdicts == {80: REFUSED, 81: PLAINTEXT}
+
+
+def test_a_declared_expectation_must_name_what_exists() -> None:
+    from istio_agent.controlplane.xds.yamlfields import RegistryError
+
+    for bad, field in (("{from: nobody, to: web}", "expectations[0].from"), ("{from: out, to: nothing}",
+                                                                             "expectations[0].to"),
+                       ("{from: out, to: web, port: 99}", "expectations[0].port"),
+                       ("{from: out, to: web, outcome: maybe}", "expectations[0].outcome")):
+        with pytest.raises(RegistryError) as caught:
+            parse_mesh(STRICT_WEB + f"expectations:\n- {bad}\n")
+        assert caught.value.field == field and caught.value.line == 7

@@ -8,7 +8,9 @@ xDS (`xds:///host:port`, through its app's control port); a pod outside the
 mesh calls each service's first backend pod directly on its target port, in
 plaintext (it has no capture, so a clusterIP leads nowhere).
 
-Expectations, as upstream Istio decides them:
+Expectations: an entry of the mesh file's `expectations:` that matches the
+probe (client deployment, service or entry, optionally port) says it;
+otherwise the policies do, as upstream Istio decides them:
 
 - through the mesh (sidecar or proxyless client): mTLS presenting the
   client's SPIFFE id, unless the server pods are outside the mesh or their
@@ -56,6 +58,7 @@ class Probe:
     entry: str = ""  # service entry name
     backend: str = ""  # "<namespace>/<deployment>" a pod-IP probe goes to
     cluster: str = ""  # the client Envoy's outbound cluster ("outbound|port||host"), "" without a sidecar
+    port: int = 0  # the service (or entry) port the probe is for
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "address": self.address}
@@ -94,7 +97,7 @@ def probes(plan: MeshPlan, pod_ips: Mapping[str, str]) -> list[Probe]:
                     if port.protocol == "GRPC":
                         host = service.hostname()
                         out.append(Probe(client.key, pod, "grpc-xds", f"xds:///{host}:{port.port}",
-                                         f"{host}:{port.port}", "xDS", service=service.key))
+                                         f"{host}:{port.port}", "xDS", service=service.key, port=port.port))
         elif client.mode == "none":
             out += _plaintext_probes(plan, client, pod, pod_ips)
     return out
@@ -110,14 +113,14 @@ def _sidecar_probes(plan: MeshPlan, client: Deployment, pod: str) -> list[Probe]
             ways = [("clusterIP", plan.cluster_ips[service.key])] + ([("DNS", host)] if client.dns_capture else [])
             for via, address in ways:
                 out.append(Probe(client.key, pod, kind, _address(port.protocol, address, port.port),
-                                 f"{host}:{port.port}", via, service=service.key, cluster=cluster))
+                                 f"{host}:{port.port}", via, service=service.key, cluster=cluster, port=port.port))
     if client.dns_capture:
         for entry in mesh.service_entries:
             for port in entry.ports:
                 host = entry.hosts[0]
                 out.append(Probe(client.key, pod, _KIND[port.protocol], _address(port.protocol, host, port.port),
                                  f"{host}:{port.port}", "DNS", entry=entry.name,
-                                 cluster=f"outbound|{port.port}||{host}"))
+                                 cluster=f"outbound|{port.port}||{host}", port=port.port))
     return out
 
 
@@ -134,7 +137,7 @@ def _plaintext_probes(plan: MeshPlan, client: Deployment, pod: str, pod_ips: Map
         for port in service.ports:
             out.append(Probe(client.key, pod, _KIND[port.protocol], _address(port.protocol, ip, port.target_port),
                              f"{server_pod}:{port.target_port}", "pod IP", service=service.key,
-                             backend=backend.key))
+                             backend=backend.key, port=port.port))
     return out
 
 
@@ -153,11 +156,27 @@ def _plaintext_accepted(mesh: Mesh, server: Deployment) -> Outcome:
     return Outcome(PLAINTEXT, detail=f"{mode} accepts plaintext")
 
 
+def declared(mesh: Mesh, probe: Probe) -> Outcome | None:
+    """The mesh file's own `expectations:` entry for this probe, if one matches (the last one wins)."""
+    found = None
+    for wanted in mesh.expectations:
+        if wanted.client != probe.client or (wanted.port and wanted.port != probe.port):
+            continue
+        if (wanted.service and wanted.service == probe.service) or (wanted.entry and wanted.entry == probe.entry):
+            client = mesh.deployment(probe.client)
+            identity = mesh.spiffe_id(client) if client is not None and wanted.outcome == MTLS else ""
+            found = Outcome(wanted.outcome, identity, "declared in the mesh file")
+    return found
+
+
 def expect(plan: MeshPlan, probe: Probe) -> Outcome:
-    """What the mesh file's policies say `probe` must give."""
+    """What the mesh file says `probe` must give: its declared expectation, else what its policies say."""
     mesh = plan.mesh
     client = mesh.deployment(probe.client)
     assert client is not None
+    stated = declared(mesh, probe)
+    if stated is not None:
+        return stated
     if probe.backend:  # from outside the mesh, straight to a pod
         backend = mesh.deployment(probe.backend)
         assert backend is not None

@@ -121,12 +121,27 @@ class ServiceEntry:
     endpoints: tuple[EntryEndpoint, ...] = ()
 
 
+OUTCOMES = ("mtls", "plaintext", "refused")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A declared outcome for the check, replacing what the policies say for the calls it matches."""
+
+    client: str  # "<namespace>/<deployment>"
+    service: str = ""  # "<namespace>/<service>", or
+    entry: str = ""  # a service entry's name
+    port: int = 0  # a service port; 0: every port
+    outcome: str = "mtls"
+
+
 @dataclass(frozen=True)
 class Mesh:
     namespaces: tuple[Namespace, ...]
     services: tuple[Service, ...] = ()
     deployments: tuple[Deployment, ...] = ()
     service_entries: tuple[ServiceEntry, ...] = ()
+    expectations: tuple[Expectation, ...] = ()
 
     def namespace(self, name: str) -> Namespace:
         return next((n for n in self.namespaces if n.name == name), Namespace(name))

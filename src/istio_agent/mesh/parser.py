@@ -31,6 +31,8 @@ except where noted)::
         next: [ratings.secure:9080]         # http-echo: each request it serves calls these first
         calls: [frontend:80]                # client, grpc-client: called every `interval` seconds
         interval: 1                         # seconds, default 1
+    expectations:                           # optional: what the check must see, over what the policies say
+    - {from: legacy, to: ratings.secure, port: 9080, outcome: refused}   # mtls | plaintext | refused
     serviceEntries:
     - name: legacy
       namespace: default
@@ -70,12 +72,14 @@ from istio_agent.mesh.model import (
     DEFAULT_NAMESPACE,
     MODES,
     MTLS_MODES,
+    OUTCOMES,
     PROTOCOLS,
     RESOLUTIONS,
     SERVER_KINDS,
     App,
     Deployment,
     EntryEndpoint,
+    Expectation,
     Mesh,
     Namespace,
     Port,
@@ -92,7 +96,8 @@ MAX_DEPLOYMENT_NAME = 36
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries"})
+_TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries", "expectations"})
+_EXPECTATION = frozenset({"from", "to", "port", "outcome"})
 _NAMESPACE = frozenset({"name", "peerAuthentication", "labels"})
 _SERVICE = frozenset({"name", "namespace", "selector", "clusterIP", "ports"})
 _PORT = frozenset({"name", "port", "targetPort", "protocol"})
@@ -268,19 +273,12 @@ class _Resolver:
         self.services = {s.key: s for s in services}
         self.hosts = {host: e for e in entries for host in e.hosts}
 
-    def resolve(self, text: str, namespace: str) -> Target:
-        """The target; ValueError with the reason when it names nothing or is ambiguous."""
-        host, colon, port_text = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
-        port: int | None = None
-        if colon:
-            if not port_text.isdigit():
-                raise ValueError(f"port {port_text!r} is not a number")
-            port = int(port_text)
-        host = host.lower()
+    def lookup(self, host: str, namespace: str) -> Service | ServiceEntry:
+        """The service (`name`, `name.namespace`, FQDN) or service entry (one of its hosts) a name means."""
+        host = host.strip().lower()
         entry = self.hosts.get(host)
         if entry is not None:
-            chosen = _pick_port(entry.ports, port, f"service entry {entry.name}")
-            return Target(host, chosen.port, chosen.protocol, entry=entry.name)
+            return entry
         parts = host.split(".")
         if len(parts) == 5 and parts[2:] == ["svc", "cluster", "local"]:
             parts = parts[:2]
@@ -290,8 +288,22 @@ class _Resolver:
         service = self.services.get(key)
         if service is None:
             raise ValueError(f"no service {key} and no service entry host {host!r}")
-        chosen = _pick_port(service.ports, port, f"service {key}")
-        return Target(service.hostname(), chosen.port, chosen.protocol, service=key)
+        return service
+
+    def resolve(self, text: str, namespace: str) -> Target:
+        """The target; ValueError with the reason when it names nothing or is ambiguous."""
+        host, colon, port_text = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
+        port: int | None = None
+        if colon:
+            if not port_text.isdigit():
+                raise ValueError(f"port {port_text!r} is not a number")
+            port = int(port_text)
+        found = self.lookup(host, namespace)
+        if isinstance(found, ServiceEntry):
+            chosen = _pick_port(found.ports, port, f"service entry {found.name}")
+            return Target(host.strip().lower(), chosen.port, chosen.protocol, entry=found.name)
+        chosen = _pick_port(found.ports, port, f"service {found.key}")
+        return Target(found.hostname(), chosen.port, chosen.protocol, service=found.key)
 
 
 def _pick_port(ports: tuple[Port, ...], wanted: int | None, what: str) -> Port:
@@ -396,6 +408,29 @@ def _check_entry_endpoints(entries: list[tuple[ServiceEntry, Fields]], deploymen
                                     f"no deployment {endpoint.deployment}")
 
 
+def _expectations(top: Fields, resolver: _Resolver, deployments: list[Deployment]) -> tuple[Expectation, ...]:
+    """Declared outcomes: `from` a deployment (`[namespace/]name`), `to` a service or entry, optionally a port."""
+    known = {d.key: d for d in deployments} | {d.name: d for d in deployments}
+    out = []
+    for path, node in top.items("expectations"):
+        f = Fields(node, path, top.source, _EXPECTATION)
+        client = known.get(f.string("from"))
+        if client is None:
+            f.fail(f.value_node("from"), "from", f"no deployment {f.string('from')!r}")
+        assert client is not None
+        try:
+            target = resolver.lookup(f.string("to"), client.namespace)
+        except ValueError as exc:
+            f.fail(f.value_node("to"), "to", str(exc))
+            raise
+        port = f.integer("port", 0, 1, 65535) if f.has("port") else 0
+        if port and all(p.port != port for p in target.ports):
+            f.fail(f.value_node("port"), "port", f"{f.string('to')} has no port {port}")
+        service, entry = (target.key, "") if isinstance(target, Service) else ("", target.name)
+        out.append(Expectation(client.key, service, entry, port, _choice(f, "outcome", OUTCOMES, "mtls")))
+    return tuple(out)
+
+
 def parse_mesh(text: str, source: str = "mesh.yaml") -> Mesh:
     """Parse and validate a mesh file; `RegistryError` names the line and field of the first problem."""
     root = compose(text, source)
@@ -410,4 +445,6 @@ def parse_mesh(text: str, source: str = "mesh.yaml") -> Mesh:
     entries = _entries(top, namespaces)
     deployments = _deployments(top, namespaces, _Resolver(services, [e for e, _ in entries]))
     _check_entry_endpoints(entries, deployments)
-    return Mesh(tuple(namespaces.values()), tuple(services), tuple(deployments), tuple(e for e, _ in entries))
+    expectations = _expectations(top, _Resolver(services, [e for e, _ in entries]), deployments)
+    return Mesh(tuple(namespaces.values()), tuple(services), tuple(deployments), tuple(e for e, _ in entries),
+                expectations)
