@@ -3,7 +3,8 @@
 Processes: a real Envoy whose loopback listener serves `/stats/prometheus` from its admin
 API (Istio's 15090 shape) with enough static clusters for ~16,000 series; an app process
 serving ~16,000 series with prometheus_client's own HTTP server; one "agent" process
-running the merged handler (with the agent's registry) on two ports, one merging Envoy
+running the merged handler (with the agent's registry, on the status server's
+h11 server) on two ports, one merging Envoy
 only, one merging Envoy and the app; and this process as the scraper (aiohttp, no gzip,
 reading the whole body).
 
@@ -74,10 +75,11 @@ def serve_app(series: int, port_file: Path) -> None:
 
 
 def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
-    """The agent side: the merged handler on two ports (Envoy only; Envoy + app)."""
-    from aiohttp import web
+    """The agent side: the merged handler on two ports (Envoy only; Envoy + app), on the status server's HTTP."""
     from prometheus_client import CollectorRegistry
 
+    from istio_agent.httpio.routing import Router
+    from istio_agent.httpio.server import HttpServer
     from istio_agent.status.agent_metrics import AgentMetrics
     from istio_agent.status.metrics_handler import MetricsOptions, add_metrics_routes
     from istio_agent.status.metrics_merge import ScrapeTarget
@@ -87,12 +89,9 @@ def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
         for targets in ((), (ScrapeTarget(app_port),)):
             registry = CollectorRegistry(auto_describe=True)
             AgentMetrics(registry)
-            app = web.Application()
-            add_metrics_routes(app, MetricsOptions(envoy_port=envoy_port, app_targets=targets), registry)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            ports.append(runner.addresses[0][1])
+            router = Router()
+            add_metrics_routes(router, MetricsOptions(envoy_port=envoy_port, app_targets=targets), registry)
+            ports.append(await HttpServer(router).start("127.0.0.1", 0))
         port_file.write_text(" ".join(map(str, ports)))
         await asyncio.Event().wait()
 

@@ -39,9 +39,10 @@ def test_health_messages_are_not_imported_with_the_prober() -> None:
 
 
 def test_http2_client_is_not_imported_with_the_prober() -> None:
-    """h2 and h11 (ISTIO_ENABLE_HTTP2_PROBING's HTTPS client) load on the first HTTPS probe, not at start."""
+    """h2 (ISTIO_ENABLE_HTTP2_PROBING's HTTPS client) loads when an app selects it, the probes' HTTP client on
+    the first HTTP probe, not at start (h11 itself is the status server's HTTP)."""
     loaded = loaded_after("import istio_agent.status.probes_prober, istio_agent.status.server")
-    heavy = {"h2", "h11", "hpack", "hyperframe", "istio_agent.status.probes_https"}
+    heavy = {"h2", "hpack", "hyperframe", "istio_agent.status.probes_https"}
     assert not loaded & heavy, loaded & heavy
 
 

@@ -19,6 +19,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from support import ENVOY, HTTP_NOT_YET, envoy_stats_bootstrap, free_port, http_request, poll, stop_process
 
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server import HttpServer
 from istio_agent.status.agent_metrics import AgentMetrics
 from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
 
@@ -178,17 +180,18 @@ def prometheus_client_app(registry: CollectorRegistry | None = None) -> Iterator
 
 @contextlib.asynccontextmanager
 async def merged_endpoint(options: MetricsOptions) -> AsyncIterator[tuple[int, MergedMetricsHandler]]:
-    """A status-server-like aiohttp app with only the merged routes and an agent registry."""
+    """The status server's HTTP server with only the merged routes and an agent registry."""
     registry = CollectorRegistry(auto_describe=True)
     AgentMetrics(registry)
-    app = web.Application()
+    router = Router()
     handler = MergedMetricsHandler(options, registry)
-    handler.add_routes(app)
-    runner, port = await serve(app)
+    handler.add_routes(router)
+    server = HttpServer(router)
+    port = await server.start("127.0.0.1", 0)
     try:
         yield port, handler
     finally:
-        await runner.cleanup()
+        await server.stop()
 
 
 def promtool(body: bytes) -> tuple[int, str]:

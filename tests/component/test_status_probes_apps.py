@@ -2,8 +2,8 @@
 
 The apps are real servers: aiohttp over HTTP and over TLS with a self-signed
 certificate, a plain TCP listener, and a grpcio server with grpc_health's
-servicer. The status routes run in their own aiohttp server; requests go
-through real sockets the way the kubelet's would.
+servicer. The status routes run in the status server's own HTTP server
+(`httpio`); requests go through real sockets the way the kubelet's would.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from conftest import VENV_BIN
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from support import free_port
 
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server import HttpServer
 from istio_agent.pki.certs import cert_to_pem, issue_server_cert, new_root_ca
 from istio_agent.pki.keys import generate_key, key_to_pem
 from istio_agent.status.probes import MAX_BODY_BYTES, MAX_REQUESTS, PROBE_USER_AGENT, ProbeOptions, parse_app_probers
@@ -205,19 +207,20 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     bare_port = bare.add_insecure_port(f"{LOOPBACK}:0")
     await bare.start()
 
-    status_sock = bound_socket()
-    status_port = status_sock.getsockname()[1]
+    status_port = free_port()
     options = ProbeOptions(probers=parse_app_probers(probers(app, tcp_port, grpc_port, bare_port)),
                            pod_ip=LOOPBACK, status_port=status_port)
-    status_app = web.Application()
-    add_probe_routes(status_app, options)
-    runners.append(await start(status_app, status_sock))
+    status_routes = Router()
+    add_probe_routes(status_routes, options)
+    status_server = HttpServer(status_routes)
+    await status_server.start(LOOPBACK, status_port)
     session = aiohttp.ClientSession()
     try:
         yield Setup(app, status_port, tcp_port, Grpc(grpc_port, servicer), bare_port, session)
     finally:
         app.release.set()
         await session.close()
+        await status_server.stop()
         for runner in reversed(runners):
             await runner.cleanup()
         tcp.close()
@@ -279,7 +282,7 @@ async def test_body_is_capped(setup: Setup) -> None:
 
 @pytest.mark.parametrize("scheme", ["", "tls"])
 async def test_gzip_body_is_decoded_then_capped(setup: Setup, scheme: str) -> None:
-    """Over HTTP (aiohttp) and over HTTPS with HTTP/2 offered (this app selects no protocol: HTTP/1.1 on h11)."""
+    """Over HTTP and over HTTPS with HTTP/2 offered (this app selects no protocol): HTTP/1.1 on h11 either way."""
     assert await setup.get(f"/app-health/{scheme}gzip/livez") == (503, b"y" * MAX_BODY_BYTES)
     assert setup.app.seen[0]["headers"]["Accept-Encoding"] == "gzip, deflate"
     assert setup.app.seen[0]["tls"] is bool(scheme)

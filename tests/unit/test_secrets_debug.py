@@ -284,23 +284,18 @@ class SnapshotOnly:
 
 @pytest.mark.parametrize(("peer", "status"), [("127.0.0.1", 200), ("::1", 200), ("10.0.0.7", 403)])
 async def test_debug_endpoint_is_localhost_only(pki: Pki, peer: str, status: int) -> None:
-    from unittest import mock
-
-    from aiohttp import web
-    from aiohttp.test_utils import make_mocked_request
-
+    from istio_agent.httpio.routing import Router
+    from istio_agent.httpio.server_core import Request, Response
     from istio_agent.status.secrets_debug import DEBUG_SECRETS_PATH, add_secrets_debug_route
 
-    app = web.Application()
+    app = Router()
     cache = SnapshotOnly([SecretItem("ROOTCA", root_cert=pki.root.cert_pem, source="ca")])
     add_secrets_debug_route(app, cache, clock=lambda: NOW)  # type: ignore[arg-type]
-    transport = mock.Mock()
-    transport.get_extra_info.side_effect = lambda name, default=None: (peer, 40000) if name == "peername" else default
-    request = make_mocked_request("GET", DEBUG_SECRETS_PATH, app=app, transport=transport)
-    match = await app.router.resolve(request)
-    response = await match.handler(request)
+    handler = app.resolve("GET", DEBUG_SECRETS_PATH)
+    assert not isinstance(handler, Response)
+    response = await handler(Request("GET", DEBUG_SECRETS_PATH, DEBUG_SECRETS_PATH, "", (), peer))
     assert response.status == status
     if status == 200:
-        assert isinstance(response, web.Response) and response.text is not None
-        [item] = json.loads(response.text)
+        assert dict(response.headers)["Content-Type"].startswith("application/json")
+        [item] = json.loads(response.body)
         assert (item["resource_name"], item["type"], item["state"]) == ("ROOTCA", "CA", "ACTIVE")

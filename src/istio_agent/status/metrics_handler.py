@@ -1,4 +1,4 @@
-"""`/stats/prometheus` and `/metrics` on the status server: the merged scrape, as an aiohttp handler.
+"""`/stats/prometheus` and `/metrics` on the status server: the merged scrape, as a streamed `httpio` answer.
 
 Thin I/O around `metrics_merge`. One scrape:
 
@@ -18,6 +18,10 @@ Thin I/O around `metrics_merge`. One scrape:
    slower app is still rendering its own;
 4. writes `# EOF` once, last, for OpenMetrics.
 
+The sources are fetched over `httpio.client`'s keep-alive pool (h11); the answer
+is a body stream the server pulls as the socket takes it, so a slow scraper
+holds back the sources instead of filling memory.
+
 A failing source (refused, non-200, protobuf, too large, malformed, too slow) is
 logged and counted in `istio_agent_scrape_failures_total{type=envoy|application|agent}`
 (upstream's metric); its error text never reaches the body, and the others are
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from istio_agent.httpio.client import Pool, PooledResponse
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server_core import Request, Response, text_response
 from istio_agent.netaddr import is_localhost
 from istio_agent.status.metrics_filter import (
     SourceError,
@@ -60,6 +65,7 @@ from istio_agent.status.metrics_merge import (
 log = logging.getLogger(__name__)
 
 HEADERS_SHARE = 0.8  # of the budget, for every source's response headers
+READ_SIZE = 65536
 ENVOY, APPLICATION, AGENT = "envoy", "application", "agent"  # upstream's failure `type` labels
 
 
@@ -81,13 +87,13 @@ class ScrapeCounters:
 
 
 class MergedMetricsHandler:
-    """Serves the merged page; one aiohttp client session (keep-alive to Envoy) for every scrape."""
+    """Serves the merged page; one client pool (keep-alive to Envoy and the apps) for every scrape."""
 
     def __init__(self, options: MetricsOptions, registry: CollectorRegistry) -> None:
         self.options = options
         self.registry = registry
         self.counters = ScrapeCounters(registry)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         self._failing: set[str] = set()  # sources whose last scrape failed: log once per outage
         # Each source's last format per Accept we sent it, to fix the answer's format early.
         self._formats: dict[tuple[str, str], Format] = {}
@@ -100,25 +106,21 @@ class MergedMetricsHandler:
         out += [Source(APPLICATION, f"http://{host}:{t.port}{t.path}") for t in self.options.app_targets]
         return out
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/stats/prometheus", self.handle)
-        app.router.add_get("/metrics", self.handle)
-        app.on_cleanup.append(self.close)
+    def add_routes(self, app: Router) -> None:
+        app.add_get("/stats/prometheus", self.handle)
+        app.add_get("/metrics", self.handle)
+        app.on_close(self.close)
 
-    async def close(self, _app: web.Application | None = None) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
-    def _session_for_loop(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # No proxies from the environment, no cookies: these are loopback fetches.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
-            )
-        return self._session
+    def _client(self) -> Pool:
+        # No proxies from the environment, no cookies: these are loopback fetches.
+        if self._pool is None:
+            self._pool = Pool()
+        return self._pool
 
     # --- bookkeeping ---------------------------------------------------------------------------------------
     def _failed(self, kind: str, name: str, reason: object) -> None:
@@ -135,14 +137,14 @@ class MergedMetricsHandler:
             log.info("merged metrics: %s is back", name)
 
     # --- the scrape ----------------------------------------------------------------------------------------
-    async def _open(self, source: Source, headers: dict[str, str]) -> tuple[aiohttp.ClientResponse, Format]:
-        response = await self._session_for_loop().get(source.url, headers=headers, allow_redirects=False)
+    async def _open(self, source: Source, headers: dict[str, str]) -> tuple[PooledResponse, Format]:
+        response = await self._client().request(source.url, headers.items())
         try:
             if response.status != 200:
                 raise SourceError(f"HTTP status {response.status}")
-            fmt = source_format(response.headers.get("Content-Type", ""))
+            fmt = source_format(response.header("Content-Type") or "")
             if fmt is None:
-                raise SourceError(f"cannot merge Content-Type {response.headers.get('Content-Type')!r}")
+                raise SourceError(f"cannot merge Content-Type {response.header('Content-Type')!r}")
             if response.content_length is not None and response.content_length > self.options.body_cap:
                 raise SourceTooLarge(f"Content-Length {response.content_length} exceeds {self.options.body_cap}")
         except BaseException:
@@ -164,34 +166,20 @@ class MergedMetricsHandler:
             return None
         return output_format(om_version, (fmt for fmt in remembered if fmt is not None))
 
-    async def _copy(self, response: aiohttp.ClientResponse, fmt: Format, out: web.StreamResponse,
-                    output: OutputFormat, deadline: float) -> None:
-        filt = SourceFilter(fmt, output, cap=self.options.body_cap)
-        async with asyncio.timeout_at(deadline):
-            async for chunk in response.content.iter_any():
-                block = filt.feed(chunk)
-                if block:
-                    await out.write(block)
-                if filt.ended:
-                    break
-            block = filt.finish()
-            if block:
-                await out.write(block)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         if self.options.localhost_only and not is_localhost(request.remote):
-            return web.Response(status=403, text="Only requests from localhost are allowed")
+            return text_response(403, "Only requests from localhost are allowed")
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.counters.scrapes.inc()
-        budget = scrape_budget(request.headers.get(TIMEOUT_HEADER), self.options.default_timeout)
+        budget = scrape_budget(request.header(TIMEOUT_HEADER), self.options.default_timeout)
         deadline, headers_deadline = started + budget, started + budget * HEADERS_SHARE
-        om_version = accepted_openmetrics(request.headers.get("Accept", ""))
+        om_version = accepted_openmetrics(request.header("Accept", "") or "")
         headers = {
             "Accept": source_accept_header(om_version),
             "Accept-Encoding": "identity",  # loopback: compressing would only cost CPU on both sides
             TIMEOUT_HEADER: f"{budget:.3f}",
-            "User-Agent": request.headers.get("User-Agent", "istio-agent"),
+            "User-Agent": request.header("User-Agent", "istio-agent") or "istio-agent",
         }
         sources = self.sources(request.query_string)
         opens = [loop.create_task(self._open(source, headers)) for source in sources]
@@ -202,49 +190,42 @@ class MergedMetricsHandler:
                 output = output_format(om_version, (
                     task.result()[1] for task in opens if task.done() and not task.cancelled()
                     and task.exception() is None))
-            response = web.StreamResponse(headers={"Content-Type": output.content_type})
-            if accepts_gzip(request.headers.get("Accept-Encoding", "")):
-                response.enable_compression(web.ContentCoding.gzip)
-            await response.prepare(request)
-            try:
-                own = agent_exposition(self.registry, output)
-            except Exception as exc:  # a broken collector must not cost Envoy's and the app's metrics
-                self._failed(AGENT, "registry", exc)
-            else:
-                await response.write(own)
-            for index, (source, task) in enumerate(zip(sources, opens, strict=True)):
-                # Each source gets a fair share of the time left, so one that stalls cannot starve the rest.
-                share_end = loop.time() + max(0.0, deadline - loop.time()) / (len(sources) - index)
-                await self._merge_source(source, task, response, output, min(share_end, headers_deadline), share_end,
-                                         om_version)
-            if output.format is Format.OPENMETRICS:
-                await response.write(EOF_LINE)
-            await response.write_eof()
-            return response
-        finally:
-            for task in opens:
-                task.cancel()
-            for result in await asyncio.gather(*opens, return_exceptions=True):
-                if isinstance(result, tuple):
-                    result[0].close()
+        except BaseException:
+            await _close_opens(opens)
+            raise
+        body = _MergedBody(self, sources, opens, output, om_version, deadline, headers_deadline)
+        return Response(200, headers=[("Content-Type", output.content_type)], stream=body,
+                        gzip=accepts_gzip(request.header("Accept-Encoding", "") or ""))
 
-    async def _merge_source(self, source: Source, task: asyncio.Task[tuple[aiohttp.ClientResponse, Format]],
-                            out: web.StreamResponse, output: OutputFormat, headers_by: float, body_by: float,
-                            om_version: str) -> None:
-        """Wait for `source`'s headers (until `headers_by`), then stream its body (until `body_by`)."""
+    async def merge_source(self, source: Source, task: asyncio.Task[tuple[PooledResponse, Format]],
+                           output: OutputFormat, headers_by: float, body_by: float,
+                           om_version: str) -> AsyncIterator[bytes]:
+        """Wait for `source`'s headers (until `headers_by`), then its body's blocks (until `body_by`)."""
         try:
             async with asyncio.timeout_at(headers_by):
                 upstream, fmt = await task
         except TimeoutError:
             self._failed(source.kind, source.url, "no response before the scrape deadline")
             return
-        except (SourceError, aiohttp.ClientError, OSError) as exc:
+        except (SourceError, OSError, ValueError) as exc:
             self._failed(source.kind, source.url, exc)
             return
         self._formats[(source.url, om_version)] = fmt
+        filt = SourceFilter(fmt, output, cap=self.options.body_cap)
         try:
-            await self._copy(upstream, fmt, out, output, body_by)
-        except (SourceError, aiohttp.ClientError, TimeoutError) as exc:
+            while not filt.ended:
+                # The deadline covers reads only: a timeout never spans a yield (the server's writes).
+                async with asyncio.timeout_at(body_by):
+                    chunk = await upstream.response.read(READ_SIZE)
+                if not chunk:
+                    break
+                block = filt.feed(chunk)
+                if block:
+                    yield block
+            block = filt.finish()
+            if block:
+                yield block
+        except (SourceError, OSError, ValueError, TimeoutError) as exc:
             reason = "body not complete before the scrape deadline" if isinstance(exc, TimeoutError) else exc
             self._failed(source.kind, source.url, reason)
             upstream.close()
@@ -253,9 +234,54 @@ class MergedMetricsHandler:
             upstream.release()
 
 
-def add_metrics_routes(app: web.Application, options: MetricsOptions, registry: CollectorRegistry) -> None:
+async def _close_opens(opens: Sequence[asyncio.Task[tuple[PooledResponse, Format]]]) -> None:
+    for task in opens:
+        task.cancel()
+    for result in await asyncio.gather(*opens, return_exceptions=True):
+        if isinstance(result, tuple):
+            result[0].close()  # a no-op for an answer already released
+
+
+class _MergedBody:
+    """The merged page as the server sends it: the agent's registry, each source in turn, `# EOF`."""
+
+    def __init__(self, handler: MergedMetricsHandler, sources: Sequence[Source],
+                 opens: Sequence[asyncio.Task[tuple[PooledResponse, Format]]], output: OutputFormat,
+                 om_version: str, deadline: float, headers_deadline: float) -> None:
+        self.handler, self.sources, self.opens, self.output = handler, sources, opens, output
+        self.om_version, self.deadline, self.headers_deadline = om_version, deadline, headers_deadline
+        self._blocks: AsyncIterator[bytes] | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._blocks = self._generate()
+        return self._blocks
+
+    async def _generate(self) -> AsyncIterator[bytes]:
+        handler, loop = self.handler, asyncio.get_running_loop()
+        try:
+            own = agent_exposition(handler.registry, self.output)
+        except Exception as exc:  # a broken collector must not cost Envoy's and the app's metrics
+            handler._failed(AGENT, "registry", exc)
+        else:
+            yield own
+        for index, (source, task) in enumerate(zip(self.sources, self.opens, strict=True)):
+            # Each source gets a fair share of the time left, so one that stalls cannot starve the rest.
+            share_end = loop.time() + max(0.0, self.deadline - loop.time()) / (len(self.sources) - index)
+            async for block in handler.merge_source(source, task, self.output, min(share_end, self.headers_deadline),
+                                                    share_end, self.om_version):
+                yield block
+        if self.output.format is Format.OPENMETRICS:
+            yield EOF_LINE
+
+    async def aclose(self) -> None:
+        if self._blocks is not None:
+            await self._blocks.aclose()  # type: ignore[attr-defined]
+        await _close_opens(self.opens)
+
+
+def add_metrics_routes(app: Router, options: MetricsOptions, registry: CollectorRegistry) -> None:
     """Serve GET `/stats/prometheus` and `/metrics` (upstream serves both) on `app`.
 
-    Registers the scrape counters on `registry`; the client session closes with the app.
+    Registers the scrape counters on `registry`; the client pool closes with the server.
     """
     MergedMetricsHandler(options, registry).add_routes(app)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
 from istio_agent.dns.ndsz import name_table_json
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server_core import Request, Response, json_response, text_response
 from istio_agent.netaddr import is_localhost
 
 if TYPE_CHECKING:
@@ -16,13 +16,13 @@ if TYPE_CHECKING:
 NameTableSource = Callable[[], "nds_pb2.NameTable | None"]
 
 
-def add_ndsz_route(app: web.Application, source: NameTableSource) -> None:
+def add_ndsz_route(app: Router, source: NameTableSource) -> None:
     """Serve `source()` (None: no DNS proxy, or no table yet) at `/debug/ndsz`."""
 
-    async def ndsz(request: web.Request) -> web.Response:
+    async def ndsz(request: Request) -> Response:
         if not is_localhost(request.remote):
-            return web.Response(status=403, text="only requests from localhost are allowed")
+            return text_response(403, "only requests from localhost are allowed")
         status, body = name_table_json(source())
-        return web.Response(status=status, text=body, content_type="application/json")
+        return json_response(status, body)
 
-    app.router.add_get("/debug/ndsz", ndsz)
+    app.add_get("/debug/ndsz", ndsz)

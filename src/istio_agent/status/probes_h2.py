@@ -25,7 +25,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from istio_agent.status.probes_https import READ_SIZE, Closer, Response, latin1
+from istio_agent.httpio.client import READ_SIZE, Closer, Response, latin1
 from istio_agent.status.probes_wire import ConnectionHealth, h2_headers
 
 log = logging.getLogger("istio_agent.probes")

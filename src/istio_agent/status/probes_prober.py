@@ -8,10 +8,10 @@ redirects and reading the body. Any failure to get an answer is a 500 with an
 empty body; the reason goes to the `probes` log, which is about the app, not
 the agent.
 
-HTTP probes are HTTP/1.1 (aiohttp; no h2c, as upstream). HTTPS probes offer
-HTTP/2 through ALPN (`probes_https`, loaded on the first one) unless
-ISTIO_ENABLE_HTTP2_PROBING is off, when they are HTTP/1.1 through aiohttp and
-offer no ALPN, as upstream's transport without HTTP/2 configured.
+HTTP probes are HTTP/1.1 on h11 (no h2c, as upstream). HTTPS probes offer
+HTTP/2 through ALPN unless ISTIO_ENABLE_HTTP2_PROBING is off, when they are
+HTTP/1.1 and offer no ALPN, as upstream's transport without HTTP/2 configured.
+Both go through `probes_https`, loaded on the first HTTP probe.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import contextlib
 import errno
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
 import grpc
-from aiohttp import web
-from yarl import URL
 
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server_core import Request, Response, text_response
 from istio_agent.netaddr import join_host_port
 from istio_agent.status.probes import (
     PROBE_SOURCE_V6,
@@ -75,36 +74,6 @@ class Reply(Protocol):
     async def read(self, size: int) -> bytes: ...
 
 
-class _AiohttpReply:
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
-        self.status = response.status
-
-    def header(self, name: str) -> str | None:
-        return self.response.headers.get(name)
-
-    async def read(self, size: int) -> bytes:
-        return await self.response.content.read(size)
-
-
-class _Sessions:
-    """The aiohttp session of one probe, made on its first plain-HTTP (or HTTP/1.1-only HTTPS) request."""
-
-    def __init__(self, connector: Callable[[], tuple[aiohttp.TCPConnector, bool]]) -> None:
-        self._connector = connector
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector, owned = self._connector()
-            self._session = aiohttp.ClientSession(connector=connector, connector_owner=owned, auto_decompress=True)
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
 # ---- the prober ------------------------------------------------------------------------------------------
 
 
@@ -119,23 +88,9 @@ class AppProber:
     def __init__(self, options: ProbeOptions) -> None:
         self.options = options
         self._v6_source_ok: bool | None = None
-        self._connectors: dict[str | None, aiohttp.TCPConnector] = {}
         self._https_prober: HttpsProber | None = None
 
-    def _connector(self, source: str | None) -> tuple[aiohttp.TCPConnector, bool]:
-        """(connector, owned by the session): a fresh one per probe, or the kept one for this source."""
-        local = (source, 0) if source else None
-        if not self.options.keepalive:
-            return aiohttp.TCPConnector(ssl=False, force_close=True, local_addr=local), True
-        connector = self._connectors.get(source)
-        if connector is None or connector.closed:
-            connector = self._connectors[source] = aiohttp.TCPConnector(ssl=False, local_addr=local)
-        return connector, False
-
     async def close(self) -> None:
-        for connector in self._connectors.values():
-            await connector.close()
-        self._connectors.clear()
         if self._https_prober is not None:
             await self._https_prober.close()
 
@@ -172,26 +127,20 @@ class AppProber:
             log.info("probe %s: no answer within %gs", probe.path, probe.timeout)
             return ProbeResult(500, reason=f"no answer within {probe.timeout:g}s")
 
-    def _https(self) -> HttpsProber:
-        # Imported on the first HTTPS probe with HTTP/2 on, not at agent start: most pods have none.
+    def _http_client(self) -> HttpsProber:
+        # Imported on the first HTTP probe, not at agent start: many pods have none.
         if self._https_prober is None:
             from istio_agent.status.probes_https import HttpsProber
 
-            self._https_prober = HttpsProber(self.options.keepalive)
+            self._https_prober = HttpsProber(self.options.keepalive, alpn=self.options.http2)
         return self._https_prober
 
     @contextlib.asynccontextmanager
-    async def _get(self, sessions: _Sessions, url: str, headers: list[tuple[str, str]], host: str | None,
+    async def _get(self, url: str, headers: list[tuple[str, str]], host: str | None,
                    source: str | None) -> AsyncIterator[Reply]:
-        """One GET: HTTPS with HTTP/2 offered (`probes_https`), or HTTP/1.1 through aiohttp."""
-        if self.options.http2 and url.startswith("https:"):
-            async with self._https().get(url, headers, host, source) as reply:
-                yield reply
-            return
-        sent = [*headers, *([("Host", host)] if host else [])]
-        async with sessions.session().get(URL(url, encoded=True), headers=sent, allow_redirects=False,
-                                          skip_auto_headers=("User-Agent",)) as response:
-            yield _AiohttpReply(response)
+        """One GET: HTTP/1.1, or HTTPS with HTTP/2 offered unless it is off (`probes_https`)."""
+        async with self._http_client().get(url, headers, host, source) as reply:
+            yield reply
 
     async def _http(self, probe: AppProbe, action: HttpGetAction, incoming: list[tuple[str, str]],
                     incoming_host: str | None) -> ProbeResult:
@@ -199,11 +148,10 @@ class AppProber:
         headers, host = request_headers(action, incoming, incoming_host, self.options.status_port)
         source = self._source(target_host(action, self.options.pod_ip))
         requests = 0
-        sessions = _Sessions(lambda: self._connector(source))
         try:
             while True:
                 requests += 1
-                async with self._get(sessions, url, headers, host, source) as reply:
+                async with self._get(url, headers, host, source) as reply:
                     step = next_step(reply.status, reply.header("Location"), url, first, requests, host)
                     if isinstance(step, Follow):
                         url, host = step.url, step.host
@@ -212,12 +160,10 @@ class AppProber:
                         log.info("probe %s: %s", probe.path, step.reason)
                         return ProbeResult(500, reason=step.reason)
                     return await self._answer(step, reply)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             reason = f"request to {url} failed: {exc or type(exc).__name__}"
             log.info("probe %s: %s", probe.path, reason)
             return ProbeResult(500, reason=reason)
-        finally:
-            await sessions.close()
 
     async def _answer(self, step: Answer, reply: Reply) -> ProbeResult:
         if not step.pass_body:
@@ -279,25 +225,20 @@ class AppProber:
 # ---- routes -----------------------------------------------------------------------------------------------
 
 
-def add_probe_routes(app: web.Application, options: ProbeOptions) -> None:
-    """Serve `/app-health/...` and `/app-lifecycle/...` on the status server; unknown paths answer 400."""
+def add_probe_routes(app: Router, options: ProbeOptions) -> None:
+    """Serve `/app-health/...` and `/app-lifecycle/...` (any method) on the status server; unknown paths answer 400."""
     prober = AppProber(options)
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: Request) -> Response:
         path = request.path
         probe = options.probers.get(path)
         if probe is None:
             log.warning("no app probe configured for %s", path)
-            return web.Response(status=400, text=f"app prober config does not exists for {path}")
-        result = await prober.probe(probe, request.headers.items(), request.headers.get("Host"))
-        response = web.Response(status=result.status, body=result.body or None)
-        if result.content_type and result.body:
-            response.headers["Content-Type"] = result.content_type
-        return response
+            return text_response(400, f"app prober config does not exists for {path}")
+        result = await prober.probe(probe, request.headers, request.header("Host"))
+        headers = [("Content-Type", result.content_type)] if result.content_type and result.body else []
+        return Response(result.status, result.body, headers)
 
-    async def close(_app: web.Application) -> None:
-        await prober.close()
-
-    app.router.add_route("*", "/app-health/{tail:.*}", handle)
-    app.router.add_route("*", "/app-lifecycle/{tail:.*}", handle)
-    app.on_cleanup.append(close)
+    app.add("/app-health/", handle, prefix=True)
+    app.add("/app-lifecycle/", handle, prefix=True)
+    app.on_close(prober.close)

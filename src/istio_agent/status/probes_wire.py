@@ -6,29 +6,30 @@ that one connection, and an HTTP/2 connection kept between probes is pinged
 after 30 s without a frame and given up when the ping is not answered within
 15 s (Go's ReadIdleTimeout and PingTimeout); Go's default TLS handshake
 (10 s) and idle-connection (90 s) timeouts come with it. Plain-HTTP probes and
-HTTPS probes with the setting off stay HTTP/1.1 (`probes_prober`'s aiohttp
-path), so this module only serves `probes_https`.
+HTTPS probes with the setting off offer no ALPN and stay HTTP/1.1, as do
+plain-HTTP probes (both through `probes_https` as well).
 
-The request carries what the aiohttp path sends, so an app sees the same probe
-whichever protocol it picked: the caller's headers, then `Accept: */*` and
+The request carries what aiohttp sent when it ran the probes, so an app sees
+the same probe whichever protocol it picked: the caller's headers, then `Accept: */*` and
 `Accept-Encoding: gzip, deflate` unless given, with a gzip or deflate body
 decoded before it is passed back.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
+
+from istio_agent.httpio.body import BodyDecoder as BodyDecoder  # re-exported: the probes decode with it
 
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 TLS_HANDSHAKE_TIMEOUT = 10.0  # Go's DefaultTransport.TLSHandshakeTimeout, which upstream keeps
 IDLE_CONNECTION_TIMEOUT = 90.0  # Go's DefaultTransport.IdleConnTimeout: a kept connection unused this long closes
 H2_READ_IDLE_TIMEOUT = 30.0  # Kubernetes' prober: ping an HTTP/2 connection silent for this long...
 H2_PING_TIMEOUT = 15.0  # ...and close it when the ping is not answered within this
-DEFAULT_HEADERS = (("Accept", "*/*"), ("Accept-Encoding", "gzip, deflate"))  # as aiohttp sends them
+DEFAULT_HEADERS = (("Accept", "*/*"), ("Accept-Encoding", "gzip, deflate"))  # as aiohttp sent them
 # Headers that mean nothing (or are refused) in HTTP/2 (RFC 9113 8.2.2); the framing ones are ours in HTTP/1.1.
 _CONNECTION_SPECIFIC = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"})
 _FRAMING = frozenset({"content-length", "transfer-encoding"})
@@ -74,41 +75,6 @@ def h2_headers(authority: str, target: str, headers: Iterable[tuple[str, str]]) 
             continue
         out.append((lower, value))
     return out
-
-
-class BodyDecoder:
-    """The answer's body as the app meant it: gzip and deflate undone (as aiohttp's auto-decompress does).
-
-    `feed` the raw body as it arrives, `take` decoded bytes out: each `take` is bounded, so a small
-    compressed body cannot expand without bound in memory. A body that does not decode raises
-    ValueError; any other encoding is passed back as it came.
-    """
-
-    def __init__(self, content_encoding: str | None) -> None:
-        self.encoding = (content_encoding or "").strip().lower()
-        self._pending = b""
-        self._zlib: zlib._Decompress | None = None
-        if self.encoding == "gzip":
-            self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
-
-    def feed(self, data: bytes) -> None:
-        self._pending += data
-
-    def take(self, limit: int) -> bytes:
-        """Up to `limit` decoded bytes from what was fed (b"" when more must be fed first)."""
-        if limit <= 0 or not self._pending:
-            return b""
-        if self.encoding not in ("gzip", "deflate"):
-            out, self._pending = self._pending[:limit], self._pending[limit:]
-            return out
-        if self._zlib is None:  # deflate: RFC 1950 (zlib) as it should be, raw deflate as some servers send
-            self._zlib = zlib.decompressobj(zlib.MAX_WBITS if self._pending[0] & 0x0F == 8 else -zlib.MAX_WBITS)
-        try:
-            out = self._zlib.decompress(self._pending, limit)
-        except zlib.error as exc:
-            raise ValueError(f"cannot decode the {self.encoding} body: {exc}") from None
-        self._pending = b"" if self._zlib.eof else self._zlib.unconsumed_tail
-        return out
 
 
 HealthAction = Literal["ping", "dead", "idle"]

@@ -26,8 +26,8 @@ from cryptography import x509
 from istio_agent.protos import typeurls
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
+    from istio_agent.httpio.routing import Router
+    from istio_agent.httpio.server_core import Request, Response
     from istio_agent.security.cache import SecretCache
     from istio_agent.security.secrets import SecretItem
 
@@ -271,17 +271,14 @@ def to_json_text(objects: Iterable[SecretView | SecretDiff]) -> str:
 # ---- the agent's endpoint ------------------------------------------------------------------------------------
 
 
-def add_secrets_debug_route(app: web.Application, cache: SecretCache,
-                            clock: Callable[[], float] = time.time) -> None:
+def add_secrets_debug_route(app: Router, cache: SecretCache, clock: Callable[[], float] = time.time) -> None:
     """GET /debug/secrets on the status server: the agent's cache as SecretItems, for localhost only."""
-    from aiohttp import web
-
+    from istio_agent.httpio.server_core import json_response, text_response
     from istio_agent.netaddr import is_localhost
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: Request) -> Response:
         if not is_localhost(request.remote):
-            return web.Response(status=403, text="only requests from localhost are allowed")
-        views = agent_views(cache.snapshot(), clock())
-        return web.Response(text=to_json_text(views), content_type="application/json")
+            return text_response(403, "only requests from localhost are allowed")
+        return json_response(200, to_json_text(agent_views(cache.snapshot(), clock())))
 
-    app.router.add_get(DEBUG_SECRETS_PATH, handle)
+    app.add_get(DEBUG_SECRETS_PATH, handle)

@@ -7,7 +7,8 @@ stats through the agent's one admin client and runs the gRPC bootstrap check).
 only from localhost (upstream's rule): anything else gets 405 or 403. The app
 probes (`/app-health/...`), merged metrics (`/stats/prometheus`, `/metrics`)
 and debug views (`/debug/ndsz`, `/debug/secrets`) are registered by their own
-modules through `routes`. A request that does not parse is answered 400 and
+modules through `routes`. HTTP is `httpio` (h11 under asyncio streams): a
+request that does not parse, or breaks its limits, is answered 4xx and
 counted, and logged in one line per minute at most (`malformed_requests.py`).
 
 As a component, `drain()` marks the agent as draining, so readiness fails from
@@ -20,10 +21,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server import HttpServer
+from istio_agent.httpio.server_core import Request, Response, text_response
 from istio_agent.netaddr import is_localhost
 from istio_agent.status.malformed_requests import MalformedRequestLog
 from istio_agent.status.options import StatusOptions
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RouteAdder = Callable[[web.Application], None]
+RouteAdder = Callable[[Router], None]
 
 
 async def _nothing_to_drain() -> None:
@@ -62,29 +64,28 @@ class StatusServer:
         self.bootstrap_probe = bootstrap_probe
         self.on_quit = on_quit
         self.on_drain = on_drain
-        self.app = web.Application()
-        self.app.router.add_route("*", "/healthz/ready", self.handle_ready)
-        self.app.router.add_route("*", "/quitquitquit", self.handle_quit)
-        self.app.router.add_route("*", "/drain", self.handle_drain)
+        self.app = Router()
+        self.app.add("/healthz/ready", self.handle_ready)
+        self.app.add("/quitquitquit", self.handle_quit)
+        self.app.add("/drain", self.handle_drain)
         for add_routes in routes:  # app probes, metrics, debug endpoints: each part registers its own routes
             add_routes(self.app)
-        self._runner: web.AppRunner | None = None
-        # Requests aiohttp cannot parse: 400, counted, one log line per interval (not a traceback each).
-        self.malformed = MalformedRequestLog(logging.getLogger("aiohttp.server"), on_malformed=on_malformed)
+        # Requests that do not parse: 4xx, counted, one log line per interval (not a traceback each).
+        self.malformed = MalformedRequestLog(on_malformed=on_malformed)
+        self._server: HttpServer | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, logger=self.malformed)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_address=True)
-        await site.start()
+        self._server = HttpServer(self.app, on_malformed=self.malformed)
+        await self._server.start(self.options.host, self.options.port)
         log.info("status server listening on %s:%d", self.options.host, self.options.port)
 
     async def drain(self) -> None:
         self.readiness.draining = True
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
 
     async def check_ready(self) -> str | None:
         """None when ready, else why not."""
@@ -99,32 +100,32 @@ class StatusServer:
         problem = self.bootstrap_probe.check() if self.bootstrap_probe is not None else None
         return self.readiness.evaluate(update_stats, ready_stats, problem)
 
-    async def handle_ready(self, request: web.Request) -> web.Response:
+    async def handle_ready(self, request: Request) -> Response:
         reason = await self.check_ready()
         if reason is None:
-            return web.Response(status=200)
+            return Response(200)
         log.debug("not ready: %s", reason)
-        return web.Response(status=503, text=reason)
+        return text_response(503, reason)
 
-    def _refuse(self, request: web.Request) -> web.Response | None:
+    def _refuse(self, request: Request) -> Response | None:
         if request.method != "POST":
-            return web.Response(status=405, text="method not allowed")
+            return text_response(405, "method not allowed")
         if not is_localhost(request.remote):
-            return web.Response(status=403, text="only requests from localhost are allowed")
+            return text_response(403, "only requests from localhost are allowed")
         return None
 
-    async def handle_quit(self, request: web.Request) -> web.Response:
+    async def handle_quit(self, request: Request) -> Response:
         refusal = self._refuse(request)
         if refusal is not None:
             return refusal
         log.info("/quitquitquit: shutting down")
         self.on_quit()
-        return web.Response(text="OK")
+        return text_response(200, "OK")
 
-    async def handle_drain(self, request: web.Request) -> web.Response:
+    async def handle_drain(self, request: Request) -> Response:
         refusal = self._refuse(request)
         if refusal is not None:
             return refusal
         log.info("/drain: draining Envoy's listeners")
         await self.on_drain()
-        return web.Response(text="OK")
+        return text_response(200, "OK")

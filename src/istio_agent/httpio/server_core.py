@@ -1,0 +1,252 @@
+"""One server-side HTTP/1.1 connection, sans-IO: h11 plus the limits a port anyone may reach needs.
+
+h11 parses and frames; this adds what a server open to the pod network must
+decide itself, with time passed in:
+
+- a request that is not HTTP is refused at its first bytes (a TLS ClientHello or
+  binary garbage never ends a line, so h11 alone would wait for more);
+- methods outside RFC 9110's (and PATCH), versions other than 1.0/1.1, a request
+  target or header field over 8190 bytes, a head over 64 KiB and a body over
+  1 MiB are refused (400, 431 or 413), as aiohttp's limits did;
+- a request's head and body must arrive within `request_timeout` of its first
+  byte (slowloris), and an idle keep-alive connection is closed after
+  `idle_timeout`;
+- pipelined requests are answered one after another, in order.
+
+A refused request is a `Malformed` with the status to answer; the connection
+is closed after that answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Protocol
+from urllib.parse import unquote
+
+import h11
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_FIELD_BYTES = 8190  # aiohttp's max_line_size / max_field_size
+MAX_BODY_BYTES = 1 << 20
+REQUEST_TIMEOUT = 10.0
+IDLE_TIMEOUT = 75.0  # aiohttp's keepalive_timeout
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+_TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_LONGEST_METHOD = max(len(m) for m in METHODS)
+TEXT = "text/plain; charset=utf-8"
+JSON = "application/json; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may cost; the defaults are the status server's."""
+
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_field_bytes: int = MAX_FIELD_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+    request_timeout: float = REQUEST_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+
+
+class Malformed(Exception):
+    """A request refused before any handler saw it: answer `status` with `reason`, then close."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as handlers see it: header names as the client wrote them, the path percent-decoded."""
+
+    method: str
+    target: str
+    path: str
+    query_string: str
+    headers: tuple[tuple[str, str], ...]
+    remote: str | None
+    http_version: str = "1.1"
+    body: bytes = b""
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        lower = name.lower()
+        return next((value for key, value in self.headers if key.lower() == lower), default)
+
+
+class BodyStream(Protocol):
+    """A response body produced while it is sent; `aclose` is always called, even when nothing was read."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class Response:
+    """What a handler answers: a body, or a `stream` sent chunked; `gzip` compresses it on the way out."""
+
+    status: int = 200
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: BodyStream | None = None
+    gzip: bool = False
+
+
+def text_response(status: int, text: str, headers: Iterable[tuple[str, str]] = ()) -> Response:
+    return Response(status, text.encode(), [("Content-Type", TEXT), *headers])
+
+
+def json_response(status: int, text: str) -> Response:
+    return Response(status, text.encode(), [("Content-Type", JSON)])
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def error_bytes(status: int, reason: str) -> bytes:
+    """A complete answer to a request h11 could not take (its state may be ERROR): always closes."""
+    body = reason.encode("utf-8", "replace")
+    return (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {TEXT}\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode() + body
+
+
+def _latin1(value: bytes) -> str:
+    return value.decode("latin-1")
+
+
+def check_request_start(buffered: bytes) -> None:
+    """Refuse what cannot begin a request line, as soon as its first bytes show it (Malformed)."""
+    if not buffered:
+        return
+    if buffered[0] == 0x16:
+        raise Malformed("TLS handshake on a plaintext HTTP port")
+    method, space, _ = buffered[:_LONGEST_METHOD + 1].partition(b" ")
+    if any(byte not in _TCHAR for byte in method):
+        raise Malformed("not an HTTP request")
+    if space and _latin1(method) not in METHODS:
+        raise Malformed(f"unsupported method {_latin1(method)[:20]!r}")
+    if not space and len(method) > _LONGEST_METHOD:
+        raise Malformed("unsupported method")
+
+
+class ServerConnection:
+    """The request/response cycle of one connection; the edge feeds bytes and the time, and writes what it gets."""
+
+    def __init__(self, now: float, remote: str | None = None, limits: Limits = Limits()) -> None:
+        self.limits = limits
+        self.remote = remote
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        self._head: h11.Request | None = None
+        self._body = bytearray()
+        self._started: float | None = None  # first byte of the request being read
+        self._idle_since = now
+        self._eof = False
+
+    # ---- receiving ---------------------------------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float) -> None:
+        """Bytes from the socket (b"": the peer closed its side)."""
+        if not data:
+            self._eof = True
+        elif self._started is None:
+            self._started = now
+        self.h11.receive_data(data)
+
+    def deadline(self) -> float:
+        """Until when to wait for more bytes before giving up on the connection."""
+        if self._started is not None:
+            return self._started + self.limits.request_timeout
+        return self._idle_since + self.limits.idle_timeout
+
+    @property
+    def mid_request(self) -> bool:
+        """Bytes of a request have arrived (a timeout now is the client's fault, worth a 408)."""
+        return self._started is not None
+
+    def next_request(self) -> Request | h11.ConnectionClosed | None:
+        """The next complete request; None when more bytes are needed; ConnectionClosed when the peer is gone.
+
+        Raises Malformed for a request to refuse.
+        """
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                if self._eof:
+                    return h11.ConnectionClosed()  # a request cut short by the peer's close: nobody to answer
+                status = exc.error_status_hint if 400 <= exc.error_status_hint < 500 else 400
+                raise Malformed(str(exc) or "malformed request", status) from None
+            if event is h11.NEED_DATA:
+                if self._head is None and self.h11.their_state is h11.IDLE:
+                    check_request_start(self.h11.trailing_data[0])
+                return None
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                return h11.ConnectionClosed()
+            if isinstance(event, h11.Request):
+                self._check_head(event)
+                self._head = event
+            elif isinstance(event, h11.Data):
+                if len(self._body) + len(event.data) > self.limits.max_body_bytes:
+                    raise Malformed(f"request body over {self.limits.max_body_bytes} bytes", 413)
+                self._body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return self._request()
+
+    def _check_head(self, event: h11.Request) -> None:
+        method = _latin1(event.method)
+        if method not in METHODS:
+            raise Malformed(f"unsupported method {method[:20]!r}")
+        if event.http_version not in (b"1.0", b"1.1"):
+            raise Malformed(f"unsupported HTTP version {_latin1(event.http_version)[:10]!r}")
+        if len(event.target) > self.limits.max_field_bytes:
+            raise Malformed(f"request target over {self.limits.max_field_bytes} bytes", 414)
+        size = len(event.target)
+        for name, value in event.headers.raw_items():
+            field_size = len(name) + len(value) + 2
+            if field_size > self.limits.max_field_bytes:
+                raise Malformed(f"header field over {self.limits.max_field_bytes} bytes", 431)
+            size += field_size
+        if size > self.limits.max_head_bytes:
+            raise Malformed(f"request head over {self.limits.max_head_bytes} bytes", 431)
+
+    def _request(self) -> Request:
+        head = self._head
+        assert head is not None
+        target = _latin1(head.target)
+        path, _, query = target.partition("?")
+        if "://" in path and not path.startswith("/"):  # absolute form: the path is what follows the authority
+            rest = path.split("://", 1)[1]
+            path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+        request = Request(
+            method=_latin1(head.method), target=target, path=unquote(path), query_string=query,
+            headers=tuple((_latin1(n), _latin1(v)) for n, v in head.headers.raw_items()),
+            remote=self.remote, http_version=_latin1(head.http_version), body=bytes(self._body))
+        self._head, self._body = None, bytearray()
+        return request
+
+    # ---- sending -----------------------------------------------------------------------------------------
+
+    def start_response(self, status: int, headers: Iterable[tuple[str, str]]) -> bytes:
+        return self.h11.send(h11.Response(status_code=status, headers=list(headers), reason=_phrase(status))) or b""
+
+    def send_body(self, data: bytes) -> bytes:
+        return self.h11.send(h11.Data(data=data)) or b"" if data else b""
+
+    def end_response(self) -> bytes:
+        return self.h11.send(h11.EndOfMessage()) or b""
+
+    def next_cycle(self, now: float) -> bool:
+        """After a response: ready for the next request (True), or the connection must close."""
+        if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+            return False
+        self.h11.start_next_cycle()
+        self._idle_since = now
+        self._started = now if self.h11.trailing_data[0] else None  # a pipelined request is already under way
+        return True
