@@ -34,6 +34,7 @@ from typing import Any
 # fieldPaths podman kube play resolves itself (tested against podman 4.3); the rest it refuses.
 PODMAN_FIELD_PATHS = ("metadata.name", "metadata.uid")
 PODMAN_FIELD_PREFIXES = ("metadata.labels[", "metadata.annotations[")
+PODMAN_ANNOTATION_MAX = 63  # podman 4.3 checks annotation values as if they were label values
 EMPTY_DIR_MODE = 0o777  # the kubelet's emptyDir
 FILE_MODE = 0o644  # defaultMode 420, the injector's
 
@@ -101,14 +102,14 @@ def downward_text(values: Mapping[str, str]) -> str:
     return "\n".join(f"{key}={json.dumps(str(values[key]), ensure_ascii=False)}" for key in sorted(values))
 
 
-def _resolve_env(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
+def _resolve_env(pod: dict[str, Any], source: Mapping[str, Any], inputs: Inputs, plan: Plan) -> None:
     for kind in ("initContainers", "containers"):
         for container in pod["spec"].get(kind, []):
             for var in container.get("env", []):
                 ref = (var.get("valueFrom") or {}).get("fieldRef")
                 if ref is None or podman_knows(ref["fieldPath"]):
                     continue
-                value = field_value(pod, ref["fieldPath"], inputs.pod_ip)
+                value = field_value(source, ref["fieldPath"], inputs.pod_ip)
                 var.pop("valueFrom")
                 var["value"] = value
                 plan.resolved.append(f"env {container['name']}/{var['name']}: fieldRef {ref['fieldPath']} -> {value!r}")
@@ -145,7 +146,7 @@ def _projected_files(pod: Mapping[str, Any], source: Mapping[str, Any], inputs: 
     return files
 
 
-def _resolve_volumes(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
+def _resolve_volumes(pod: dict[str, Any], source: Mapping[str, Any], inputs: Inputs, plan: Plan) -> None:
     for volume in pod["spec"].get("volumes", []):
         name = volume["name"]
         path = f"{inputs.host_dir}/{name}"
@@ -156,13 +157,13 @@ def _resolve_volumes(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
             _host_path(volume, path)
             continue
         if "downwardAPI" in volume:
-            files = {item["path"]: field_value(pod, item["fieldRef"]["fieldPath"], inputs.pod_ip)
+            files = {item["path"]: field_value(source, item["fieldRef"]["fieldPath"], inputs.pod_ip)
                      for item in volume["downwardAPI"]["items"]}
             kind = "downwardAPI"
         elif "projected" in volume:
             files = {}
-            for source in volume["projected"]["sources"]:
-                files.update(_projected_files(pod, source, inputs))
+            for projected in volume["projected"]["sources"]:
+                files.update(_projected_files(source, projected, inputs))
             kind = "projected"
         if files is None:
             continue
@@ -188,14 +189,20 @@ def _replace_images(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
 
 def for_podman(pod: Mapping[str, Any], inputs: Inputs) -> Plan:
     """The Plan for one injected Pod (a deep copy: `pod` is not changed)."""
-    runnable = copy.deepcopy(dict(pod))
+    original = copy.deepcopy(dict(pod))
+    runnable = copy.deepcopy(original)
     runnable.pop("status", None)
     meta = runnable["metadata"]
     for key in ("resourceVersion", "creationTimestamp", "uid", "managedFields"):
         meta.pop(key, None)
     plan = Plan(runnable, [])
-    _resolve_env(runnable, inputs, plan)
-    _resolve_volumes(runnable, inputs, plan)
+    _resolve_env(runnable, original, inputs, plan)
+    _resolve_volumes(runnable, original, inputs, plan)
+    annotations = meta.get("annotations", {})
+    for key in [k for k, v in annotations.items() if len(v) > PODMAN_ANNOTATION_MAX]:
+        del annotations[key]
+        plan.replaced.append(f"annotation {key}: left out of podman's pod (podman caps a value at "
+                             f"{PODMAN_ANNOTATION_MAX} characters); the pod's downward-API file has it")
     _replace_images(runnable, inputs, plan)
     used = {v["configMap"]["name"] for v in runnable["spec"].get("volumes", []) if "configMap" in v}
     for name in sorted(used & set(inputs.config_maps)):
