@@ -51,7 +51,8 @@ def test_apps_call_by_name_with_dns_capture_and_by_cluster_ip_without() -> None:
     plan = plan_mesh(parse_mesh(EXAMPLE), python="py")
     specs = {p.name: p for p in plan.pods}
     ratings_ip = plan.cluster_ips["secure/ratings"]
-    assert list(specs["reviews-v1-1"].app) == ["py", "-m", "istio_agent.mesh.apps", "http-echo", "--port", "8080",
+    assert list(specs["reviews-v1-1"].app) == ["py", "-m", "istio_agent.mesh.apps", "--pod", "reviews-v1-1",
+                                               "http-echo", "--port", "8080",
                                                "--next", "http://ratings.secure.svc.cluster.local:9080/"]
     assert list(specs["reviews-v2-1"].app)[-1] == f"http://{ratings_ip}:9080/"
     sleep = list(specs["sleep-1"].app)
@@ -59,7 +60,7 @@ def test_apps_call_by_name_with_dns_capture_and_by_cluster_ip_without() -> None:
     assert "http://legacy.example.internal:80/" in sleep
     assert list(specs["greeter-client-1"].app)[-2:] == ["--call", "xds:///greeter.default.svc.cluster.local:7070"]
     assert list(specs["greeter-1"].app) == ["py", "-m", "istio_agent.node.grpc_apps", "serve", "--port", "50051"]
-    assert specs["legacy-1"].app[3] == "http-echo"
+    assert specs["legacy-1"].app[5] == "http-echo"
 
 
 def test_a_grpc_server_behind_a_sidecar_serves_plaintext_to_its_envoy() -> None:

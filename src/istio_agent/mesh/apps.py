@@ -1,5 +1,7 @@
 """The apps of `istiod-local up`'s pods: `python -m istio_agent.mesh.apps <kind> ...`.
 
+Every kind takes `--pod NAME` (before the kind), the name its answers carry.
+
 - `http-echo --port P [--next URL ...]`: answers every GET with JSON naming
   its pod, the request's path and headers (`x-forwarded-client-cert`
   among them) and, having called each `--next` URL first, what those
@@ -27,7 +29,6 @@ import argparse
 import http.client
 import http.server
 import json
-import os
 import socket
 import socketserver
 import sys
@@ -41,7 +42,7 @@ from concurrent import futures
 from typing import Any
 
 SUMMARY_EVERY = 10.0
-POD = os.environ.get("POD_NAME", socket.gethostname())
+POD = socket.gethostname()  # `--pod NAME` (the planner passes the pod's name) replaces it
 
 
 def http_get(url: str, timeout: float) -> dict[str, Any]:
@@ -264,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     p_probe.add_argument("probes", help="a JSON list of {kind, address}")
     p_probe.add_argument("--timeout", type=float, default=3.0)
     p_probe.add_argument("--control-port", type=int, default=8081)
+    parser.add_argument("--pod", default="", help="the pod's name, for the answers (default: the host name)")
     args = parser.parse_args(argv)
+    global POD
+    POD = args.pod or POD
     if args.command == "http-echo":
         serve_http(args.port, args.next)
     elif args.command == "tcp-echo":

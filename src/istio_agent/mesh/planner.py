@@ -81,10 +81,10 @@ def call_url(target: Target, caller: Deployment, mesh: Mesh, ips: Mapping[str, s
     return f"{scheme}://{host}:{target.port}" + ("/" if scheme == "http" else "")
 
 
-def app_argv(deployment: Deployment, mesh: Mesh, ips: Mapping[str, str], python: str) -> list[str]:
+def app_argv(deployment: Deployment, mesh: Mesh, ips: Mapping[str, str], python: str, pod: str = "") -> list[str]:
     """The app container's command line (empty: no app)."""
     app = deployment.app
-    ours = [python, "-m", APPS_MODULE]
+    ours = [python, "-m", APPS_MODULE, *(["--pod", pod] if pod else [])]
     if app.kind == "http-echo":
         argv = [*ours, "http-echo", "--port", str(app.port)]
         for target in app.next:
@@ -106,9 +106,10 @@ def app_argv(deployment: Deployment, mesh: Mesh, ips: Mapping[str, str], python:
 
 
 def pod_spec(deployment: Deployment, index: int, mesh: Mesh, ips: Mapping[str, str], python: str) -> PodSpec:
-    return PodSpec(pod_name(deployment, index), namespace=deployment.namespace,
+    name = pod_name(deployment, index)
+    return PodSpec(name, namespace=deployment.namespace,
                    service_account=deployment.service_account, labels=dict(deployment.labels),
-                   app=tuple(app_argv(deployment, mesh, ips, python)), sidecar=deployment.mode != "none",
+                   app=tuple(app_argv(deployment, mesh, ips, python, name)), sidecar=deployment.mode != "none",
                    dns_capture=deployment.dns_capture, proxyless=deployment.mode == "proxyless")
 
 

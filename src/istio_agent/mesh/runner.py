@@ -17,6 +17,7 @@ everything down through `LocalNode.close()`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -393,10 +394,9 @@ class MeshRun:
 
 
 def monitoring_supported() -> bool:
-    """Whether `istiod-local serve` has `--monitoring-addr` (the live view's istiod line reads it)."""
-    from istio_agent.cli.istiod_local import serve
-
-    return any(param.name == "monitoring_addr" for param in serve.params)
+    """Whether istiod-local has its monitoring port (`serve --monitoring-addr`, read by the live view's istiod
+    line); asked of the module that serves it, since nothing outside cli/ may import the command lines."""
+    return importlib.util.find_spec("istio_agent.controlplane.monitoring") is not None
 
 
 def _last_traffic(log: Path) -> dict[str, dict[str, Any]]:
