@@ -105,6 +105,10 @@ class HttpServer:
                     return
         except (ConnectionError, OSError, h11.LocalProtocolError):
             pass
+        except asyncio.CancelledError:
+            # Only `stop` cancels a connection; ending normally keeps asyncio's stream callback (3.11) from
+            # logging the cancellation as an unhandled error.
+            pass
         finally:
             self._connections.discard(task)
             writer.close()

@@ -176,6 +176,8 @@ class ServerConnection:
         Raises Malformed for a request to refuse.
         """
         while True:
+            if self._head is None and self.h11.their_state is h11.IDLE:
+                check_request_start(self.h11.trailing_data[0])
             try:
                 event = self.h11.next_event()
             except h11.RemoteProtocolError as exc:
@@ -184,8 +186,6 @@ class ServerConnection:
                 status = exc.error_status_hint if 400 <= exc.error_status_hint < 500 else 400
                 raise Malformed(str(exc) or "malformed request", status) from None
             if event is h11.NEED_DATA:
-                if self._head is None and self.h11.their_state is h11.IDLE:
-                    check_request_start(self.h11.trailing_data[0])
                 return None
             if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                 return h11.ConnectionClosed()
@@ -208,6 +208,9 @@ class ServerConnection:
         if len(event.target) > self.limits.max_field_bytes:
             raise Malformed(f"request target over {self.limits.max_field_bytes} bytes", 414)
         size = len(event.target)
+        for name, value in event.headers:
+            if name == b"content-length" and int(value) > self.limits.max_body_bytes:
+                raise Malformed(f"request body over {self.limits.max_body_bytes} bytes", 413)
         for name, value in event.headers.raw_items():
             field_size = len(name) + len(value) + 2
             if field_size > self.limits.max_field_bytes:
