@@ -1,16 +1,23 @@
 """Time to apply the default capture rules in a fresh network namespace.
 
-Compares, in the same run and in alternating order, two ways of loading the
+Compares, in the same run and in rotating order, three ways of loading the
 same IPv4 rules into a brand-new namespace (one with a pod-like address):
 
-- `istio-iptables --network-namespace <ns> <istio-init's default flags>`: the
+- `istio-iptables --network-namespace <ns> <istio-init's default flags>` run
+  through the lean launcher (`python -m istio_agent.cli.iptables_launcher`,
+  written to a temporary directory for this run: `python -IS`, no site): the
   whole tool, including interpreter start-up, flag parsing, validation, host
-  fact detection, the `iptables-save` state probe and the `iptables-restore`;
+  fact detection, the kernel's table list (the `iptables-save` probe when
+  there are tables) and the `iptables-restore`. This is `apply_ratio`;
+- the same through pip's console script (`.venv/bin/istio-iptables`, the
+  interpreter with site): `apply_ratio_console_script`;
 - `nsenter --net=<ns> iptables-restore --noflush` of the identical rules text.
 
-It also reports the bare interpreter start-up, and an in-process comparison
-(the library's apply vs spawning iptables-restore, both from a child already
-inside the namespace) that shows the cost of the tool minus Python start-up.
+It also reports the bare interpreter start-up (with and without site), and an
+in-process comparison (the library's apply vs spawning iptables-restore, both
+from a child already inside the namespace) that shows the cost of the tool
+minus Python start-up. Where the rest goes: start-up, then imports, then the
+tool's work (`floor_ms`: `python -IS` start-up plus the in-process restore).
 
 Last, how long `--run-validation` takes to give up when redirection does not
 work (`--skip-rule-apply` in a fresh namespace, `--probe-timeout=1s`): the
@@ -24,9 +31,11 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -135,6 +144,27 @@ def validation_give_up(tool: str) -> float:
     return elapsed
 
 
+def lean_launcher(directory: Path) -> str:
+    """The lean istio-iptables launcher for this installation, written into `directory`."""
+    from istio_agent.cli.iptables_launcher import import_paths, render, write
+    from istio_agent.cni.install.launcher import interpreter_of
+
+    path = directory / "istio-iptables"
+    write(path, render(interpreter_of(VENV_BIN / "istio-iptables"), import_paths()))
+    return str(path)
+
+
+def apply_arm(kind: str, tools: dict[str, str], text: bytes) -> float:
+    """One arm's seconds in a fresh namespace (made and removed outside the timing)."""
+    ns = fresh_namespace()
+    try:
+        if kind == "bare":
+            return timed(["nsenter", f"--net=/run/netns/{ns}", "iptables-restore", "--noflush"], text)
+        return timed([tools[kind], "--network-namespace", f"/run/netns/{ns}", *DEFAULT_ARGS])
+    finally:
+        drop_namespace(ns)
+
+
 def main() -> None:
     if os.geteuid() != 0:
         print("bench_capture needs root (network namespaces)")
@@ -142,58 +172,67 @@ def main() -> None:
         return
     # An installed package carries bytecode; PYTHONDONTWRITEBYTECODE in CI would otherwise
     # make every run re-compile our modules and measure the compiler, not the tool.
-    for target in (ROOT / "src" / "istio_agent" / "capture", ROOT / "src" / "istio_agent" / "cli"):
-        compileall.compile_dir(str(target), quiet=1)
+    for target in ("capture", "cli", "config"):
+        compileall.compile_dir(str(ROOT / "src" / "istio_agent" / target), quiet=1)
     compileall.compile_file(str(ROOT / "src" / "istio_agent" / "__init__.py"), quiet=1)
     text = rules_text()
-    tool = str(VENV_BIN / "istio-iptables")
-    cli: list[float] = []
-    bare: list[float] = []
-    startup: list[float] = []
-    lib: list[float] = []
-    lib_bare: list[float] = []
+    workdir = Path(tempfile.mkdtemp(prefix="bench-capture-"))
+    try:
+        tools = {"cli": lean_launcher(workdir), "console": str(VENV_BIN / "istio-iptables")}
+        figures(text, tools)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def figures(text: bytes, tools: dict[str, str]) -> None:
+    arms = ("cli", "console", "bare")
+    series: dict[str, list[float]] = {name: [] for name in (*arms, "startup", "startup_is", "lib", "lib_bare")}
     for rep in range(REPS + 1):
-        order = ("cli", "bare") if rep % 2 == 0 else ("bare", "cli")
-        for kind in order:
-            ns = fresh_namespace()
-            try:
-                if kind == "cli":
-                    elapsed = timed([tool, "--network-namespace", f"/run/netns/{ns}", *DEFAULT_ARGS])
-                else:
-                    elapsed = timed(["nsenter", f"--net=/run/netns/{ns}", "iptables-restore", "--noflush"], text)
-            finally:
-                drop_namespace(ns)
+        for kind in arms[rep % 3:] + arms[: rep % 3]:  # each arm first, middle and last in turn
+            elapsed = apply_arm(kind, tools, text)
             if rep:  # the first round warms caches
-                (cli if kind == "cli" else bare).append(elapsed)
-        startup.append(timed([sys.executable, "-c", "pass"]))
+                series[kind].append(elapsed)
+        startup = timed([sys.executable, "-c", "pass"])
+        startup_is = timed([sys.executable, "-IS", "-c", "pass"])
         ns = fresh_namespace()
         try:
             library, spawned = in_process(ns, text)
         finally:
             drop_namespace(ns)
         if rep:
-            lib.append(library)
-            lib_bare.append(spawned)
-    series = {"cli": cli, "bare": bare, "startup": startup[1:], "lib": lib, "lib_bare": lib_bare}
+            series["startup"].append(startup)
+            series["startup_is"].append(startup_is)
+            series["lib"].append(library)
+            series["lib_bare"].append(spawned)
     ms = {name: statistics.median(values) * 1000 for name, values in series.items()}
     low = {name: min(values) * 1000 for name, values in series.items()}
     print(f"rules: {len(text.splitlines())} restore lines (IPv4, istio-init defaults); {REPS} reps; median (min)")
     rows = [
-        ("cli", "istio-iptables (whole tool, fresh netns)"),
+        ("cli", "istio-iptables, lean launcher (python -IS; fresh netns)"),
+        ("console", "istio-iptables, pip's console script (with site)"),
         ("bare", "nsenter + iptables-restore (same rules)"),
-        ("startup", "python -c pass (interpreter start-up alone)"),
+        ("startup", "python -c pass (interpreter start-up, with site)"),
+        ("startup_is", "python -IS -c pass (interpreter start-up, no site)"),
         ("lib", "in-process: library apply (facts, probe, restore)"),
         ("lib_bare", "in-process: spawned iptables-restore alone"),
     ]
     for key, label in rows:
-        print(f"{label:52s} {ms[key]:7.2f} ms ({low[key]:.2f})")
+        print(f"{label:58s} {ms[key]:7.2f} ms ({low[key]:.2f})")
     ratio = ms["cli"] / ms["bare"]
+    floor = ms["startup_is"] + ms["lib_bare"]
     print(
-        f"apply ratio (tool / bare restore): {ratio:.2f}x median, {low['cli'] / low['bare']:.2f}x best; "
-        f"interpreter start-up alone is {ms['startup'] / ms['bare']:.2f}x the bare restore; "
+        f"apply ratio (tool / bare restore): {ratio:.2f}x median, {low['cli'] / low['bare']:.2f}x best "
+        f"(aim <= 4.5x); through the console script {ms['console'] / ms['bare']:.2f}x; "
+        f"interpreter start-up alone (-IS) is {ms['startup_is'] / ms['bare']:.2f}x the bare restore; "
         f"in-process ratio {ms['lib'] / ms['lib_bare']:.2f}x"
     )
-    give_up = statistics.median(validation_give_up(tool) for _ in range(VALIDATION_REPS))
+    print(
+        f"where the lean launcher's {ms['cli']:.2f} ms go: python -IS start-up {ms['startup_is']:.2f}, the library's "
+        f"work in-process {ms['lib']:.2f} (of it iptables-restore {ms['lib_bare']:.2f}), imports and the rest "
+        f"{ms['cli'] - ms['startup_is'] - ms['lib']:.2f}; the floor (start-up + restore) is {floor:.2f} ms = "
+        f"{floor / ms['bare']:.2f}x"
+    )
+    give_up = statistics.median(validation_give_up(tools["cli"]) for _ in range(VALIDATION_REPS))
     print(f"--run-validation without rules gives up after {give_up * 1000:.0f} ms "
           f"({give_up / PROBE_TIMEOUT_S:.2f}x the {PROBE_TIMEOUT_S:g} s probe timeout; median of {VALIDATION_REPS})")
     print(
@@ -201,9 +240,13 @@ def main() -> None:
             {
                 "apply_ratio": round(ratio, 3),
                 "apply_ratio_best": round(low["cli"] / low["bare"], 3),
+                "apply_ratio_console_script": round(ms["console"] / ms["bare"], 3),
                 "cli_ms": round(ms["cli"], 3),
+                "console_script_ms": round(ms["console"], 3),
                 "bare_restore_ms": round(ms["bare"], 3),
                 "python_startup_ms": round(ms["startup"], 3),
+                "python_startup_is_ms": round(ms["startup_is"], 3),
+                "floor_ratio": round(floor / ms["bare"], 3),
                 "inprocess_apply_ratio": round(ms["lib"] / ms["lib_bare"], 3),
                 "validation_fail_ms": round(give_up * 1000, 1),
                 "validation_fail_over_probe_timeout": round(give_up / PROBE_TIMEOUT_S, 3),

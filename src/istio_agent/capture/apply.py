@@ -74,8 +74,10 @@ class Tools:
 
 
 def _legacy_has_rules(tools: Tools) -> bool:
-    """Legacy tables exist only once used; /proc says so without instantiating any."""
+    """Legacy tables exist only once used; /proc says so without instantiating any (nor looking for the tools)."""
     if not legacy_table_names(tools.v6):
+        return False
+    if not tools.available():
         return False
     result = run([tools.save])
     return result.ok and any(line.startswith("-A ") for line in result.stdout.decode().splitlines())
@@ -89,7 +91,7 @@ def select_tools(v6: bool, force: str = "") -> Tools:
             raise ApplyError(f"--force-iptables-binary={force}: {tools.restore} and friends are not installed")
         return tools
     legacy = Tools("legacy", v6)
-    if legacy.available() and _legacy_has_rules(legacy):
+    if _legacy_has_rules(legacy):
         return legacy
     for variant in ("nft", ""):
         tools = Tools(variant, v6)

@@ -12,7 +12,7 @@ to `iptables-save`.
 from __future__ import annotations
 
 import _socket
-import os
+import posix  # not `os`: see procs.py
 import struct
 
 _NETLINK_NETFILTER = 12
@@ -83,7 +83,9 @@ def legacy_table_names(v6: bool) -> set[str] | None:
     """
     name = "ip6_tables_names" if v6 else "ip_tables_names"
     path = f"/proc/thread-self/net/{name}"
-    if not os.path.exists("/proc/thread-self"):  # kernels before 3.17
+    try:
+        posix.stat("/proc/thread-self")
+    except OSError:  # kernels before 3.17
         path = f"/proc/net/{name}"
     try:
         with open(path) as handle:

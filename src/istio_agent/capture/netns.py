@@ -2,13 +2,13 @@
 
 The whole process moves: every later socket (the validation probe) and every
 child (`iptables-restore`, `nft`, `ip`) then lives in the target namespace, so
-no `nsenter` wrapper is needed per command. Python 3.12 has `os.setns`; on
+no `nsenter` wrapper is needed per command. Python 3.12 has `os.setns` (`posix.setns`); on
 3.11 libc's `setns(2)` is called through the `_ctypes` extension, imported only here.
 """
 
 from __future__ import annotations
 
-import os
+import posix  # not `os`: see procs.py (under `python -S` nothing else imports it)
 
 CLONE_NEWNET = 0x40000000
 _RTLD_NOW = 2
@@ -16,9 +16,9 @@ _RTLD_NOW = 2
 
 def enter_netns(path: str) -> None:
     """Switch this process into the network namespace at `path` (OSError on failure)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
     try:
-        setns = getattr(os, "setns", None)
+        setns = getattr(posix, "setns", None)
         if setns is not None:
             setns(fd, CLONE_NEWNET)
             return
@@ -29,4 +29,4 @@ def enter_netns(path: str) -> None:
         if _ctypes.call_function(setns_addr, (fd, CLONE_NEWNET)) != 0:
             raise OSError(f"setns({path}) failed: not a network namespace, or not permitted")
     finally:
-        os.close(fd)
+        posix.close(fd)

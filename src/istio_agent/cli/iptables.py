@@ -11,14 +11,14 @@ are ours, to pin host facts for reproducible dry runs: `--enable-ipv6` and
 more than applying the rules (see benchmarks/bench_capture.py). `command` is
 the click command for `pilot-agent`'s group; it is built on first access and
 hands its raw arguments to the same parser, so both entry points behave alike.
+Nor does it import `os` (the environment comes from `capture.procs.environment`)
+or Go's boolean rules before a boolean value is given: under the lean launcher
+(`iptables_launcher.py`, no site) each module is start-up time on every pod.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-
-from istio_agent.config.gobool import parse_bool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ class UsageError(ValueError):
 
 
 def _parse_bool(value: str, where: str) -> bool:
+    from istio_agent.config.gobool import parse_bool
+
     try:
         return parse_bool(value)
     except ValueError:
@@ -226,7 +228,10 @@ def run_cli(
     stderr: TextIO | None = None,
 ) -> int:
     """Exit code of `istio-iptables args` (0, 1 for bad input or failure, 126 for failed validation)."""
-    env = os.environ if env is None else env
+    if env is None:
+        from istio_agent.capture.procs import environment
+
+        env = environment()
     out = stdout or sys.stdout
     err = stderr or sys.stderr
 
