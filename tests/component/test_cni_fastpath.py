@@ -315,3 +315,30 @@ def test_pod_gets_reuse_one_kept_alive_connection(api: PodApi, tmp_path: Path) -
         assert client.connections_opened == 2
     finally:
         client.close()
+
+
+def test_a_changed_kubeconfig_or_token_file_is_used_at_once(api: PodApi, tmp_path: Path) -> None:
+    """The fast path parses an unchanged kubeconfig once, but reads it (and any tokenFile) on every attempt."""
+    from cni_peers import TOKEN, write_kubeconfig
+
+    from istio_agent.cni.plugin.kubepool import KeepAliveClient
+
+    kubeconfig = write_kubeconfig(tmp_path, api.url, api.ca_pem, token="stale")
+    client = KeepAliveClient()
+    try:
+        with pytest.raises(Exception, match="Unauthorized"):
+            client.get_pod(str(kubeconfig), "shop", "app-1")
+        write_kubeconfig(tmp_path, api.url, api.ca_pem)  # install-cni rewrote it with the current token
+        assert client.get_pod(str(kubeconfig), "shop", "app-1")["metadata"]["name"] == "app-1"  # type: ignore[index]
+        token_file = tmp_path / "token"
+        token_file.write_text("stale\n")
+        kubeconfig.write_text(kubeconfig.read_text().replace(f"token: {TOKEN}", f"tokenFile: {token_file}"))
+        with pytest.raises(Exception, match="Unauthorized"):
+            client.get_pod(str(kubeconfig), "shop", "app-1")
+        token_file.write_text(TOKEN + "\n")  # the kubeconfig unchanged, its token file rotated
+        assert client.get_pod(str(kubeconfig), "shop", "app-1")["metadata"]["name"] == "app-1"  # type: ignore[index]
+        kubeconfig.unlink()
+        with pytest.raises(FileNotFoundError):
+            client.get_pod(str(kubeconfig), "shop", "app-1")
+    finally:
+        client.close()

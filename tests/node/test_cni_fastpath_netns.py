@@ -118,6 +118,12 @@ def netns_of_threads(pid: int) -> set[tuple[int, int]]:
     return found
 
 
+def host_tables() -> str:
+    """The node's iptables and ip6tables state, without the `# Generated ... on <time>` comments."""
+    saved = sh("iptables-save").stdout + sh("ip6tables-save").stdout
+    return "\n".join(line for line in saved.splitlines() if not line.startswith("#"))
+
+
 def add_both(agent: FastPathAgent, pods: tuple[PodNs, PodNs], pod_name: str,
              **fields: Any) -> subprocess.CompletedProcess[bytes]:
     fast_ns, slow_ns = pods
@@ -134,7 +140,7 @@ def add_both(agent: FastPathAgent, pods: tuple[PodNs, PodNs], pod_name: str,
 def test_a_sidecar_pod_gets_the_same_rules_through_the_fast_path(agent: FastPathAgent,
                                                                  pods: tuple[PodNs, PodNs]) -> None:
     host = os.stat("/proc/self/ns/net")
-    host_rules = sh("iptables-save").stdout + sh("ip6tables-save").stdout
+    host_rules = host_tables()
     assert agent.proc is not None
     done = add_both(agent, pods, "web")
     assert done.returncode == 0, done.stderr
@@ -145,7 +151,7 @@ def test_a_sidecar_pod_gets_the_same_rules_through_the_fast_path(agent: FastPath
     assert "::6/128" in fast_ns.lo_addresses() and "::6/128" in slow_ns.lo_addresses()
     # install-cni is where it was: every thread in the node's netns, the node's tables as before.
     assert netns_of_threads(agent.proc.pid) == {(host.st_dev, host.st_ino)}
-    assert sh("iptables-save").stdout + sh("ip6tables-save").stdout == host_rules
+    assert host_tables() == host_rules
     # The kept-alive GET still works from the node's netns for the next pod (the call thread was discarded).
     for command in ("CHECK", "DEL"):
         assert run_plugin(agent.launcher, cni_env(command, pod_name="web", netns=fast_ns.path),

@@ -207,11 +207,14 @@ class FastPath:
         result = await self._call(env, stdin)
         writer.write(fastwire.encode_answer(result.code, result.stdout, result.stderr))
         await writer.drain()
-        # Logged once the caller has its answer: the pod's ADD does not wait for install-cni's log.
+        # Closed, then logged: the launcher reads its answer to the end of the connection, so the pod's ADD
+        # does not wait for install-cni's log.
+        writer.close()
+        elapsed = time.monotonic() - started
         if result.entries:
             emit_plugin_lines(json.dumps(list(result.entries)).encode())
         log.info("fast path: %s for container %s answered with status %d in %.1f ms", env.get("CNI_COMMAND", ""),
-                 env.get("CNI_CONTAINERID", ""), result.code, (time.monotonic() - started) * 1000)
+                 env.get("CNI_CONTAINERID", ""), result.code, elapsed * 1000)
 
     async def _call(self, env: dict[str, str], stdin: bytes) -> CallResult:
         command = env.get("CNI_COMMAND", "")

@@ -13,6 +13,9 @@ a new server is picked up at once). Only the transport differs:
   attempt's failure, retried by `add.fetch_pod` as upstream retries);
 - TLS contexts are built once per server and CA (the CA file's identity is
   part of the key, so a replaced file is read again);
+- the kubeconfig is read on every attempt, but parsed again only when its
+  text changed (a kubeconfig that names a `tokenFile` is parsed every time,
+  so the token file is read every time too);
 - TCP_NODELAY, and quick ACKs before each read: a server that writes its
   head and body separately would otherwise wait for our delayed ACK (40 ms
   on Linux) before sending the body, on every kept-alive request;
@@ -34,10 +37,11 @@ from istio_agent.cni.plugin.kubeclient import (
     MAX_RESPONSE,
     ApiError,
     KubeConfig,
+    _read_bytes,
     _tls_context,
     build_request,
     decode_pod,
-    load_kubeconfig,
+    parse_kubeconfig,
     parse_response,
     pod_path,
 )
@@ -113,13 +117,34 @@ class KeepAliveClient:
         self._lock = threading.Lock()
         self._idle: dict[Key, list[socket.socket]] = {}
         self._contexts: dict[Key, object] = {}
+        self._configs: dict[str, tuple[str, KubeConfig]] = {}  # path -> (text, parsed), for files naming no other
         self.connections_opened = 0
 
     def get_pod(self, kubeconfig: str, namespace: str, name: str) -> dict[str, object]:
         """One attempt, as `add.fetch_pod_from_kubeconfig`: read the kubeconfig, GET the pod."""
-        cfg = load_kubeconfig(kubeconfig)
+        cfg = self.load_kubeconfig(kubeconfig)
         status, body = self.get(cfg, pod_path(cfg, namespace, name))
         return decode_pod(status, body, namespace, name)
+
+    def load_kubeconfig(self, path: str) -> KubeConfig:
+        """`kubeclient.load_kubeconfig`: the file read now, parsed again only when its text changed."""
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        with self._lock:
+            cached = self._configs.get(path)
+        if cached is not None and cached[0] == text:
+            return cached[1]
+        other_files: list[str] = []
+
+        def read(name: str) -> bytes:
+            other_files.append(name)
+            return _read_bytes(name)
+
+        cfg = parse_kubeconfig(text, path, read)
+        if not other_files:  # a token file may change under an unchanged kubeconfig
+            with self._lock:
+                self._configs[path] = (text, cfg)
+        return cfg
 
     def get(self, cfg: KubeConfig, path: str) -> tuple[int, bytes]:
         """Status and body of one GET (ApiError for transport failures)."""
