@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
 import ssl
 import subprocess
@@ -223,7 +224,7 @@ class NodeCni:
         self.plugin_left_at_stop = False
         self.status_errors: list[str] = []  # status PATCHes the API refused or missed (also in logs/kubelet.log)
         self.api: KubeApi | None = None
-        self._generation = 0
+        self._generations = itertools.count(1)  # sandbox incarnations; `add` may run in several threads at once
 
     # ---- the node's network and its agent
 
@@ -353,8 +354,7 @@ class NodeCni:
         On failure the attachments made so far are deleted again (as a runtime
         tears a failed sandbox down) and NodeError names the plugin's error.
         """
-        self._generation += 1
-        attachment = Attachment(container_id(pod, self._generation))
+        attachment = Attachment(container_id(pod, next(self._generations)))
         steps = [(loopback_network(), loopback_attachment(pod, attachment.sandbox_id)),
                  (self.primary_network(), pod_attachment(pod, attachment.sandbox_id))]
         try:

@@ -491,16 +491,13 @@ class CniRuntime:
         return read_plugin_output(network.name, plugin.type, command, *self._exec(path, stdin, environment))
 
     def _exec(self, path: str, stdin: bytes, environment: Mapping[str, str]) -> tuple[int, bytes, bytes]:
+        """Run one plugin, inside `netns` through `nsenter --net` (which execs it: no `preexec_fn`, which is
+        unsafe in a process with threads, and the node prepares pods from several at once)."""
         netns = self.netns
-        enter: Callable[[], None] | None = None
-        if netns is not None:
-            from istio_agent.capture.netns import enter_netns
-
-            def enter() -> None:
-                enter_netns(netns)
+        argv = [path] if netns is None else ["nsenter", f"--net={netns}", "--", path]
         try:
-            done = subprocess.run([path], input=stdin, capture_output=True, env=dict(environment),
-                                  timeout=self.timeout, preexec_fn=enter, cwd="/")
+            done = subprocess.run(argv, input=stdin, capture_output=True, env=dict(environment),
+                                  timeout=self.timeout, cwd="/")
         except subprocess.TimeoutExpired:
             raise CniExecError(f"plugin {path} did not answer within {self.timeout:g}s") from None
         except (OSError, subprocess.SubprocessError) as exc:

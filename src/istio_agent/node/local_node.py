@@ -32,11 +32,12 @@ runs pods the API has. With `capture="init"` the node wires each pod itself
 (veth on its bridge) and `istio-iptables` runs first (as istio-init would).
 Either way the app comes next, then `pilot-agent proxy
 sidecar` in a working directory laid out as the pod's (`var/run/secrets/...`
-from `istiod-local pod-files`, `etc/istio/pod/labels`). The agent runs as the
-istio-proxy container's user, uid/gid 1337 with no capabilities, and Envoy as
-the agent's user, so their own connections bypass capture; the volumes it
-writes are its own, the rest of the pod directory root's, and its Python
-reaches it through its own mount namespace where needed (see `container.py`).
+written from istiod-local's state as `istiod-local pod-files` does,
+`etc/istio/pod/labels`). The agent runs as the istio-proxy container's
+user, uid/gid 1337 with no capabilities, and Envoy as the agent's user, so
+their own connections bypass capture; the volumes it writes are its own,
+the rest of the pod directory root's, and its Python reaches it through its
+own mount namespace where needed (see `container.py`).
 Envoy is the real binary (`binaryPath`), not the `envoy` Python wrapper.
 
 The work directory may be anywhere, a 0700 home directory included: what
@@ -53,7 +54,10 @@ mount namespace where the pod's directories are bind-mounted onto the
 template's absolute paths (`/etc/istio/proxy`, `/var/lib/istio/data`,
 `/var/run/secrets/...`). Missing mount points are created on the host (empty;
 `mountpoints.py` removes them when the last node using them closes).
-`add_pods()` starts several proxyless agents before waiting for any.
+`add_pods()` builds several pods at once (a few worker threads run their CNI
+ADD, files and init containers; the calling thread starts their processes)
+and starts every proxyless agent before waiting for any hook; `wait_ready()`
+probes all pods at once from the node namespace, as a kubelet does.
 
 Call it from one thread (normally the main one): the pods' processes get
 SIGTERM when the thread that started them ends (`setpriv --pdeathsig`), which
@@ -80,11 +84,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from istio_agent.controlplane.podfiles import write_pod_files
+from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
 from istio_agent.node import container, proxyless, vm
 from istio_agent.node.cni_node import Attachment, NodeCni
 from istio_agent.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
@@ -120,6 +129,7 @@ from istio_agent.node.processes import (
     tail,
     wait_for,
 )
+from istio_agent.node.readiness import ENVOY_STATUS_PORT, READY_PATH, NodeProber, Target, wait_all
 from istio_agent.node.runtime import RUNTIME_ROOT, NodeRuntime, envoy_binary, sweep_stale_runtime
 
 _node_counter = itertools.count()
@@ -133,18 +143,11 @@ while not os.path.exists(path):
     time.sleep(0.02)
 """
 
-TCP_WAIT = """
-import socket, sys, time
-host, port, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
-while True:
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        sys.exit(0)
-    except OSError as exc:
-        if time.monotonic() > deadline:
-            sys.exit(f"{host}:{port}: {exc}")
-        time.sleep(0.05)
-"""
+TRUST_DOMAIN = "cluster.local"  # istiod-local's default --trust-domain: what its state was made with
+POD_TOKEN_TTL = 24 * 3600.0  # the projected token's lifetime (seconds)
+# Pods prepared at once by `add_pods` (CNI ADD, files, init containers): each step is mostly a short child
+# process, so a few more than the cores keep them busy while one waits on I/O (measured: benchmarks/bench_mesh.py).
+DEFAULT_START_PARALLELISM = (os.cpu_count() or 1) + 2
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ class NodeOptions:
     runtime_root: Path = RUNTIME_ROOT
     capture: str = "cni"
     cni_repair: str = "label"
+    start_parallelism: int = 0  # pods `add_pods` prepares at once; 0: DEFAULT_START_PARALLELISM
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURE_MODES:
@@ -259,6 +263,8 @@ class LocalNode:
             self.cni = NodeCni(self.plan, self.runtime.path, self.options.bin_dir, self.logs, self.istiod_state,
                                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.options.cni_repair,
                                self.options.ready_timeout)
+        self._state_lock = threading.Lock()
+        self._pod_state: ControlPlaneState | None = None
         self._created = False
         self._closed = False
 
@@ -358,9 +364,13 @@ class LocalNode:
             argv += ["--registry", str(self.registry)]
         self.istiod = spawn("istiod-local", in_netns(self.plan.netns, argv), self.logs / "istiod.log")
         host, _, port = self.plan.istiod_tls_addr.rpartition(":")
-        wait_for(in_netns(self.plan.netns, [self.options.python, "-c", TCP_WAIT, host, port,
-                                            str(self.options.ready_timeout)]),
-                 "istiod-local to listen", self.options.ready_timeout + 5, [self.istiod])
+        listening = Target("istiod-local", "istiod-local to listen", host, int(port))
+        istiod = self.istiod
+        with NodeProber(self.plan.netns_path(), threads=1) as prober:
+            error = wait_all(prober, [listening], self.options.ready_timeout,
+                             lambda _: None if istiod.running() else istiod.describe_exit())
+        if error is not None:
+            raise NodeError(error)
         if self.cni is not None:
             if self.cni.api is not None:  # a restart: wait for its API as well before pods are added
                 self.cni.wait_api(self.options.ready_timeout)
@@ -391,21 +401,71 @@ class LocalNode:
         return self.add_pods([pod])[0]
 
     def add_pods(self, pods: Iterable[PodSpec | PodPlan]) -> list[Pod]:
-        """`add_pod` for several pods: every agent starts first, then each proxyless pod's hook and app."""
-        started = [self._start_pod(pod) for pod in pods]
+        """`add_pod` for several pods, concurrently: what a kubelet does for pods it starts at once.
+
+        Each pod's sandbox and init containers (CNI ADD, its mounted files, istio-validation or istio-init)
+        run in a few worker threads (`NodeOptions.start_parallelism`), so one pod's plugin or validation
+        overlaps another's; every long-running process (app, agent) is started from the calling thread as
+        its pod's turn comes (the death signal of their setpriv wrapper follows the thread that started
+        them), and each proxyless pod's postStart hook and app come once all agents run. When a pod fails,
+        the others are still started, and the first failure (in the order given) is raised; every pod is
+        in `self.pods` either way, so `close()` removes them all.
+        """
+        plans = [pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0] for pod in pods]
+        started = [self._register_pod(plan) for plan in plans]
+        if any(pod.plan.spec.sidecar and not pod.proxyless for pod in started):
+            self._install_envoy()
+        if any(pod.proxyless for pod in started):
+            self._mountpoints.acquire()
+        if any(pod.plan.spec.sidecar or pod.proxyless for pod in started):
+            self._image.script()  # asked once, here: the workers and the agents share it
+        self._pod_state = None  # istiod-local's state, read again by the first pod needing its files
+        failures: dict[str, BaseException] = {}
+        with ThreadPoolExecutor(self._parallelism(len(started)), thread_name_prefix="pod-start") as pool:
+            try:
+                preparing = {pool.submit(self._prepare_pod, pod): pod for pod in started}
+                reports = []
+                for done in as_completed(preparing):
+                    pod = preparing[done]
+                    error = done.exception()
+                    if error is not None:
+                        failures[pod.name] = error
+                        continue
+                    self._start_containers(pod)
+                    if self.cni is not None:
+                        reports.append(pool.submit(self.cni.report, pod.plan, pod.ip, pod.validation,
+                                                   _containers(pod), []))
+                for report in reports:
+                    report.result()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
         for running in started:
-            if running.proxyless:
-                self._finish_proxyless(running)
+            if running.proxyless and running.name not in failures:
+                try:
+                    self._finish_proxyless(running)
+                except NodeError as exc:
+                    failures[running.name] = exc
+        for running in started:
+            if running.name in failures:
+                raise failures[running.name]
         return started
 
-    def _start_pod(self, pod: PodSpec | PodPlan) -> Pod:
+    def _parallelism(self, pods: int) -> int:
+        wanted = self.options.start_parallelism or DEFAULT_START_PARALLELISM
+        return max(1, min(wanted, pods))
+
+    def _register_pod(self, plan: PodPlan) -> Pod:
         if not self._created or self._closed:
             raise NodeError("the node is not running (create() first)")
-        plan = pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0]
         if plan.name in self.pods:
             raise NodeError(f"pod {plan.name} is already running")
         running = Pod(plan, self.pod_root / plan.name)
         self.pods[plan.name] = running
+        return running
+
+    def _prepare_pod(self, running: Pod) -> None:
+        """A worker's part (no long-running process): sandbox network, mounted files, init containers."""
+        plan = running.plan
         if self.cni is None:
             for argv in pod_setup_commands(self.plan, plan):
                 run_ip(argv)
@@ -413,10 +473,8 @@ class LocalNode:
             self._cni_sandbox(running)
         spec = plan.spec
         if spec.proxyless:
-            self._start_proxyless_agent(running)
-            return running
-        if spec.sidecar:
-            self._install_envoy()
+            self._prepare_proxyless(running)
+        elif spec.sidecar:
             if self.cni is None:
                 self._istio_init(running)
             self._pod_files(running)
@@ -424,6 +482,13 @@ class LocalNode:
                 self._istio_validation(running)
         else:
             running.dir.mkdir(parents=True, exist_ok=True)
+
+    def _start_containers(self, running: Pod) -> None:
+        """The calling thread's part: the app, then the agent (a proxyless pod's app waits for its hook)."""
+        plan, spec = running.plan, running.plan.spec
+        if spec.proxyless:
+            self._start_proxyless_agent(running)
+            return
         if spec.app:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "POD_NAME": spec.name,
                    "POD_NAMESPACE": spec.namespace, "INSTANCE_IP": plan.ip, **spec.app_env}
@@ -435,9 +500,6 @@ class LocalNode:
             wrapped = container.agent_command(plan.netns, self._image.script(), argv)
             running.agent = spawn(f"{spec.name} pilot-agent", wrapped, self.logs / f"{spec.name}-agent.log", env=env,
                                   cwd=running.dir, umask=AGENT_UMASK)
-        if self.cni is not None:
-            self.cni.report(plan, plan.ip, running.validation, _containers(running), [])
-        return running
 
     # ---- CNI mode --------------------------------------------------------------------------------
 
@@ -485,14 +547,16 @@ class LocalNode:
                             f"{exc}") from None
         self.proxy_config["binaryPath"] = str(path)
 
-    def _start_proxyless_agent(self, pod: Pod) -> None:
-        """The grpc-agent template's istio-proxy container: volumes, then the agent in its mount namespace."""
-        self._mountpoints.acquire()
+    def _prepare_proxyless(self, pod: Pod) -> None:
+        """The grpc-agent template's istio-proxy container's volumes (a worker's part)."""
         self._pod_files(pod)
         for volume in proxyless.AGENT_VOLUMES:
             (pod.dir / volume).mkdir(parents=True, exist_ok=True)
         annotations = {"inject.istio.io/templates": "grpc-agent", "sidecar.istio.io/status": "{}"}
         (pod.dir / "etc/istio/pod/annotations").write_text(downward_api_text(annotations))
+
+    def _start_proxyless_agent(self, pod: Pod) -> None:
+        """The grpc-agent template's istio-proxy container: the agent in its mount namespace."""
         plan = pod.plan
         argv = proxyless.agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
         mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
@@ -529,16 +593,29 @@ class LocalNode:
                             f"{log.read_text(errors='replace')[-2000:]}")
 
     def _pod_files(self, pod: Pod) -> None:
-        """Mounted files (root cert, token, downward API labels), read-only for 1337; its volumes its own."""
+        """Mounted files (root cert, token, downward API labels), read-only for 1337; its volumes its own.
+
+        Written here from istiod-local's state, as `istiod-local pod-files` would (that command's own
+        library; a process per pod cost ~0.5 s of CPU, the largest share of starting fifty pods).
+        """
         spec = pod.plan.spec
-        run_ip([str(self.options.bin_dir / "istiod-local"), "pod-files", "--state-dir", str(self.istiod_state),
-                "--namespace", spec.namespace, "--service-account", spec.service_account, "--pod", spec.name,
-                "--token-ttl", "24h", "--out", str(pod.dir)], timeout=60)
+        write_pod_files(self._istiod_state(), pod.dir, spec.namespace, spec.service_account, spec.name,
+                        POD_TOKEN_TTL, time.time())
         info = pod.dir / "etc/istio/pod"
         info.mkdir(parents=True, exist_ok=True)
         (info / "labels").write_text(downward_api_text(spec.labels))
         (info / "annotations").write_text(downward_api_text({"sidecar.istio.io/status": "{}"}))
         container.lay_out_pod(pod.dir)
+
+    def _istiod_state(self) -> ControlPlaneState:
+        """istiod-local's CA and token key (read once per `add_pods`, by whichever worker needs them first)."""
+        with self._state_lock:
+            if self._pod_state is None:
+                try:
+                    self._pod_state = load_or_create_state(self.istiod_state, TRUST_DOMAIN, time.time())
+                except StateError as exc:
+                    raise NodeError(f"istiod-local's state {self.istiod_state}: {exc}") from None
+            return self._pod_state
 
     # ---- VMs (see vm.py) ----------------------------------------------------------------------
 
@@ -676,23 +753,36 @@ class LocalNode:
                             f"{logs}/istio.err.log:\n{tail(logs / 'istio.err.log')}") from None
 
     def wait_ready(self, pods: Iterable[Pod], ports: Mapping[str, int] | None = None) -> None:
-        """Wait for each sidecar's `:15021/healthz/ready` (through Envoy, as the kubelet probes it).
+        """Wait for each sidecar's `:15021/healthz/ready` (a proxyless agent's `:15020`), probed from the node
+        as a kubelet probes it, all pods at once (see `readiness.py`).
 
-        `ports` (pod name → port) also waits for an app to accept on localhost:port.
+        `ports` (pod name → port) also waits for an app to accept on localhost:port, checked inside its pod.
+        A watched process (a pending pod's app or agent, istiod-local) that exits fails the wait at once.
         """
-        timeout = self.options.ready_timeout
-        for pod in pods:
-            watch = pod.processes() + ([self.istiod] if self.istiod else [])
+        waiting = list(pods)
+        targets = []
+        for pod in waiting:
             if pod.agent is not None:
-                url = [f"--url={proxyless.READY_URL}"] if pod.proxyless else []  # no Envoy: the agent's own port
-                wait_for(self.in_pod(pod, [str(self.options.bin_dir / "pilot-agent"), "wait", *url,
-                                           "--timeoutSeconds", str(int(timeout)), "--periodMillis", "100"]),
-                         f"pod {pod.name} to be ready", timeout + 5, watch)
-            port = (ports or {}).get(pod.name)
-            if port:
-                wait_for(self.in_pod(pod, [self.options.python, "-c", TCP_WAIT, "127.0.0.1", str(port),
-                                           str(timeout)]),
-                         f"pod {pod.name}'s app on port {port}", timeout + 5, watch)
+                port = proxyless.STATUS_PORT if pod.proxyless else ENVOY_STATUS_PORT
+                targets.append(Target(pod.name, f"pod {pod.name} to be ready", pod.ip, port, READY_PATH))
+            app_port = (ports or {}).get(pod.name)
+            if app_port:
+                targets.append(Target(f"{pod.name}:{app_port}", f"pod {pod.name}'s app on port {app_port}",
+                                      "127.0.0.1", app_port, netns=pod.plan.netns_path()))
+        by_name = {pod.name: pod for pod in waiting}
+
+        def died(pending: Sequence[Target]) -> str | None:
+            names = dict.fromkeys(target.key.partition(":")[0] for target in pending)
+            watch = [proc for name in names for proc in by_name[name].processes()]
+            for proc in watch + ([self.istiod] if self.istiod else []):
+                if not proc.running():
+                    return proc.describe_exit()
+            return None
+
+        with NodeProber(self.plan.netns_path()) as prober:
+            error = wait_all(prober, targets, self.options.ready_timeout, died)
+        if error is not None:
+            raise NodeError(error)
 
     # ---- using pods --------------------------------------------------------------------------
 
