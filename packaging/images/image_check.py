@@ -106,18 +106,23 @@ def listening(host: str, port: int) -> bool:
     return False
 
 
-def registry(subnet: str, client_ip: str, echo_ip: str, vip: str) -> dict[str, Any]:
+def registry(client_ip: str, echo_ip: str, cni_pod_ip: str, vip: str) -> dict[str, Any]:
     """istiod-local's registry: the echo service (its VIP in the pod subnet, so the internal network routes it to
-    the pod's own capture) and the two workloads, injected with istio-init; STRICT mTLS."""
-    del subnet
+    the pod's own capture) and the two workloads, injected with istio-init; STRICT mTLS. Istio's default stats
+    leave TLS counters out: `proxy.istio.io/config` keeps the handshake counter, as a user would."""
+    stats = {"proxy.istio.io/config": json.dumps({"proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]}},
+                                                 separators=(",", ":"))}
     return {
         "services": [{"name": "echo", "namespace": NAMESPACE, "selector": {"app": "echo"}, "clusterIP": vip,
                       "ports": [{"name": "http", "port": 80, "targetPort": ECHO_PORT, "protocol": "HTTP"}]}],
         "workloads": [
             {"name": "sleep-1", "namespace": NAMESPACE, "serviceAccount": "sleep", "labels": {"app": "sleep"},
-             "ip": client_ip, "sidecar": "envoy", "captureInit": "init"},
+             "ip": client_ip, "sidecar": "envoy", "captureInit": "init", "annotations": stats},
             {"name": "echo-1", "namespace": NAMESPACE, "serviceAccount": "echo", "labels": {"app": "echo"},
-             "ip": echo_ip, "sidecar": "envoy", "captureInit": "init"},
+             "ip": echo_ip, "sidecar": "envoy", "captureInit": "init", "annotations": stats},
+            # Only read by istio-cni's ADD (injected for the CNI: istio-validation, no istio-init); not played.
+            {"name": "echo-cni-1", "namespace": NAMESPACE, "serviceAccount": "echo", "labels": {"app": "echo-cni"},
+             "ip": cni_pod_ip, "sidecar": "envoy", "captureInit": "cni"},
         ],
         "peerAuthentication": {"default": "STRICT"},
     }
@@ -132,8 +137,8 @@ class Check:
         self.cni_image = f"localhost/istio-agent/install-cni:{self.tag}"
         self.base_image = "localhost/istio-agent/base:bookworm"
         prefix = args.subnet.rsplit(".", 1)[0]
-        self.gateway, self.client_ip, self.echo_ip, self.cni_ip, self.vip = (
-            f"{prefix}.1", f"{prefix}.11", f"{prefix}.12", f"{prefix}.13", f"{prefix}.250")
+        self.gateway, self.client_ip, self.echo_ip, self.cni_ip, self.cni_pod_ip, self.vip = (
+            f"{prefix}.1", f"{prefix}.11", f"{prefix}.12", f"{prefix}.13", f"{prefix}.14", f"{prefix}.250")
         self.network = f"istio-agent-check-{os.getpid()}"
         self.bin = Path(sys.executable).parent
         self.work = Path(tempfile.mkdtemp(prefix="istio-agent-image-check.", dir="/run"))
@@ -168,7 +173,7 @@ class Check:
 
     def istiod_up(self) -> None:
         mesh = self.work / "mesh.yaml"
-        mesh.write_text(yaml.safe_dump(registry(self.args.subnet, self.client_ip, self.echo_ip, self.vip),
+        mesh.write_text(yaml.safe_dump(registry(self.client_ip, self.echo_ip, self.cni_pod_ip, self.vip),
                                        sort_keys=False))
         log = (self.work / "istiod.log").open("w")
         proc = subprocess.Popen(
@@ -260,11 +265,10 @@ class Check:
                  or self.inspect(container, "{{.State.Status}}") == "", 60)
         code = self.inspect(container, "{{.State.ExitCode}}")
         logs = self.r.run(["podman", "logs", container], check=False)
-        rules = self.exec(f"{name}-istio-proxy", ["iptables-save", "-t", "nat"])
+        # Read back from the host in the pod's network namespace (no container of the pod keeps NET_ADMIN).
+        pid = self.inspect(f"{name}-app", "{{.State.Pid}}")
+        rules = self.r.run(["nsenter", "-t", pid, "-n", "iptables-save", "-t", "nat"], check=False)
         redirect = [line for line in rules.stdout.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
-        if not redirect:  # istio-proxy has no NET_ADMIN to read the table; the app container (root) shares the netns
-            rules = self.exec(f"{name}-app", ["iptables-save", "-t", "nat"])
-            redirect = [line for line in rules.stdout.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
         ok = code in ("0", "") and bool(redirect)
         if not ok:
             print((logs.stdout + logs.stderr)[-3000:])
@@ -380,19 +384,19 @@ class Check:
         stdin = json.dumps({"cniVersion": conflist["cniVersion"], "name": conflist["name"], **entry,
                             "prevResult": {"cniVersion": conflist["cniVersion"],
                                            "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/check"}],
-                                           "ips": [{"address": f"{self.echo_ip}/24", "interface": 0}]}})
+                                           "ips": [{"address": f"{self.cni_pod_ip}/24", "interface": 0}]}})
         record = "/var/run/istio-cni/dry-run.txt"
         add = self.r.run(["podman", "run", "--rm", "--network", self.network, *mounts,
                           "-e", "CNI_COMMAND=ADD", "-e", "CNI_CONTAINERID=0123456789abcdef",
                           "-e", "CNI_NETNS=/var/run/netns/check", "-e", "CNI_IFNAME=eth0", "-e", "CNI_PATH=/opt/cni/bin",
-                          "-e", f"CNI_ARGS=K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME=echo-1;IgnoreUnknown=1",
+                          "-e", f"CNI_ARGS=K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME=echo-cni-1;IgnoreUnknown=1",
                           "-e", f"DRY_RUN_FILE_PATH={record}", "-i", self.base_image, "/opt/cni/bin/istio-cni"],
                          check=False, stdin=stdin)
         recorded = (run_dir / "dry-run.txt").read_text() if (run_dir / "dry-run.txt").exists() else ""
         ok_add = add.returncode == 0 and "ISTIO_REDIRECT" in recorded
         lines = [line for line in recorded.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
         return self.r.result("istio-cni on a node without Python: ADD (dry run)", ok_add and ok_version,
-                             f"exit {add.returncode}; pod echo-1 read from the API; recorded {len(recorded.splitlines())} "
+                             f"exit {add.returncode}; pod echo-cni-1 read from the API; recorded {len(recorded.splitlines())} "
                              f"lines, e.g. `{lines[0] if lines else ''}`" if ok_add
                              else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
 

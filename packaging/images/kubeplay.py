@@ -35,6 +35,7 @@ from typing import Any
 PODMAN_FIELD_PATHS = ("metadata.name", "metadata.uid")
 PODMAN_FIELD_PREFIXES = ("metadata.labels[", "metadata.annotations[")
 PODMAN_ANNOTATION_MAX = 63  # podman 4.3 checks annotation values as if they were label values
+PODMAN_INIT_TYPE = "io.podman.annotations.init.container.type"
 EMPTY_DIR_MODE = 0o777  # the kubelet's emptyDir
 FILE_MODE = 0o644  # defaultMode 420, the injector's
 
@@ -198,7 +199,7 @@ def for_podman(pod: Mapping[str, Any], inputs: Inputs) -> Plan:
     plan = Plan(runnable, [])
     _resolve_env(runnable, original, inputs, plan)
     _resolve_volumes(runnable, original, inputs, plan)
-    annotations = meta.get("annotations", {})
+    annotations = meta.setdefault("annotations", {})
     for key in [k for k, v in annotations.items() if len(v) > PODMAN_ANNOTATION_MAX]:
         del annotations[key]
         plan.replaced.append(f"annotation {key}: left out of podman's pod (podman caps a value at "
@@ -215,6 +216,23 @@ def for_podman(pod: Mapping[str, Any], inputs: Inputs) -> Plan:
             plan.replaced.append(f"volume {volume['name']}: optional ConfigMap {cm['name']} absent -> empty dir")
             plan.dirs[f"{inputs.host_dir}/{volume['name']}"] = 0o755
             _host_path(volume, f"{inputs.host_dir}/{volume['name']}")
+    for container in runnable["spec"].get("containers", []):
+        ports = container.pop("ports", None)
+        if ports:
+            # podman publishes a containerPort on the host's every address even without hostPort; the kubelet
+            # publishes nothing (the list is informational; ISTIO_META_POD_PORTS carries it to the agent).
+            plan.replaced.append(f"ports of {container['name']}: "
+                                 f"{', '.join(str(p['containerPort']) for p in ports)} not listed "
+                                 "(podman would publish them on the host)")
+    if runnable["spec"].get("initContainers"):
+        # podman gives every container the pod's restart policy: with Always, an init container that exited is
+        # started again and podman cannot remove it. And "once" init containers are removed after they run;
+        # "always" keeps the exited container to inspect (it would also run again on a restart of the pod).
+        if runnable["spec"].get("restartPolicy", "Always") == "Always":
+            runnable["spec"]["restartPolicy"] = "OnFailure"
+            plan.replaced.append("restartPolicy: Always -> OnFailure (podman applies it to init containers too)")
+        annotations[PODMAN_INIT_TYPE] = "always"
+        plan.replaced.append(f"annotation {PODMAN_INIT_TYPE}: always (podman keeps the exited init container)")
     if inputs.host_aliases:
         by_ip: dict[str, list[str]] = {}
         for host, ip in inputs.host_aliases.items():
