@@ -62,3 +62,13 @@ vm-package: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# Container images (packaging/images/, as root; not part of `make test`): a Debian bookworm base from
+# mmdebstrap, localhost/istio-agent/proxyv2 and localhost/istio-agent/install-cni, built from git HEAD.
+.PHONY: image image-check
+image: setup
+	packaging/images/build.sh
+
+# The images run as Kubernetes runs injected pods (podman kube play) against istiod-local; cleans up after itself.
+image-check: setup
+	packaging/images/image-check.sh

@@ -400,7 +400,30 @@ class Check:
                              f"lines, e.g. `{lines[0] if lines else ''}`" if ok_add
                              else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
 
+    def layout(self) -> bool:
+        """The proxy image has what Istio's injection template and upstream's image promise."""
+        script = ("id -u istio-proxy; id -g istio-proxy; "
+                  "stat -c '%u:%g %a %n' /var/lib/istio /var/lib/istio/envoy /var/lib/istio/data /etc/istio/proxy "
+                  "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json; "
+                  "test -x /usr/local/bin/envoy && test -x /usr/local/bin/pilot-agent && echo binaries; "
+                  "command -v iptables-restore >/dev/null && command -v ip >/dev/null && echo netfilter; "
+                  "/usr/local/bin/envoy --version | grep -o 'version: [^ ]*'")
+        done = self.r.run(["podman", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", self.proxy_image,
+                           "-c", script], check=False)
+        entry = self.inspect(self.proxy_image, "{{json .Config.Entrypoint}}")
+        lines = done.stdout.split("\n")
+        owned = [line for line in lines if line.startswith("1337:1337") and "/var/lib/istio" in line
+                 or line.startswith("1337:1337") and "/etc/istio/proxy" in line]
+        ok = (lines[:2] == ["1337", "1337"] and len(owned) == 4 and "binaries" in lines and "netfilter" in lines
+              and "envoy_bootstrap_tmpl.json" in done.stdout and entry == '["/usr/local/bin/pilot-agent"]')
+        envoy = next((line for line in lines if line.startswith("version:")), "?")
+        return self.r.result("proxy image layout", ok,
+                             f"entrypoint {entry}; istio-proxy 1337:1337 owns /var/lib/istio{{,/envoy,/data}} and "
+                             f"/etc/istio/proxy; bootstrap template present; Envoy {envoy}; iptables and ip"
+                             if ok else done.stdout + done.stderr)
+
     def run(self) -> None:
+        self.layout()
         self.network_up()
         self.istiod_up()
         self.play("echo-1", self.echo_ip,
