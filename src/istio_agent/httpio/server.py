@@ -56,6 +56,10 @@ class HttpServer:
                                                   limit=READ_SIZE)
         return int(self._server.sockets[0].getsockname()[1])
 
+    async def start_unix(self, path: str) -> None:
+        """Listen on a unix socket at `path` (the caller prepares the path and the socket's mode)."""
+        self._server = await asyncio.start_unix_server(self._serve, path=path, limit=READ_SIZE)
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
