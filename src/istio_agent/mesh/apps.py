@@ -84,11 +84,7 @@ def tcp_ping(address: str, timeout: float) -> dict[str, Any]:
 def grpc_call(target: str, timeout: float, plain: bool) -> dict[str, Any]:
     from istio_agent.node.grpc_apps import call
 
-    result = call(target, plain, timeout)
-    if not result["ok"]:
-        return {"answered": False, "error": f"{result['code']}: {result['details']}"}
-    reply = result["reply"]
-    return {"answered": True, "pod": reply.get("pod", ""), "identities": reply.get("identities", [])}
+    return probe_result(call(target, plain, timeout))
 
 
 def probe_one(kind: str, address: str, timeout: float, control_port: int = 8081) -> dict[str, Any]:

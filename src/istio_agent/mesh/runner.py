@@ -39,7 +39,7 @@ from istio_agent.mesh.parser import parse_mesh
 from istio_agent.mesh.planner import APPS_MODULE, MeshPlan, plan_mesh, registry_document
 from istio_agent.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
-from istio_agent.node.plan import PodPlan, PodSpec
+from istio_agent.node.plan import PlanError, PodPlan, PodSpec
 from istio_agent.node.processes import NodeError
 
 # Istio's default stats inclusion list leaves out what the check and the live view read: TLS handshakes,
@@ -283,7 +283,7 @@ class MeshRun:
             return
         try:
             self.apply(mesh)
-        except NodeError as exc:
+        except (NodeError, PlanError) as exc:  # e.g. a pod that never got ready, a pod CIDR too small
             self.log.event(f"applying the mesh file failed: {exc}")
 
     def watch_processes(self) -> None:
