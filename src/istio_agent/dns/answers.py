@@ -1,7 +1,10 @@
 """Ready-to-send answers, keyed by the raw question bytes.
 
 A known-name query must cost a dictionary lookup and a few byte copies, so
-every answer is packed once per NameTable. The key is the question as it
+an answer is packed once per NameTable, on the name's first query, and kept
+for as long as the table serves (a pod asks for a few of a mesh's names; packing
+every name up front held ~1 MB per 1,000 services that were never asked for,
+twice while a new table replaced the old). The key is the question as it
 appears on the wire after the header, `qname + qtype + qclass`, with the name
 in lower case: the form stub resolvers send, so their queries hit it as they
 come.
@@ -120,10 +123,11 @@ def prepare(qname: bytes, question_len: int, recs: list[Record], rng: random.Ran
 class CompiledTable:
     """One NameTable compiled for answering.
 
-    Answers for names with addresses are packed up front, keyed by the
-    lower-case question. Search-expanded (CNAME) names, half of all names, are
-    packed on their first query, like wildcard matches: that halves compile
-    time, and a name costs one slow-path query per table. `answers` is only
+    Answers are packed on a name's first query (the slow path), keyed by the
+    lower-case question, and kept: names with addresses and search-expanded
+    (CNAME) names for as long as the table serves (at most two per name),
+    wildcard matches up to DYNAMIC_LIMIT. Compiling is then only the lookup's
+    maps, and a name costs one slow-path query per table. `answers` is only
     ever added to (never changed), so readers on other threads see either no
     entry or a complete one.
     """
@@ -135,10 +139,6 @@ class CompiledTable:
         self.answers: dict[bytes, Prepared] = {}
         self._dynamic = 0
         self._shared: dict[tuple[object, ...], Prepared] = {}
-        type_class = {qtype: qtype.to_bytes(2, "big") + _IN for qtype in (wire.TYPE_A, wire.TYPE_AAAA)}
-        for name in lookup.hosts():
-            for qtype, suffix in type_class.items():
-                self.answers[name + suffix] = self._prepare(name, len(name) + 4, qtype)
 
     def _prepare(self, name: bytes, question_len: int, qtype: int) -> Prepared:
         recs = records(self.lookup, name, name, qtype)
@@ -162,7 +162,7 @@ class CompiledTable:
             return prepared
         if qtype not in (wire.TYPE_A, wire.TYPE_AAAA):
             return None
-        if qname in self.lookup.cnames:
+        if qname in self.lookup:  # a name of the table (a CNAME's expansion first): kept for the table's life
             prepared = self.answers[key] = self._prepare(qname, len(key), qtype)
             return prepared
         if not self.lookup.wildcards:
