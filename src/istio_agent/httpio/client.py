@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from urllib.parse import urlsplit
 
 import h11
@@ -122,7 +122,7 @@ class H1Connection:
     protocol = "http/1.1"
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keepalive: bool,
-                 closer: Closer) -> None:
+                 closer: Callable[[asyncio.StreamWriter], None] = asyncio.StreamWriter.close) -> None:
         self.reader, self.writer, self.keepalive, self.closer = reader, writer, keepalive, closer
         self.h11 = h11.Connection(h11.CLIENT)
         self.last_used = asyncio.get_running_loop().time()
