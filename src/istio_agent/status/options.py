@@ -1,7 +1,7 @@
 """What the status server on :15020 serves, resolved once at agent start.
 
 Light on purpose (the options resolver imports it before anything runs): the
-server itself (`status/server.py`, aiohttp) loads only when it starts.
+server itself (`status/server.py`, with its HTTP stack) loads only when it starts.
 """
 
 from __future__ import annotations
