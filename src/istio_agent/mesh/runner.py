@@ -18,6 +18,7 @@ everything down through `LocalNode.close()`.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import queue
@@ -158,8 +159,11 @@ class MeshRun:
         """Lock, build the node, start istiod-local and every pod, wait until all are ready."""
         mesh = load_mesh(self.options.mesh_file)  # a broken file fails before anything is built
         self._signature = self._stat()
-        self.lock.acquire()
         self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
+        problem = cidr_problem(len(self.plan.pods), self.options.pod_cidr)
+        if problem:
+            raise MeshFileError(problem)
+        self.lock.acquire()
         self.node = node = LocalNode(NodeOptions(
             workdir=self.directory / "node", istiod_state=self.directory / "istiod",
             registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
@@ -391,6 +395,20 @@ class MeshRun:
             rows.update({row.probe: row for row in self._run_probes(failing)})
         ordered = [rows[p] for p in probes]
         return ordered, all(r.ok for r in ordered)
+
+
+def cidr_problem(pods: int, pod_cidr: str) -> str:
+    """Why `pods` pods do not fit the pod CIDR (its gateway takes one address), or ""."""
+    try:
+        network = ipaddress.IPv4Network(pod_cidr, strict=True)
+    except ValueError as exc:
+        return f"--pod-cidr {pod_cidr!r}: {exc}"
+    room = max(0, network.num_addresses - 3)  # network, broadcast and gateway addresses
+    if pods <= room:
+        return ""
+    prefix = max(8, 32 - (pods + 3 - 1).bit_length())
+    return (f"the mesh has {pods} pods but --pod-cidr {pod_cidr} holds {room}: "
+            f"use a larger one, such as --pod-cidr {network.network_address}/{prefix}")
 
 
 def monitoring_supported() -> bool:
