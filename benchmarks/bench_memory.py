@@ -170,7 +170,7 @@ def start_proxyless(arm: Arm, pod: Path) -> PilotAgent:
         ISTIO_META_GENERATOR="grpc", DISABLE_ENVOY="true", OUTPUT_CERTS=str(pod / "var/lib/istio/data"),
         PILOT_CERT_PROVIDER="istiod", ISTIO_META_CLUSTER_ID="Kubernetes", TRUST_DOMAIN="cluster.local")
     args = ["proxy", "sidecar", "--domain", "default.svc.cluster.local", "--proxyLogLevel=warning",
-            "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info"]
+            "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info,agent:debug"]
     return PilotAgent(pod, environment, args=args, prefix=arm.prefix(), log_file=arm.dir / "proxyless.log").start()
 
 
@@ -233,16 +233,27 @@ def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
             "push_s": from_push, "settled_s": settled_at - started, "clusters": target}
 
 
-def run_proxyless(arm: Arm, pod: Path) -> dict[str, float]:
+def run_proxyless(arm: Arm, pod: Path) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
+    """The proxyless agent's idle figures and its per-component budget."""
     agent = start_proxyless(arm, pod)
     try:
         poll(lambda: agent.alive() and status_ready(arm), "the proxyless agent's readiness", 60, agent.output,
              retry_on=HTTP_NOT_YET)
         if not (pod / "etc/istio/proxy/grpc-bootstrap.json").exists():
             raise RuntimeError(f"the proxyless agent wrote no gRPC bootstrap:\n{agent.output()}")
-        return settle_and_measure(agent.pid, IDLE_SECONDS)
+        return settle_and_measure(agent.pid, IDLE_SECONDS), component_budget(agent.output(lines=100_000))
     finally:
         agent.kill()
+
+
+def print_budget(title: str, components: list[tuple[str, float, float]], idle: dict[str, float]) -> None:
+    print(f"{title}, RSS after each component (+ over the previous; anonymous in brackets):")
+    previous_rss, previous_anon = None, None
+    for name, rss, anon in components:
+        delta = "" if previous_rss is None else f"  +{rss - previous_rss:5.1f} (+{anon - (previous_anon or 0):5.1f})"
+        print(f"  {name:28s} RSS {rss:6.1f}  anonymous {anon:5.1f}{delta}")
+        previous_rss, previous_anon = rss, anon
+    print(f"  {'idle':28s} RSS {idle['VmRSS']:6.1f}  anonymous {idle['RssAnon']:5.1f}")
 
 
 def main() -> None:
@@ -266,7 +277,7 @@ def main() -> None:
         assert arm.agent is not None
         arm.agent.kill()
         arm.agent = None
-        proxyless = run_proxyless(arm, proxyless_pod)
+        proxyless, proxyless_components = run_proxyless(arm, proxyless_pod)
     finally:
         arm.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -278,13 +289,8 @@ def main() -> None:
     print(beside(f"sidecar steady ({STEADY_SECONDS:g} s after)", sidecar["steady"], base_figures))
     print(beside("proxyless idle", proxyless, base_figures), flush=True)
 
-    print("sidecar agent's start, RSS after each component (+ over the previous; anonymous in brackets):")
-    previous_rss, previous_anon = None, None
-    for name, rss, anon in sidecar["components"]:
-        delta = "" if previous_rss is None else f"  +{rss - previous_rss:5.1f} (+{anon - (previous_anon or 0):5.1f})"
-        print(f"  {name:28s} RSS {rss:6.1f}  anonymous {anon:5.1f}{delta}")
-        previous_rss, previous_anon = rss, anon
-    print(f"  {'idle':28s} RSS {sidecar['idle']['VmRSS']:6.1f}  anonymous {sidecar['idle']['RssAnon']:5.1f}")
+    print_budget("sidecar agent's start", sidecar["components"], sidecar["idle"])
+    print_budget("proxyless agent's start", proxyless_components, proxyless)
     print("import budget (one fresh interpreter, MB after each group; + over the previous group):")
     previous: dict[str, float] | None = None
     for name, figures in import_budget():
