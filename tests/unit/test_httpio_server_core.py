@@ -96,6 +96,15 @@ def test_pipelined_requests_come_out_in_order() -> None:
     assert paths == ["/a", "/b"]
 
 
+def test_a_client_waiting_for_100_continue_is_told_once() -> None:
+    conn = feed(b"POST /log HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+    assert conn.next_request() is None
+    assert conn.interim() == b"HTTP/1.1 100 Continue\r\n\r\n" and conn.interim() == b""
+    conn.receive(b"ok", 1.0)
+    request = conn.next_request()
+    assert isinstance(request, Request) and request.body == b"ok"
+
+
 def test_responses_are_framed_by_h11_with_their_reason_phrase() -> None:
     conn = feed(b"GET / HTTP/1.0\r\n\r\n")
     assert isinstance(conn.next_request(), Request)

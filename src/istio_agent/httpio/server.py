@@ -99,6 +99,7 @@ class HttpServer:
                         if conn.mid_request:  # slow or stalled client: told, then dropped
                             writer.write(error_bytes(408, "request not received in time"))
                         return
+                    writer.write(conn.interim())
                     try:
                         data = await asyncio.wait_for(reader.read(READ_SIZE), wait)
                     except TimeoutError:

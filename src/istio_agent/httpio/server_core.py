@@ -236,6 +236,12 @@ class ServerConnection:
 
     # ---- sending -----------------------------------------------------------------------------------------
 
+    def interim(self) -> bytes:
+        """`100 Continue` when the client waits for it before sending its body (b"" otherwise)."""
+        if self.h11.they_are_waiting_for_100_continue:
+            return self.h11.send(h11.InformationalResponse(status_code=100, headers=[], reason="Continue")) or b""
+        return b""
+
     def start_response(self, status: int, headers: Iterable[tuple[str, str]]) -> bytes:
         return self.h11.send(h11.Response(status_code=status, headers=list(headers), reason=_phrase(status))) or b""
 
