@@ -347,3 +347,24 @@ def test_outbound_host() -> None:
     assert outbound_host("outbound|80|v1|echo.default.svc.cluster.local") == "echo.default.svc.cluster.local"
     assert outbound_host("inbound|8080||") is None
     assert outbound_host("BlackHoleCluster") is None
+
+
+def test_a_short_terminal_keeps_the_failing_pods_services_and_events_and_counts_the_rest() -> None:
+    history = History()
+    pods = [PodSample(ViewTarget(f"echo-{i}", "default", f"10.244.1.{i}", None, "sidecar", "echo"), 0.0,
+                      ready=i not in (17, 33)) for i in range(1, 51)]
+    history.add_pods([client_sample(0.0, 0.0), *pods], 0.0)
+    history.add_istiod(IstiodSample(0.0, True, 51, version="2"))
+    history.add_event(MeshEvent(0.0, "mesh.yaml applied"))
+    text = render_text(build_view(history, 0.0), width=170, height=40)
+    lines = text.splitlines()
+    assert len(lines) <= 40, text
+    assert "pods (51; 49 of 51 in the mesh ready)" in text
+    shown = [line for line in lines if line.startswith("│default/echo-")]
+    assert any("echo-17 " in line and "not ready" in line for line in shown)
+    assert any("echo-33 " in line and "not ready" in line for line in shown)
+    more = next(line for line in lines if "more (" in line)
+    hidden = 51 - len(shown) - 1  # client-1 is shown too
+    assert f"… {hidden} more ({hidden} ready)" in more
+    assert "echo.default" in text and "istiod-local: 51 proxies connected" in text
+    assert "mesh.yaml applied" in text

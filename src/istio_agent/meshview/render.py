@@ -52,16 +52,33 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else (f"{value:.1f}" if value < 100 else f"{value:.0f}")
 
 
-def pods_table(view: MeshView) -> Table:
-    table = Table(title=f"pods ({len(view.pods)})", title_justify="left", expand=False, pad_edge=False)
+def _shown(pods: list[PodView], max_rows: int | None) -> tuple[list[PodView], list[PodView]]:
+    """The pods that fit in `max_rows` (one row kept for "… N more"): those not ready or failing first."""
+    if max_rows is None or len(pods) <= max_rows:
+        return pods, []
+    keep = max(1, max_rows - 1)
+    ranked = sorted(range(len(pods)), key=lambda i: (pods[i].ready is not False and not pods[i].error, i))
+    chosen = set(ranked[:keep])
+    return [p for i, p in enumerate(pods) if i in chosen], [p for i, p in enumerate(pods) if i not in chosen]
+
+
+def pods_table(view: MeshView, max_rows: int | None = None) -> Table:
+    pods = list(view.pods)
+    ready = sum(1 for p in pods if p.ready)
+    meshed = sum(1 for p in pods if p.mode != "none")
+    table = Table(title=f"pods ({len(pods)}; {ready} of {meshed} in the mesh ready)", title_justify="left",
+                  expand=False, pad_edge=False)
     for column in ("pod", "ip", "mode", "identity", "cert", "rot", "ready", "xDS ack/nack", "dns loc/fwd"):
-        table.add_column(column, no_wrap=column != "identity")
-    for pod in view.pods:
+        table.add_column(column, no_wrap=True)
+    shown, hidden = _shown(pods, max_rows)
+    for pod in shown:
         identity = Text(pod.identity or "-", style="" if pod.identity_confirmed else "dim")
         cert = "-" if pod.mode == "none" else _duration(pod.cert_expires_in)
         dns = "-" if pod.mode == "none" else f"{pod.dns_local}/{pod.dns_forwarded}"
         table.add_row(f"{pod.namespace}/{pod.name}", pod.ip, pod.mode, identity, cert,
                       "-" if pod.mode == "none" else str(pod.rotations), _ready(pod), _xds(pod), dns)
+    if hidden:
+        table.add_row(Text(f"… {len(hidden)} more ({sum(1 for p in hidden if p.ready)} ready)", style="dim"))
     return table
 
 
@@ -98,16 +115,25 @@ def events_text(view: MeshView) -> Text:
     return text
 
 
-def render(view: MeshView) -> RenderableType:
+def render(view: MeshView, height: int | None = None, note: str = "") -> RenderableType:
+    """The whole view; with `height` (the terminal's rows) the pods table gives up rows so the rest stays."""
     stamp = time.strftime("%H:%M:%S", time.localtime(view.at))
-    return Group(Text(f"istio-agent mesh view  {stamp}", style="bold"), pods_table(view), services_table(view),
+    max_rows = None
+    if height is not None:
+        # header 1; pods table title, borders and header 5; services table the same plus its rows;
+        # istiod's line 1; events 1 plus theirs.
+        fixed = 1 + 5 + (5 + len(view.services)) + 1 + (1 + len(view.events))
+        max_rows = max(3, height - fixed)
+    header = f"istio-agent mesh view  {stamp}" + (f"  ({note})" if note else "")
+    return Group(Text(header, style="bold"), pods_table(view, max_rows), services_table(view),
                  istiod_line(view), events_text(view))
 
 
-def render_text(view: MeshView, width: int = 160) -> str:
-    """The view as plain text (no colours), as a terminal `width` columns wide would show it."""
+def render_text(view: MeshView, width: int = 160, height: int | None = None) -> str:
+    """The view as plain text (no colours), as a terminal `width` columns (and `height` rows) would show it."""
     buffer = io.StringIO()
-    Console(file=buffer, width=width, force_terminal=False, color_system=None, no_color=True).print(render(view))
+    Console(file=buffer, width=width, force_terminal=False, color_system=None, no_color=True).print(
+        render(view, height))
     return buffer.getvalue()
 
 

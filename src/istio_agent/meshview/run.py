@@ -44,10 +44,13 @@ class MeshWatcher:
         self.collector = Collector(istiod_monitoring, istiod_netns, slow_every)
         self.view: MeshView | None = None
         self.last_changes: list[str] = []
+        self.last_round_s = 0.0  # how long the last round's reads took (shown in the live view's header)
 
     def step(self) -> MeshView:
         now = self._clock()
+        started = time.monotonic()
         samples, istiod = self.collector.sample(list(self._targets()), now)
+        self.last_round_s = time.monotonic() - started
         self.history.add_pods(samples, now)
         if istiod is not None:
             self.history.add_istiod(istiod)
@@ -102,5 +105,7 @@ def _run_live(watcher: MeshWatcher, stop: threading.Event, stream: TextIO, inter
     with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as display:
         while not stop.is_set():
             started = time.monotonic()
-            display.update(render(watcher.step()), refresh=True)
+            view = watcher.step()
+            note = f"{len(view.pods)} pods read in {watcher.last_round_s * 1000:.0f} ms"
+            display.update(render(view, console.size.height, note), refresh=True)
             stop.wait(max(0.0, interval - (time.monotonic() - started)))
