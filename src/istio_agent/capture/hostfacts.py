@@ -11,13 +11,14 @@ how dry runs are made reproducible. Detection follows upstream:
 - Proxy uid: the uid of `$ENVOY_USER` (default `istio-proxy`), else 1337.
 
 Addresses come from one rtnetlink dump on a raw socket: no `ip` process and
-no heavy imports on the start-up path.
+no heavy imports on the start-up path (netlink's integers are read with
+`int.from_bytes`: `struct` would be two more modules for every pod).
 """
 
 from __future__ import annotations
 
 import _socket
-import struct
+import sys
 
 from istio_agent.capture.addr import format_addr, is_link_local, is_loopback, parse_addr
 
@@ -35,8 +36,23 @@ _IFA_ADDRESS = 1
 _IFA_LOCAL = 2
 
 
+_ORDER = sys.byteorder  # netlink's integers are in the host's byte order
+
+
 class HostFactError(RuntimeError):
     """A host fact could not be determined."""
+
+
+def netlink_int(data: bytes, offset: int, size: int) -> int:
+    """The unsigned integer of `size` bytes at `offset` of a netlink message."""
+    return int.from_bytes(data[offset : offset + size], _ORDER)
+
+
+def netlink_dump_request(msg_type: int, body: bytes) -> bytes:
+    """A dump request: nlmsghdr (length, type, NLM_F_REQUEST | NLM_F_DUMP, sequence 1, port 0), then `body`."""
+    flags = _NLM_F_REQUEST | _NLM_F_DUMP
+    return ((16 + len(body)).to_bytes(4, _ORDER) + msg_type.to_bytes(2, _ORDER) + flags.to_bytes(2, _ORDER)
+            + (1).to_bytes(4, _ORDER) + bytes(4) + body)
 
 
 def interface_addresses() -> list[tuple[int, bytes]]:
@@ -44,15 +60,13 @@ def interface_addresses() -> list[tuple[int, bytes]]:
     sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, 0)
     try:
         sock.bind((0, 0))
-        request = struct.pack("=IHHII", 24, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
-        request += struct.pack("=BBBBI", _socket.AF_UNSPEC, 0, 0, 0, 0)
-        sock.sendto(request, (0, 0))
+        sock.sendto(netlink_dump_request(_RTM_GETADDR, bytes([_socket.AF_UNSPEC, 0, 0, 0]) + bytes(4)), (0, 0))
         found: list[tuple[int, bytes]] = []
         while True:
             data = sock.recv(65536)
             offset = 0
             while offset + 16 <= len(data):
-                length, kind = struct.unpack_from("=IH", data, offset)
+                length, kind = netlink_int(data, offset, 4), netlink_int(data, offset + 4, 2)
                 if length < 16:
                     return found
                 if kind == _NLMSG_DONE:
@@ -67,11 +81,13 @@ def interface_addresses() -> list[tuple[int, bytes]]:
 
 
 def _parse_ifaddr(body: bytes) -> list[tuple[int, bytes]]:
-    family, _, _, _, index = struct.unpack_from("=BBBBI", body, 0)
+    if len(body) < 8:  # struct ifaddrmsg: family, prefix length, flags, scope, interface index
+        return []
+    family, index = body[0], netlink_int(body, 4, 4)
     attrs: dict[int, bytes] = {}
     offset = 8
     while offset + 4 <= len(body):
-        rta_len, rta_type = struct.unpack_from("=HH", body, offset)
+        rta_len, rta_type = netlink_int(body, offset, 2), netlink_int(body, offset + 2, 2)
         if rta_len < 4:
             break
         attrs[rta_type] = body[offset + 4 : offset + rta_len]

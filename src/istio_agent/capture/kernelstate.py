@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import _socket
 import posix  # not `os`: see procs.py
-import struct
+
+from istio_agent.capture.hostfacts import netlink_dump_request, netlink_int
 
 _NETLINK_NETFILTER = 12
 _NFNL_SUBSYS_NFTABLES = 10
 _NFT_MSG_GETTABLE = 1
 _NFT_MSG_NEWTABLE = 0
 _NFTA_TABLE_NAME = 1
-_NLM_F_REQUEST = 0x1
-_NLM_F_DUMP = 0x300
 _NLMSG_ERROR = 2
 _NLMSG_DONE = 3
 _NFPROTO_IPV4 = 2
@@ -32,7 +31,7 @@ def nft_table_names(v6: bool) -> set[str] | None:
     """Names of the nf_tables tables of family ip (or ip6), or None when the kernel cannot say."""
     family = _NFPROTO_IPV6 if v6 else _NFPROTO_IPV4
     kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETTABLE
-    request = struct.pack("=IHHII", 20, kind, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0) + struct.pack("=BBH", family, 0, 0)
+    request = netlink_dump_request(kind, bytes([family, 0, 0, 0]))  # struct nfgenmsg: family, version, resource id
     try:
         sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, _NETLINK_NETFILTER)
     except OSError:
@@ -46,7 +45,7 @@ def nft_table_names(v6: bool) -> set[str] | None:
             data = sock.recv(65536)
             offset = 0
             while offset + 16 <= len(data):
-                length, msg_type = struct.unpack_from("=IH", data, offset)
+                length, msg_type = netlink_int(data, offset, 4), netlink_int(data, offset + 4, 2)
                 if length < 16 or msg_type == _NLMSG_ERROR:
                     return None  # a dump ends with NLMSG_DONE; anything else is a refusal
                 if msg_type == _NLMSG_DONE:
@@ -66,7 +65,7 @@ def nft_table_names(v6: bool) -> set[str] | None:
 def _table_name(attrs: bytes) -> str | None:
     offset = 0
     while offset + 4 <= len(attrs):
-        rta_len, rta_type = struct.unpack_from("=HH", attrs, offset)
+        rta_len, rta_type = netlink_int(attrs, offset, 2), netlink_int(attrs, offset + 2, 2)
         if rta_len < 4:
             return None
         if rta_type & 0x3FFF == _NFTA_TABLE_NAME:

@@ -1,18 +1,19 @@
 """Run a command with optional stdin, capturing stdout and stderr.
 
-A small stand-in for `subprocess.run` built on `posix_spawn` and `poll`:
-importing `subprocess` costs more than running `iptables-restore` itself,
-and `istio-iptables` start-up time is what the capture benchmark measures.
-For the same reason it uses `posix` rather than `os`: under `python -S` (the
-lean launcher, `cli/iptables_launcher.py`) nothing else loads `os`, whose
-import (`_collections_abc`, `os.environ`'s mapping) costs ~1 ms, a quarter of
-the tool's own work. `environment()` is the process environment either way.
+A small stand-in for `subprocess.run`: importing `subprocess` costs more than
+running `iptables-restore` itself, and `istio-iptables` start-up time is what
+the capture benchmark measures. The child is started with `posix_spawn`, its
+standard streams are files in memory (so neither side ever waits for the
+other, and no poll loop or `select` is needed), and it uses `posix` rather
+than `os`: under `python -S` (the lean launcher, `cli/iptables_launcher.py`)
+nothing else loads `os`, whose import (`_collections_abc`, `os.environ`'s
+mapping) costs ~1 ms, a quarter of the tool's own work. `environment()` is the
+process environment either way.
 """
 
 from __future__ import annotations
 
 import posix
-import select
 import sys
 
 TYPE_CHECKING = False
@@ -91,61 +92,51 @@ def which(name: str, path: str | None = None) -> str | None:
     return None
 
 
+def _memory_file(name: str, data: bytes = b"") -> int:
+    """A file in memory (memfd, close-on-exec) holding `data`, its offset back at the start."""
+    fd = posix.memfd_create(name, posix.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[posix.write(fd, view) :]
+        posix.lseek(fd, 0, 0)
+    except BaseException:
+        posix.close(fd)
+        raise
+    return fd
+
+
+def _contents(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := posix.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def run(argv: Sequence[str], stdin: bytes | None = None, check: bool = False) -> Completed:
-    """Run `argv` to completion; raise FileNotFoundError when the program is missing."""
+    """Run `argv` to completion; raise FileNotFoundError when the program is missing.
+
+    The child's stdin, stdout and stderr are files in memory (memfd): it never waits for this side to
+    read, nor this side for it, so there is no poll loop, and the output is read once it has exited.
+    """
     env = environment()
     path = which(argv[0], env.get("PATH", ""))
     if path is None:
         raise FileNotFoundError(f"{argv[0]}: command not found")
-    in_r, in_w = posix.pipe() if stdin is not None else (posix.open("/dev/null", posix.O_RDONLY | posix.O_CLOEXEC), -1)
-    out_r, out_w = posix.pipe()
-    err_r, err_w = posix.pipe()
-    actions = [
-        (posix.POSIX_SPAWN_DUP2, in_r, 0),
-        (posix.POSIX_SPAWN_DUP2, out_w, 1),
-        (posix.POSIX_SPAWN_DUP2, err_w, 2),
-    ]
+    fds: list[int] = []
     try:
+        fds.append(_memory_file("stdin", stdin) if stdin is not None else posix.open("/dev/null", posix.O_RDONLY))
+        fds.append(_memory_file("stdout"))
+        fds.append(_memory_file("stderr"))
+        actions = [(posix.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
         pid = posix.posix_spawn(path, list(argv), env, file_actions=actions, setsigdef=(_SIGPIPE,))
+        _, status = posix.waitpid(pid, 0)
+        result = Completed(argv, posix.waitstatus_to_exitcode(status), _contents(fds[1]), _contents(fds[2]))
     finally:
-        for fd in (in_r, out_w, err_w):
+        for fd in fds:
             posix.close(fd)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    pending = memoryview(stdin or b"")
-    poller = select.poll()
-    for fd in chunks:
-        poller.register(fd, select.POLLIN)
-    if in_w >= 0:
-        posix.set_blocking(in_w, False)
-        poller.register(in_w, select.POLLOUT)
-    open_fds = set(chunks) | ({in_w} if in_w >= 0 else set())
-    try:
-        while open_fds:
-            for fd, event in poller.poll():
-                if fd == in_w:
-                    try:
-                        pending = pending[posix.write(in_w, pending[:65536]) :] if pending else pending
-                    except BrokenPipeError:
-                        pending = memoryview(b"")
-                    if not pending or event & (select.POLLERR | select.POLLHUP):
-                        poller.unregister(in_w)
-                        posix.close(in_w)
-                        open_fds.discard(in_w)
-                    continue
-                data = posix.read(fd, 65536)
-                if data:
-                    chunks[fd].append(data)
-                else:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-    finally:
-        if in_w in open_fds:
-            posix.close(in_w)
-        posix.close(out_r)
-        posix.close(err_r)
-    _, status = posix.waitpid(pid, 0)
-    code = posix.waitstatus_to_exitcode(status)
-    result = Completed(argv, code, b"".join(chunks[out_r]), b"".join(chunks[err_r]))
     if check and not result.ok:
         raise CommandError(result)
     return result
