@@ -344,6 +344,13 @@ class Check:
         self.istiod_local("kubeconfig", "--state-dir", str(self.state), "--out", str(self.work / "cni-kubeconfig"),
                           "--server", f"https://{self.gateway}:6443", "--identity", "istio-system/istio-cni",
                           "--service-account-dir", str(sa))
+        # A pod's network namespace as the node's runtime makes it, under the node's /var/run/netns.
+        netns = f"istio-agent-check-{os.getpid()}"
+        self.r.run(["ip", "netns", "add", netns])
+        self.r.on_exit_run(f"netns {netns}", ["ip", "netns", "del", netns])
+        for argv in (["link", "set", "lo", "up"], ["link", "add", "eth0", "type", "veth", "peer", "name", "peer0"],
+                     ["addr", "add", f"{self.cni_pod_ip}/24", "dev", "eth0"], ["link", "set", "eth0", "up"]):
+            self.r.run(["ip", "-n", netns, *argv])  # the pod's eth0 with its IP (both veth ends stay inside)
         name = f"istio-agent-check-cni-{os.getpid()}"
         self.r.on_exit_run(f"container {name}", ["podman", "rm", "-f", "-t", "10", name])
         self.r.run(["podman", "run", "-d", "--name", name, "--network", self.network, "--ip", self.cni_ip,
@@ -351,6 +358,9 @@ class Check:
                     "-v", f"{bin_dir}:/host/opt/cni/bin", "-v", f"{net_dir}:/host/etc/cni/net.d",
                     "-v", f"{run_dir}:/var/run/istio-cni",
                     "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+                    # The fast path enters the runtime's CNI_NETNS: the node's netns directory at the same path
+                    # (deploy/README.md: the chart mounts it only for ambient, at another path).
+                    "-v", "/var/run/netns:/var/run/netns:rslave",
                     "-e", f"KUBERNETES_SERVICE_HOST={self.gateway}", "-e", "KUBERNETES_SERVICE_PORT=6443",
                     "-e", "POD_NAMESPACE=istio-system", "-e", "POD_NAME=istio-cni-node-check",
                     "-e", "NODE_NAME=node-1",
@@ -401,10 +411,30 @@ class Check:
         recorded = (run_dir / "dry-run.txt").read_text() if (run_dir / "dry-run.txt").exists() else ""
         ok_add = add.returncode == 0 and "ISTIO_REDIRECT" in recorded
         lines = [line for line in recorded.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
-        return self.r.result("istio-cni on a node without Python: ADD (dry run)", ok_add and ok_version,
-                             f"exit {add.returncode}; pod echo-cni-1 read from the API; recorded "
-                             f"{len(recorded.splitlines())} lines, e.g. `{lines[0] if lines else ''}`" if ok_add
-                             else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
+        self.r.result("istio-cni on a node without Python: ADD (dry run, in-process)", ok_add and ok_version,
+                      f"exit {add.returncode}; pod echo-cni-1 read from the API; recorded "
+                      f"{len(recorded.splitlines())} lines, e.g. `{lines[0] if lines else ''}`" if ok_add
+                      else f"exit {add.returncode}: {(add.stderr or add.stdout)[-1500:]}")
+        # A real ADD: the launcher hands it to install-cni's fast path, which programs the pod's netns.
+        stdin = stdin.replace("/var/run/netns/check", f"/var/run/netns/{netns}")
+        real = self.r.run(["podman", "run", "--rm", "--network", "none", *mounts,
+                           "-v", "/var/run/netns:/var/run/netns:rslave",
+                           "-e", "CNI_COMMAND=ADD", "-e", "CNI_CONTAINERID=fedcba9876543210",
+                           "-e", f"CNI_NETNS=/var/run/netns/{netns}", "-e", "CNI_IFNAME=eth0",
+                           "-e", "CNI_PATH=/opt/cni/bin",
+                           "-e", f"CNI_ARGS=K8S_POD_NAMESPACE={NAMESPACE};K8S_POD_NAME=echo-cni-1;IgnoreUnknown=1",
+                           "-i", self.base_image, "/opt/cni/bin/istio-cni"], check=False, stdin=stdin)
+        rules = self.r.run(["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"], check=False).stdout
+        logs = self.r.run(["podman", "logs", name], check=False)
+        answered = [line for line in (logs.stdout + logs.stderr).splitlines()
+                    if "fast path: ADD for container fedcba9876543210" in line]
+        redirect = [line for line in rules.splitlines() if "ISTIO_REDIRECT" in line and "15001" in line]
+        ok_real = real.returncode == 0 and bool(redirect) and bool(answered)
+        return self.r.result("istio-cni on a node without Python: ADD through install-cni's fast path", ok_real,
+                             f"exit 0; install-cni: {answered[0].split('fast path: ', 1)[-1].strip()}; "
+                             f"netns {netns}: `{redirect[0]}`" if ok_real
+                             else f"exit {real.returncode}: {(real.stderr or real.stdout)[-1500:]}; "
+                                  f"install-cni: {answered}; rules: {redirect}")
 
     def layout(self) -> bool:
         """The proxy image has what Istio's injection template and upstream's image promise."""
