@@ -291,9 +291,12 @@ class Check:
         users = self.r.run(["podman", "top", f"{name}-istio-proxy", "user", "comm"], check=False).stdout.split("\n")
         procs = sorted({" ".join(line.split()) for line in users[1:] if line.strip()})
         uid_ok = all(p.split()[0] in ("1337", "istio-proxy") for p in procs) and any("envoy" in p for p in procs)
-        return self.r.result(f"{name}: sidecar ready", uid_ok,
+        bootstrap = self.work / "pods" / name / "istio-envoy" / "envoy-rev.json"
+        rendered = f"{bootstrap.stat().st_size} bytes" if bootstrap.exists() else "missing"
+        return self.r.result(f"{name}: sidecar ready", uid_ok and bootstrap.exists(),
                              f":15021/healthz/ready 200 after {time.monotonic() - started:.1f} s; "
-                             f"istio-proxy processes (user command): {', '.join(procs)}")
+                             f"istio-proxy processes (user command): {', '.join(procs)}; "
+                             f"/etc/istio/proxy/envoy-rev.json {rendered}")
 
     def traffic(self) -> bool:
         url = f"http://{self.vip}/"
