@@ -218,6 +218,38 @@ def test_endpoints_by_locality_with_weights() -> None:
     assert not static.metadata.filter_metadata  # external: plaintext
 
 
+TLS_MODE_REGISTRY = """
+services:
+- {name: web, namespace: plain, selector: {app: web}, ports: [{name: http, port: 80, protocol: HTTP}]}
+- {name: web, namespace: open, selector: {app: web}, ports: [{name: http, port: 80, protocol: HTTP}]}
+workloads:
+- {name: injected, namespace: open, labels: {app: web}, ip: 10.244.0.11}
+- {name: not-injected, namespace: open, labels: {app: web}, ip: 10.244.0.12, sidecar: none}
+- {name: opted-out, namespace: open, labels: {app: web, security.istio.io/tlsMode: disabled}, ip: 10.244.0.13}
+- {name: labelled, namespace: open, labels: {app: web, security.istio.io/tlsMode: istio}, ip: 10.244.0.14,
+   sidecar: none}
+- {name: in-disabled-ns, namespace: plain, labels: {app: web}, ip: 10.244.0.15}
+workloadEntries:
+- {name: vm-with-sa, namespace: open, address: 10.244.0.16, serviceAccount: vm, labels: {app: web}}
+- {name: vm-without-sa, namespace: open, address: 10.244.0.17, labels: {app: web}}
+peerAuthentication: {plain: DISABLE}
+"""
+
+
+def test_endpoint_mtls_follows_tls_mode_and_peer_authentication() -> None:
+    """As upstream's endpoint builder: mTLS metadata only where the workload takes mTLS (its tlsMode label,
+    implied by injection or, for a WorkloadEntry, a service account) and its namespace is not DISABLE."""
+    assignments = _gen(typeurls.ENDPOINT, _ctx(registry=TLS_MODE_REGISTRY), endpoint_pb2.ClusterLoadAssignment)
+    modes = {}
+    for cla in assignments.values():
+        for group in cla.endpoints:
+            for lb in group.lb_endpoints:
+                match = lb.metadata.filter_metadata.get("envoy.transport_socket_match")
+                modes[lb.endpoint.address.socket_address.address] = match["tlsMode"] if match else None
+    assert modes == {"10.244.0.11": "istio", "10.244.0.12": None, "10.244.0.13": None, "10.244.0.14": "istio",
+                     "10.244.0.15": None, "10.244.0.16": "istio", "10.244.0.17": None}
+
+
 def test_routes_domains_depend_on_proxy_namespace() -> None:
     same = _gen(typeurls.ROUTE, _ctx(), route_pb2.RouteConfiguration, ["80", "nope"])
     assert set(same) == {"80"}

@@ -31,6 +31,9 @@ KUBERNETES = "Kubernetes"
 EXTERNAL = "External"
 POD = "Pod"
 WORKLOAD_ENTRY = "WorkloadEntry"
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+TLS_MODE_ISTIO = "istio"
+TLS_MODE_DISABLED = "disabled"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class MeshWorkload:
     healthy: bool = True
     weight: int = 0
     locality_text: str = ""  # a WorkloadEntry's `locality` (region/zone/subzone), over its labels
+    # Whether it can terminate Istio mTLS (upstream's endpoint TLSMode): "istio" or "disabled".
+    tls_mode: str = TLS_MODE_ISTIO
 
     @property
     def locality(self) -> Locality:
@@ -72,8 +77,11 @@ class MeshWorkload:
 
     @classmethod
     def from_entry(cls, entry: WorkloadEntry, healthy: bool = True) -> MeshWorkload:
+        # As upstream: the label when set, else mTLS exactly when the entry names a service account.
+        implied = TLS_MODE_ISTIO if entry.service_account else TLS_MODE_DISABLED
         return cls(entry.name, entry.namespace, entry.service_account or "default", dict(entry.labels),
-                   entry.address, True, WORKLOAD_ENTRY, healthy, entry.weight, entry.locality)
+                   entry.address, True, WORKLOAD_ENTRY, healthy, entry.weight, entry.locality,
+                   entry.labels.get(TLS_MODE_LABEL, implied))
 
 
 @dataclass(frozen=True)
@@ -184,7 +192,11 @@ def effective_workloads(registry: Registry, connected: Mapping[tuple[str, str], 
     index = WorkloadIndex(registry.workloads)
     for w in registry.workloads:
         pod = connected.get((w.namespace, w.name))
-        out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else "")))
+        # The injector labels a sidecar pod tlsMode=istio unless the pod says otherwise; a pod it did not
+        # inject (`sidecar: none`) has no proxy to terminate mTLS.
+        implied = TLS_MODE_DISABLED if w.sidecar == "none" else TLS_MODE_ISTIO
+        out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else ""),
+                                tls_mode=w.labels.get(TLS_MODE_LABEL, implied)))
     listed = entries if entries is not None else ((e, not e.health_checked) for e in registry.workload_entries)
     entry_workloads = [MeshWorkload.from_entry(entry, healthy) for entry, healthy in listed]
     out += entry_workloads

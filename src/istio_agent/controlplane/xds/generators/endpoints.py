@@ -3,7 +3,10 @@
 Every endpoint and every locality group carries a `load_balancing_weight`
 (gRPC's xDS client ignores endpoints without one), and mesh endpoints carry
 the `tlsMode: istio` metadata that selects the cluster's mTLS transport
-socket. A cluster with no endpoints still gets an (empty) assignment, so
+socket when, as upstream's endpoint builder decides, the workload can take
+mTLS (its `security.istio.io/tlsMode`: a sidecar pod, a WorkloadEntry with a
+service account) and its namespace's PeerAuthentication is not DISABLE;
+other endpoints get plaintext (auto mTLS). A cluster with no endpoints still gets an (empty) assignment, so
 Envoy does not keep the cluster warming.
 """
 
@@ -21,7 +24,7 @@ from istio_agent.controlplane.xds.generators.envoy import (
     socket_address,
     uint32,
 )
-from istio_agent.controlplane.xds.mesh import Endpoint, Locality, MeshSnapshot, ServiceView
+from istio_agent.controlplane.xds.mesh import TLS_MODE_ISTIO, Endpoint, Locality, MeshSnapshot, ServiceView
 from istio_agent.controlplane.xds.registry import ServicePort
 
 _ISTIO_TLS = metadata({TLS_MODE_METADATA_KEY: {"tlsMode": "istio"}})
@@ -38,11 +41,18 @@ def _lb_endpoint(endpoint: Endpoint, mesh: bool) -> endpoint_components_pb2.LbEn
     return out
 
 
+def _takes_mtls(snapshot: MeshSnapshot, endpoint: Endpoint) -> bool:
+    workload = endpoint.workload
+    if workload is None or workload.tls_mode != TLS_MODE_ISTIO:
+        return False
+    return snapshot.registry.mtls_mode(workload.namespace) != "DISABLE"
+
+
 def load_assignment(snapshot: MeshSnapshot, view: ServiceView, port: ServicePort) -> endpoint_pb2.ClusterLoadAssignment:
     name = outbound_cluster_name(port.port, view.hostname)
     groups: dict[Locality, list[endpoint_components_pb2.LbEndpoint]] = {}
     for endpoint in snapshot.endpoints(view, port):
-        groups.setdefault(endpoint.locality, []).append(_lb_endpoint(endpoint, endpoint.workload is not None))
+        groups.setdefault(endpoint.locality, []).append(_lb_endpoint(endpoint, _takes_mtls(snapshot, endpoint)))
     localities = []
     for locality in sorted(groups, key=lambda loc: (loc.region, loc.zone, loc.subzone)):
         eps = groups[locality]

@@ -27,14 +27,12 @@ from collections.abc import Mapping, Sequence
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 
 from istio_agent.controlplane.xds.generators.envoy import boolean, exact_matchers
-from istio_agent.controlplane.xds.mesh import MeshSnapshot, ServiceView
+from istio_agent.controlplane.xds.mesh import TLS_MODE_ISTIO, TLS_MODE_LABEL, MeshSnapshot, ServiceView
 from istio_agent.controlplane.xds.registry import Registry
 
 CERT_PROVIDER_INSTANCE = "default"
 IDENTITY_CERT_NAME = "default"
 ROOT_CERT_NAME = "ROOTCA"
-TLS_MODE_LABEL = "security.istio.io/tlsMode"
-TLS_MODE_ISTIO = "istio"
 STRICT = "STRICT"
 DISABLE = "DISABLE"
 
