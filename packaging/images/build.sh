@@ -52,7 +52,10 @@ rm -rf "$CTX/build" "$CTX"/src/*.egg-info
 "$PY" -m pip download -q --no-deps -d "$CTX/wheels/.pip" pip >&2
 mv "$CTX"/wheels/.pip/pip-*.whl "$CTX/wheels/pip.whl"
 rmdir "$CTX/wheels/.pip"
-echo "$TAG $REV" > "$CTX/wheels/build-id"
+# The wheels' digest: a build argument of the RUN steps that install them, so their cached layers are
+# reused only for the same wheels (buildah's cache key does not see a bind mount's content).
+WHEELS_ID=$(cd "$CTX/wheels" && sha256sum -- *.whl | sha256sum | cut -c1-16)
+echo "$TAG $WHEELS_ID ($REV)" > "$CTX/wheels/build-id"
 ls "$CTX/wheels" | sed 's/^/   /'
 
 if [[ -n ${ISTIO_BOOTSTRAP_TEMPLATE:-} ]]; then
@@ -91,7 +94,7 @@ fi
 build() {  # build IMAGE CONTAINERFILE
   echo "== $1"
   podman build --layers --pull=never --build-arg BASE="$BASE" --build-arg VERSION="$TAG" \
-    --build-arg RUNTIME="$CNI_RUNTIME" -f "$CTX/packaging/images/$2" -t "$1" "$CTX"
+    --build-arg RUNTIME="$CNI_RUNTIME" --build-arg WHEELS_ID="$WHEELS_ID" -f "$CTX/packaging/images/$2" -t "$1" "$CTX"
 }
 build "$PROXY" Containerfile.proxyv2
 build "$CNI" Containerfile.install-cni
