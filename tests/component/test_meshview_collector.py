@@ -12,7 +12,10 @@ without losing what Envoy said.
 from __future__ import annotations
 
 import http.server
+import io
 import json
+import queue
+import re
 import subprocess
 import threading
 import urllib.request
@@ -23,7 +26,7 @@ import pytest
 from needs import need_file
 from support import ENVOY, poll
 
-from istio_agent.meshview import MeshWatcher, ViewTarget
+from istio_agent.meshview import MeshEvent, MeshWatcher, ViewTarget, run_view
 from istio_agent.meshview.collector import ENVOY_STATS_QUERY
 from istio_agent.meshview.render import render_text
 
@@ -156,3 +159,33 @@ def test_rates_errors_and_latency_from_a_real_envoy(envoy: tuple[int, int]) -> N
         assert "echo.default" in text and "default/client-1" in text
     finally:
         watcher.close()
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_run_view_prints_changes_or_draws_tables_until_stopped(envoy: tuple[int, int], live: bool) -> None:
+    admin_port, listener_port = envoy
+    send(listener_port, "/", 3)
+    target = ViewTarget("client-1", "default", "127.0.0.1", None, "sidecar", "sleep", admin_port=admin_port,
+                        status_port=1)
+    events: queue.Queue[MeshEvent | str] = queue.Queue()
+    events.put("mesh.yaml applied: echo replicas 1 -> 2")
+    out = io.StringIO()
+    stop = threading.Event()
+    viewer = threading.Thread(target=run_view, args=(lambda: [target], None, stop, events), daemon=True,
+                              kwargs={"out": out, "interval": 0.2, "live": live})
+    viewer.start()
+    try:
+        expected = "default/client-1" if live else "pod default/client-1 added: 127.0.0.1 sidecar"
+        poll(lambda: expected in out.getvalue() and "mesh.yaml applied" in out.getvalue(), "the view's output", 20,
+             out.getvalue)
+    finally:
+        stop.set()
+        viewer.join(10)
+    assert not viewer.is_alive()
+    text = out.getvalue()
+    if live:
+        assert "pods (1; 0 of 1 in the mesh ready)" in text and "echo.default" in text
+    else:
+        lines = text.splitlines()
+        assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines), text
+        assert sum("mesh.yaml applied" in line for line in lines) == 1  # each change once

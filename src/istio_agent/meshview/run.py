@@ -101,7 +101,7 @@ def _run_live(watcher: MeshWatcher, stop: threading.Event, stream: TextIO, inter
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(file=stream)
+    console = Console(file=stream, force_terminal=True)  # asked for (--live) or a terminal: draw in place
     with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as display:
         while not stop.is_set():
             started = time.monotonic()
