@@ -31,8 +31,8 @@ def test_probes_cover_every_pair_each_way_a_client_can_reach_it() -> None:
     plan = _plan()
     probes = expect.probes(plan, _ips(plan))
     sleep = [p for p in probes if p.pod == "sleep-1"]
-    # 5 service ports by clusterIP and by name, and the service entry by name
-    assert len(sleep) == 11 and {p.via for p in sleep} == {"clusterIP", "DNS"}
+    # 6 service ports by clusterIP and by name, and the service entry by name
+    assert len(sleep) == 13 and {p.via for p in sleep} == {"clusterIP", "DNS"}
     # without DNS capture: clusterIPs only, no service entry
     assert {p.via for p in probes if p.pod == "reviews-v2-1"} == {"clusterIP"}
     # the proxyless client calls the gRPC service over xDS; the proxyless server is no client
@@ -42,6 +42,9 @@ def test_probes_cover_every_pair_each_way_a_client_can_reach_it() -> None:
     # outside the mesh: each service's first pod, directly on its target port
     outside = {p.target: p.address for p in probes if p.pod == "legacy-1"}
     assert outside["ratings-1:8080"].startswith("http://10.244.0.") and "tcp-echo-1:9000" in outside
+    # a service whose pod has no sidecar: auto mTLS sends plaintext
+    legacy = expect.expect(plan, _find(probes, "sleep-1", "legacy.default", "clusterIP"))
+    assert legacy.kind == "plaintext"
     assert _find(probes, "sleep-1", "tcp-echo", "DNS").cluster == "outbound|9000||tcp-echo.secure.svc.cluster.local"
 
 
