@@ -235,7 +235,6 @@ class MonitoringServer:
 
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/stats/prometheus", self._metrics)
         app.router.add_get("/debug/connections", self._connections)
         app.router.add_get("/debug/syncz", self._syncz)
         runner = web.AppRunner(app, access_log=None)
