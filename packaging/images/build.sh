@@ -46,6 +46,9 @@ git -C "$REPO" archive HEAD | tar -x -C "$CTX"
   || echo "   note: the working tree differs from HEAD in src/, pyproject.toml or packaging/images/"
 
 echo "== wheels: the project, its dependencies and pip"
+# The commit's time in the wheel's generated files, so the same HEAD gives the same wheel (and cached layers).
+SOURCE_DATE_EPOCH=$(git -C "$REPO" log -1 --format=%ct HEAD)
+export SOURCE_DATE_EPOCH
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$CTX/wheels" "$CTX" >&2
 rm -rf "$CTX/build" "$CTX"/src/*.egg-info
 "$PY" -m pip wheel -q -w "$CTX/wheels" "$CTX"/wheels/istio_agent-*.whl >&2
