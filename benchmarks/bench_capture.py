@@ -17,7 +17,8 @@ It also reports the bare interpreter start-up (with and without site), and an
 in-process comparison (the library's apply vs spawning iptables-restore, both
 from a child already inside the namespace) that shows the cost of the tool
 minus Python start-up. Where the rest goes: start-up, then imports, then the
-tool's work (`floor_ms`: `python -IS` start-up plus the in-process restore).
+tool's work (`floor_ratio`: `python -IS` start-up without the interpreter's
+teardown, as the tool ends, plus the in-process restore).
 
 Last, how long `--run-validation` takes to give up when redirection does not
 work (`--skip-rule-apply` in a fresh namespace, `--probe-timeout=1s`): the
@@ -186,7 +187,8 @@ def main() -> None:
 
 def figures(text: bytes, tools: dict[str, str]) -> None:
     arms = ("cli", "console", "bare")
-    series: dict[str, list[float]] = {name: [] for name in (*arms, "startup", "startup_is", "lib", "lib_bare")}
+    series: dict[str, list[float]] = {name: [] for name in (*arms, "startup", "startup_is", "startup_exit", "lib",
+                                                              "lib_bare")}
     for rep in range(REPS + 1):
         for kind in arms[rep % 3:] + arms[: rep % 3]:  # each arm first, middle and last in turn
             elapsed = apply_arm(kind, tools, text)
@@ -194,6 +196,7 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
                 series[kind].append(elapsed)
         startup = timed([sys.executable, "-c", "pass"])
         startup_is = timed([sys.executable, "-IS", "-c", "pass"])
+        startup_exit = timed([sys.executable, "-IS", "-c", "import posix; posix._exit(0)"])
         ns = fresh_namespace()
         try:
             library, spawned = in_process(ns, text)
@@ -202,6 +205,7 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
         if rep:
             series["startup"].append(startup)
             series["startup_is"].append(startup_is)
+            series["startup_exit"].append(startup_exit)
             series["lib"].append(library)
             series["lib_bare"].append(spawned)
     ms = {name: statistics.median(values) * 1000 for name, values in series.items()}
@@ -213,13 +217,14 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
         ("bare", "nsenter + iptables-restore (same rules)"),
         ("startup", "python -c pass (interpreter start-up, with site)"),
         ("startup_is", "python -IS -c pass (interpreter start-up, no site)"),
+        ("startup_exit", "python -IS, posix._exit (start-up, no site, no teardown)"),
         ("lib", "in-process: library apply (facts, probe, restore)"),
         ("lib_bare", "in-process: spawned iptables-restore alone"),
     ]
     for key, label in rows:
         print(f"{label:58s} {ms[key]:7.2f} ms ({low[key]:.2f})")
     ratio = ms["cli"] / ms["bare"]
-    floor = ms["startup_is"] + ms["lib_bare"]
+    floor = ms["startup_exit"] + ms["lib_bare"]
     print(
         f"apply ratio (tool / bare restore): {ratio:.2f}x median, {low['cli'] / low['bare']:.2f}x best "
         f"(aim <= 4.5x); through the console script {ms['console'] / ms['bare']:.2f}x; "
@@ -227,9 +232,10 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
         f"in-process ratio {ms['lib'] / ms['lib_bare']:.2f}x"
     )
     print(
-        f"where the lean launcher's {ms['cli']:.2f} ms go: python -IS start-up {ms['startup_is']:.2f}, the library's "
-        f"work in-process {ms['lib']:.2f} (of it iptables-restore {ms['lib_bare']:.2f}), imports and the rest "
-        f"{ms['cli'] - ms['startup_is'] - ms['lib']:.2f}; the floor (start-up + restore) is {floor:.2f} ms = "
+        f"where the lean launcher's {ms['cli']:.2f} ms go: python -IS start-up without teardown "
+        f"{ms['startup_exit']:.2f} (the tool ends with posix._exit), the library's work in-process {ms['lib']:.2f} "
+        f"(of it iptables-restore {ms['lib_bare']:.2f}), imports and the rest "
+        f"{ms['cli'] - ms['startup_exit'] - ms['lib']:.2f}; the floor (start-up + restore) is {floor:.2f} ms = "
         f"{floor / ms['bare']:.2f}x"
     )
     give_up = statistics.median(validation_give_up(tools["cli"]) for _ in range(VALIDATION_REPS))
@@ -246,6 +252,7 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
                 "bare_restore_ms": round(ms["bare"], 3),
                 "python_startup_ms": round(ms["startup"], 3),
                 "python_startup_is_ms": round(ms["startup_is"], 3),
+                "python_startup_is_no_teardown_ms": round(ms["startup_exit"], 3),
                 "floor_ratio": round(floor / ms["bare"], 3),
                 "inprocess_apply_ratio": round(ms["lib"] / ms["lib_bare"], 3),
                 "validation_fail_ms": round(give_up * 1000, 1),

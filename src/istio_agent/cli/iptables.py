@@ -259,8 +259,21 @@ def run_cli(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    sys.exit(run_cli(sys.argv[1:]))
+    """Console-script (and lean launcher) entry point: the exit status of `run_cli`, without teardown.
+
+    Once the output is flushed nothing is left to do (files are closed where they are written), and the
+    interpreter's teardown of its modules costs ~1.4 ms, a tenth of the whole run: the process ends at
+    once. When flushing fails (stdout closed early), the interpreter's own exit reports it, as it would.
+    """
+    code = run_cli(sys.argv[1:])
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    import posix
+
+    posix._exit(code)
 
 
 def _build_click_command() -> click.Command:
