@@ -123,6 +123,9 @@ def test_the_live_view_of_the_default_mesh(terminal: Terminal, tmp_path: Path) -
     poll(lambda: "default/reviews-v2-2" in rows(terminal.screen()), "the new replica in the view", 60, context,
          interval=0.2)
     print(f"replica change shown after {time.monotonic() - edited:.1f} s")
+    # istiod-local pushed the new endpoints: its line now names a newer mesh version and a last push.
+    poll(lambda: re.search(r"mesh version \d+, \d+ pushes \(0 rejected\), last push \d+s ago", terminal.screen()),
+         "istiod-local's push in the view", 30, context, interval=0.5)
     poll(lambda: "ready" in rows(terminal.screen()).get("default/reviews-v2-2", []), "the new replica ready", 120,
          context, interval=1.0)
 

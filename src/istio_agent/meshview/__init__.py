@@ -21,7 +21,8 @@ API (stable; `istiod-local up` uses it):
   `istiod_netns` when given (on the local node istiod-local runs in the node namespace); None: no
   istiod line.
 * `out` (default stdout): a terminal gets the rich live view (`live=True/False` forces it),
-  anything else one line per change ("pod default/echo-1 ready", "service echo.default: traffic ...").
+  anything else one line per change ("pod default/echo-1 ready", "service echo.default: traffic ..."),
+  the events given included: a caller that hands its events to the view should not print them too.
 * Request rates, errors and latencies come from the clients' Envoys' per-cluster stats, which
   Istio's default stats inclusion list drops: put `STATS_INCLUSION_SUFFIXES` in each sidecar's
   ProxyConfig `proxyStatsMatcher.inclusionSuffixes`.
