@@ -223,14 +223,20 @@ def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
         poll(lambda: arm.settled(target), "Envoy to settle on the big config", 120, retry_on=HTTP_NOT_YET)
         settled_at = time.monotonic()
         sampler.phase = "after"
-        time.sleep(STEADY_SECONDS)
+        curve = []  # how soon freed memory goes back (the trimmer: 1 s after a burst, every 15 s)
+        for at in (1.0, 3.0, 10.0):
+            if at < STEADY_SECONDS:
+                time.sleep(max(0.0, settled_at + at - time.monotonic()))
+                curve.append((at, memory(agent.pid)["VmRSS"]))
+        time.sleep(max(0.0, settled_at + STEADY_SECONDS - time.monotonic()))
         steady = memory(agent.pid)
         sampler.phase = "done"
     finally:
         sampler.stop()
     peak = max(sampler.values("push") + sampler.values("after"))
-    return {"idle": idle, "steady": steady, "components": components, "peak": peak, "hwm": rss_mb(agent.pid, "VmHWM"),
-            "push_s": from_push, "settled_s": settled_at - started, "clusters": target}
+    return {"idle": idle, "steady": steady, "components": components, "curve": curve, "peak": peak,
+            "hwm": rss_mb(agent.pid, "VmHWM"), "push_s": from_push, "settled_s": settled_at - started,
+            "clusters": target}
 
 
 def run_proxyless(arm: Arm, pod: Path) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
@@ -286,6 +292,7 @@ def main() -> None:
     print(beside("sidecar idle (DNS on)", sidecar["idle"], base_figures))
     print(f"{'sidecar peak during push':28s} RSS {sidecar['peak']:6.1f} MB "
           f"({sidecar['peak'] / base_figures['VmRSS']:.2f}x floor; VmHWM over the whole run {sidecar['hwm']:.1f})")
+    print(f"{'sidecar after the push':28s} RSS " + ", ".join(f"{mb:.1f} MB at {at:g} s" for at, mb in sidecar["curve"]))
     print(beside(f"sidecar steady ({STEADY_SECONDS:g} s after)", sidecar["steady"], base_figures))
     print(beside("proxyless idle", proxyless, base_figures), flush=True)
 
