@@ -18,6 +18,7 @@ import queue
 import re
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,3 +190,30 @@ def test_run_view_prints_changes_or_draws_tables_until_stopped(envoy: tuple[int,
         lines = text.splitlines()
         assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines), text
         assert sum("mesh.yaml applied" in line for line in lines) == 1  # each change once
+
+
+def test_a_proxyless_pods_identity_from_its_certificate_file(tmp_path: Path) -> None:
+    from istio_agent.pki import certs, keys
+
+    key = keys.generate_key("ECDSA")
+    ca = certs.new_root_ca(key, "cluster.local", time.time(), 86400.0)
+    identity = "spiffe://cluster.local/ns/default/sa/greeter"
+    leaf = certs.sign_workload_csr(ca, certs.load_csr(certs.build_csr(key, [identity])), identity, time.time(), 3600.0)
+    chain = tmp_path / "var/lib/istio/data/cert-chain.pem"
+    target = ViewTarget("greeter-1", "default", "127.0.0.1", None, "proxyless", "greeter", status_port=1,
+                        cert_file=str(chain))
+    watcher = MeshWatcher(lambda: [target], None)
+    try:
+        before = watcher.step().pod("greeter-1")
+        assert before is not None and not before.identity_confirmed  # not written yet: no error either
+        assert "certificate file" not in before.error
+        chain.parent.mkdir(parents=True)
+        chain.write_text(certs.cert_to_pem(leaf) + certs.cert_to_pem(ca.cert))
+        watcher.collector.slow_every = 1
+        pod = watcher.step().pod("greeter-1")
+        assert pod is not None and pod.identity_confirmed and pod.identity == identity
+        assert pod.cert_expires_in is not None and 3500 < pod.cert_expires_in <= 3600
+        chain.write_text("garbage")
+        assert "certificate file" in (watcher.step().pod("greeter-1") or pod).error
+    finally:
+        watcher.close()

@@ -368,3 +368,20 @@ def test_a_short_terminal_keeps_the_failing_pods_services_and_events_and_counts_
     assert f"… {hidden} more ({hidden} ready)" in more
     assert "echo.default" in text and "istiod-local: 51 proxies connected" in text
     assert "mesh.yaml applied" in text
+
+
+def test_a_pem_workload_certificate_gives_identity_expiry_and_serial() -> None:
+    from istio_agent.meshview.collector import parse_pem_certificate
+    from istio_agent.pki import certs, keys
+
+    key = keys.generate_key("ECDSA")
+    ca = certs.new_root_ca(key, "cluster.local", 1_700_000_000.0, 86400.0 * 10)
+    csr = certs.load_csr(certs.build_csr(key, ["spiffe://cluster.local/ns/default/sa/greeter"]))
+    leaf = certs.sign_workload_csr(ca, csr, "spiffe://cluster.local/ns/default/sa/greeter", 1_700_000_000.0, 3600.0)
+    chain = (certs.cert_to_pem(leaf) + certs.cert_to_pem(ca.cert)).encode()
+    cert = parse_pem_certificate(chain)
+    assert cert is not None and cert.identity == "spiffe://cluster.local/ns/default/sa/greeter"
+    assert cert.expiry == 1_700_003_600.0 and cert.serial == certs.serial_hex(leaf)
+    assert parse_pem_certificate(certs.cert_to_pem(ca.cert).encode()) is None  # no SPIFFE SAN in a root
+    with pytest.raises(ValueError):
+        parse_pem_certificate(b"not a certificate")

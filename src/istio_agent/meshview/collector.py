@@ -65,6 +65,17 @@ def parse_certs(text: str | bytes) -> Certificate | None:
     return best
 
 
+def parse_pem_certificate(data: bytes) -> Certificate | None:
+    """The first certificate of a PEM chain with a SPIFFE URI SAN (ValueError if it is not PEM)."""
+    from istio_agent.pki import certs
+
+    for cert in certs.load_pem_chain(data):
+        identity = next((u for u in certs.uri_sans(cert) if u.startswith("spiffe://")), "")
+        if identity:
+            return Certificate(identity, certs.not_after(cert), certs.serial_hex(cert))
+    return None
+
+
 def parse_istiod_metrics(text: str, at: float) -> IstiodSample:
     """istiod-local's `/metrics` to a sample (`controlplane/monitoring.py` writes them)."""
     connected = 0.0
@@ -130,6 +141,14 @@ class _PodReader:
                         self.cert = parse_certs(body) or self.cert
                 except (OSError, ValueError) as exc:
                     errors.append(f"Envoy certs: {exc}")
+        elif target.cert_file and (slow or self.cert is None):
+            try:
+                with open(target.cert_file, "rb") as handle:
+                    self.cert = parse_pem_certificate(handle.read(256 * 1024)) or self.cert
+            except FileNotFoundError:
+                pass  # not written yet: the agent writes it once it has a certificate
+            except (OSError, ValueError) as exc:
+                errors.append(f"certificate file: {exc}")
         if self.cert is not None:
             sample = replace(sample, identity=self.cert.identity, cert_expiry=self.cert.expiry,
                              cert_serial=self.cert.serial)

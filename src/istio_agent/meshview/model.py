@@ -32,6 +32,8 @@ class ViewTarget:
 
     `mode`: "sidecar" (agent + Envoy: admin on 127.0.0.1:`admin_port`), "proxyless" (agent only) or
     "none" (no mesh: only listed). The status port is the agent's :15020 inside the pod.
+    `cert_file`: a PEM file on this host with the pod's workload certificate, read where no Envoy
+    says which one it serves (a proxyless pod's OUTPUT_CERTS `cert-chain.pem`); "" for none.
     """
 
     name: str
@@ -44,6 +46,7 @@ class ViewTarget:
     admin_port: int = 15000
     status_port: int = 15020
     admin_host: str = "127.0.0.1"
+    cert_file: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
