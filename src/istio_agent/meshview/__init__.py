@@ -16,7 +16,9 @@ API (stable; `istiod-local up` uses it):
 
 * `targets()` is called every round (once a second), so pods added or removed show up at once.
   `ViewTarget.netns` is the pod's `ip netns` name (or a path; None: this process's namespace);
-  `mode` is "sidecar", "proxyless" or "none".
+  `mode` is "sidecar", "proxyless" or "none". A proxyless pod has no Envoy to say which certificate
+  it serves: give `cert_file` (its OUTPUT_CERTS `cert-chain.pem` on this host, e.g.
+  `<pod dir>/var/lib/istio/data/cert-chain.pem`) and the view reads identity and expiry from it.
 * `istiod_monitoring`: istiod-local's `--monitoring-addr` (host:port), read from inside
   `istiod_netns` when given (on the local node istiod-local runs in the node namespace); None: no
   istiod line.
