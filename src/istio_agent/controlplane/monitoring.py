@@ -151,20 +151,20 @@ class XdsMonitor:
         by_version: dict[str, int] = {}
         for stream in self.streams.values():
             by_version[stream.istio_version] = by_version.get(stream.istio_version, 0) + 1
-        family("pilot_xds", "gauge", "Number of endpoints connected to this pilot using XDS.",
+        family("pilot_xds", "gauge", "Proxies with an open ADS stream, by their Istio version.",
                [(f'{{version="{_escape(v)}"}}', n) for v, n in sorted(by_version.items())])
-        family("pilot_xds_pushes", "counter", "Pilot build and send errors for lds, rds, cds and eds.",
+        family("pilot_xds_pushes", "counter", "xDS responses written to proxies, by type.",
                [(f'{{type="{_escape(metric_type(t))}"}}', n) for t, n in sorted(self.pushes.items())])
-        family("pilot_total_xds_rejects", "counter", "Total number of XDS responses from pilot rejected by proxy.",
+        family("pilot_total_xds_rejects", "counter", "xDS responses a proxy refused (requests carrying an error detail), by type.",
                [(f'{{type="{_escape(metric_type(t))}"}}', n) for t, n in sorted(self.rejects.items())])
         for metric in sorted(set(_LEGACY_REJECTS.values())):
             samples = [(f'{{node="{_escape(node)}"}}', n) for (m, node), n in sorted(self.legacy_rejects.items())
                        if m == metric]
-            family(metric, "gauge", f"Pilot rejected {metric.split('_')[2].upper()} configs.", samples)
-        family("pilot_xds_expired_nonce", "counter", "Total number of XDS requests with an expired nonce.",
+            family(metric, "gauge", f"Refused {metric.split('_')[2].upper()} responses, by proxy.", samples)
+        family("pilot_xds_expired_nonce", "counter", "xDS requests answering a response other than the last one sent.",
                [("", self.expired_nonces)])
         if services is not None:
-            family("pilot_services", "gauge", "Total services known to pilot.", [("", services)])
+            family("pilot_services", "gauge", "Services in the registry in service.", [("", services)])
         if mesh_version is not None:
             family("istiod_local_mesh_version", "gauge", "The mesh (registry snapshot) version in service.",
                    [("", mesh_version)])
