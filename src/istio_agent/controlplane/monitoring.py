@@ -155,7 +155,8 @@ class XdsMonitor:
                [(f'{{version="{_escape(v)}"}}', n) for v, n in sorted(by_version.items())])
         family("pilot_xds_pushes", "counter", "xDS responses written to proxies, by type.",
                [(f'{{type="{_escape(metric_type(t))}"}}', n) for t, n in sorted(self.pushes.items())])
-        family("pilot_total_xds_rejects", "counter", "xDS responses a proxy refused (requests carrying an error detail), by type.",
+        family("pilot_total_xds_rejects", "counter",
+               "xDS responses a proxy refused (requests carrying an error detail), by type.",
                [(f'{{type="{_escape(metric_type(t))}"}}', n) for t, n in sorted(self.rejects.items())])
         for metric in sorted(set(_LEGACY_REJECTS.values())):
             samples = [(f'{{node="{_escape(node)}"}}', n) for (m, node), n in sorted(self.legacy_rejects.items())
