@@ -31,6 +31,7 @@ from istio_agent.httpio.server_core import (
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
+CLOSE_TIMEOUT = 2.0  # for the last bytes to leave, then the socket is dropped
 INTERNAL_ERROR = "500 Internal Server Error\n\nServer got itself in trouble"
 
 
@@ -117,8 +118,10 @@ class HttpServer:
         finally:
             self._connections.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:  # a peer that reads nothing cannot hold the connection (or `stop`) open
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
+            except (TimeoutError, OSError, asyncio.CancelledError):
+                writer.transport.abort()
 
     async def _answer(self, conn: ServerConnection, writer: asyncio.StreamWriter, request: Request) -> bool:
         """Run the handler and send its answer; False when the connection cannot carry another request."""
