@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 DEFAULT_ARGS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
                 "-d", "15090,15021,15020"]  # fmt: skip
-REPS = int(os.environ.get("BENCH_CAPTURE_REPS", "15"))
+REPS = int(os.environ.get("BENCH_CAPTURE_REPS", "25"))
 VALIDATION_REPS = int(os.environ.get("BENCH_CAPTURE_VALIDATION_REPS", "3"))
 PROBE_TIMEOUT_S = 1.0
 VALIDATION_FAILED = 126

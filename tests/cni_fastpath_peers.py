@@ -81,6 +81,11 @@ class FastPathAgent:
         """How many calls install-cni says it answered on the fast path."""
         return self.output().count(" answered with status ")
 
+    def answers_reach(self, count: int) -> int:
+        """The answers logged, once at least `count` are (install-cni logs a call after the caller has its answer)."""
+        return poll(lambda: (n := self.fast_path_answers()) >= count and n, f"install-cni's log of {count} answers",
+                    10, self.output)
+
     def config(self, **fields: Any) -> dict[str, Any]:
         return {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
                 "cni_agent_run_dir": str(self.run_dir), "exclude_namespaces": ["kube-system"],

@@ -133,7 +133,7 @@ def add_both(agent: FastPathAgent, pods: tuple[PodNs, PodNs], pod_name: str,
     fast = run_plugin(agent.launcher, cni_env(pod_name=pod_name, netns=fast_ns.path), config)
     slow = run_plugin(CONSOLE_SCRIPT, cni_env(pod_name=pod_name, netns=slow_ns.path), config)
     assert (fast.returncode, fast.stdout) == (slow.returncode, slow.stdout), (fast, slow)
-    assert agent.fast_path_answers() == before + 1, agent.output()[-3000:]
+    assert agent.answers_reach(before + 1) == before + 1, agent.output()[-3000:]
     return fast
 
 
