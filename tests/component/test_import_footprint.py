@@ -73,7 +73,8 @@ SIDECAR_START = (
     "    bootstrap = render_bootstrap(options.envoy.bootstrap)\n"
     "    assert bootstrap['node']['id'].startswith('sidecar~10.1.1.5~app-1.default~')\n"
 )
-PROXY_CONFIG_JSON = '{"discoveryAddress": "istiod:15012", "concurrency": 2, "proxyMetadata": {"A": ""}}'
+# As the injector writes it (`value: |` then protoToJSON: one line and a line break).
+PROXY_CONFIG_JSON = '{"discoveryAddress": "istiod:15012", "concurrency": 2, "proxyMetadata": {"A": ""}}\n'
 
 
 def test_sidecar_options_and_bootstrap_load_no_yaml_metadata_or_envoy_protos() -> None:

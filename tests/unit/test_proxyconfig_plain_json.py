@@ -20,9 +20,11 @@ SAME = [
     '{"concurrency": 2, "discoveryAddress": "istiod.istio-system.svc:15012"}',
     '{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", "A": ""}, "holdApplicationUntilProxyStarts": true}',
     '{"tracing": {"zipkin": {"address": "z:9411"}}, "statusPort": 15020, "x": null, "l": [1, -0, "2"]}',
-    '  {"a": 1, "a": 2}\n',  # duplicate keys: the last wins in both
+    '  {"a": 1, "a": 2}',  # duplicate keys: the last wins in both
     '{"drainDuration": "45s", "n": 123456789012345678901234567890}',
     "{}",
+    '\n       {"discoveryAddress": "istiod:15012"}\n',  # the injector's `value: |` block
+    '{"a": 1}\r\n',
 ]
 # Forms where json and PyYAML disagree (or may): the fast path refuses them, PyYAML decides.
 YAML_DECIDES = [
@@ -35,6 +37,12 @@ YAML_DECIDES = [
     '{"s": "caf\u00e9"}',
     '{"a": 1} # a YAML comment',
     "{a: 1, b: [x, y]}",
+    '{"a"\n: 1}',                  # PyYAML: a key and its ':' on one line
+    '{"a": [{"b"\n:2}]}',
+    '{"' + "k" * 1030 + '": 1}',   # PyYAML: a key within 1,024 characters of its ':'
+    '{"a"' + " " * 1030 + ': 1}',
+    '{"s": "del\x7f"}',            # PyYAML: DEL is not printable
+    '{\n  "a": 1\n}',               # (multi-line JSON: PyYAML reads it, as before)
 ]
 
 

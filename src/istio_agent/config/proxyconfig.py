@@ -93,18 +93,32 @@ def _refuse(text: str) -> Any:
     raise _NotPlainJson(text)
 
 
+# PyYAML takes a mapping key only within 1,024 characters of the ':' after it, on the same line.
+_MAX_KEY = 1000
+_MAX_GAP = " " * 20
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if any(len(key) > _MAX_KEY for key, _ in pairs):
+        raise _NotPlainJson(pairs)
+    return dict(pairs)  # a repeated key: the last wins, as in PyYAML
+
+
 def plain_json(text: str) -> Any:
     """`text` parsed as JSON when PyYAML would give exactly the same value, else `_NotPlainJson`.
 
-    That is ASCII JSON without backslash escapes, tabs, floats or NaN/Infinity (PyYAML reads `1e3` as a
-    string and handles escapes and tabs its own way): objects, arrays, plain strings, integers, true,
-    false and null read the same either way. The injector writes PROXY_CONFIG as such JSON, so an agent
-    never loads PyYAML (~1 MB) unless a layer really is YAML.
+    That is one line (line breaks around it aside) of printable ASCII JSON without backslash escapes,
+    floats, NaN/Infinity, keys over 1,000 characters or runs of 20 spaces (PyYAML reads `1e3` as a
+    string, handles escapes its own way, refuses tabs, DEL, a key split from its ':' by a line break or
+    over 1,024 characters): objects, arrays, plain strings, integers, true, false and null then read the
+    same either way. The injector writes PROXY_CONFIG as such JSON, so an agent never loads PyYAML
+    (~1 MB) unless a layer is YAML.
     """
-    if not text.isascii() or "\\" in text or "\t" in text:
+    body = text.strip(" \r\n")  # line breaks around the document are nothing to either (`value: |` adds one)
+    if not (body.isascii() and body.isprintable()) or "\\" in body or _MAX_GAP in body:
         raise _NotPlainJson(text)
     try:
-        return json.loads(text, parse_float=_refuse, parse_constant=_refuse)
+        return json.loads(body, parse_float=_refuse, parse_constant=_refuse, object_pairs_hook=_pairs)
     except ValueError:
         raise _NotPlainJson(text) from None
 
