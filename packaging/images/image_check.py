@@ -510,7 +510,9 @@ def main() -> int:
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, interrupted)
+    # SIGINT too: Python leaves it ignored when the check starts with it ignored (a background job of a shell).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
     started = time.monotonic()
     check: Check | None = None
     error = ""
