@@ -32,13 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "kubeplay" not in sys.modules:  # run as a script; the unit tests load it themselves
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kubeplay  # this directory's module (not a package)
 
 HERE = Path(__file__).resolve().parent
@@ -499,7 +501,9 @@ def leftovers(runner: Runner, network: str) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tag", default=os.environ.get("IMAGE_TAG", "0.1.0"), help="the images' tag")
+    version = tomllib.loads((HERE.parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    parser.add_argument("--tag", default=os.environ.get("IMAGE_TAG", version),
+                        help="the images' tag (default: IMAGE_TAG, else the project's version, as make image tags)")
     parser.add_argument("--subnet", default="10.89.77.0/24", help="the podman network's /24 (default %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every command")
     args = parser.parse_args()
