@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl
+DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl tmux
 PYTEST_ARGS ?=
 
 .PHONY: setup debs test lint typecheck pytest run bench protos docs clean vm-package
