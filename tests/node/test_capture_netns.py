@@ -387,3 +387,22 @@ def test_kernel_table_probe_sees_what_the_tools_create(topo: Topology) -> None:
     sh("ip", "netns", "exec", topo.pod, "ip6tables-nft", "-t", "raw", "-N", "Y")
     sh("ip", "netns", "exec", topo.pod, "iptables-legacy", "-t", "mangle", "-N", "Z")
     assert tables() == [["nat"], ["raw"], ["mangle"]]
+
+
+def test_ipv6_pods_get_the_inbound_address_as_ip_adds_it(topo: Topology) -> None:
+    """`::6/128` on lo, added over rtnetlink (no `ip` process), is the address `ip -6 addr add` makes."""
+
+    def lo_v6(ns: str) -> list[dict[str, Any]]:
+        shown = json.loads(sh("ip", "-n", ns, "-d", "-j", "-6", "addr", "show", "dev", "lo").stdout)
+        return [a for a in shown[0]["addr_info"] if a.get("local") == "::6"]
+
+    probe = ("from istio_agent.capture.loopback import add_address; six = bytes(15) + b'\\x06';"
+             "print(add_address('lo', six, 128), add_address('lo', six, 128))")
+    assert lo_v6(topo.pod) == []
+    added = sh("nsenter", f"--net={topo.pod_path}", sys.executable, "-c", probe).stdout.split()
+    assert added == ["True", "False"]  # added, then already there
+    sh("ip", "-n", topo.peer, "-6", "addr", "add", "::6/128", "dev", "lo")  # the way upstream adds it
+    assert lo_v6(topo.pod) == lo_v6(topo.peer) and len(lo_v6(topo.pod)) == 1
+    for _ in range(2):  # istio-iptables with IPv6, on a lo that has it already
+        topo.capture(*DEFAULT_ARGS, "--enable-ipv6=true", backend="iptables-nft")
+    assert lo_v6(topo.pod) == lo_v6(topo.peer)

@@ -81,11 +81,22 @@ def apply_nftables(ruleset: RuleSet, cleanup_only: bool, log: Log) -> None:
     log("removed nftables rules" if cleanup_only else "applied nftables rules atomically")
 
 
+def _inbound_ipv6_added() -> bool:
+    """`::6/128` on lo over rtnetlink (True also when it was there); False: let `ip` try, and report its error."""
+    from istio_agent.capture.loopback import add_address
+
+    try:
+        add_address("lo", b"\x00" * 15 + b"\x06", 128)
+    except OSError:
+        return False
+    return True
+
+
 def configure_routes(cfg: CaptureConfig, log: Log) -> None:
     """`::6` on lo for IPv6 pods; for TPROXY, the fwmark rule and local default route."""
     from istio_agent.capture.procs import run
 
-    if cfg.ipv6:
+    if cfg.ipv6 and not _inbound_ipv6_added():
         result = run(["ip", "-6", "addr", "add", "::6/128", "dev", "lo"])
         if not result.ok and b"inet6 ::6/128" not in run(["ip", "-6", "addr", "show", "dev", "lo"]).stdout:
             raise RuntimeError(f"failed to add IPv6 inbound address: {result.describe()}")
