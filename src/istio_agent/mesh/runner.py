@@ -42,6 +42,7 @@ from istio_agent.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
 from istio_agent.node.local_node import LocalNode, NodeOptions, Pod
 from istio_agent.node.plan import PlanError, PodPlan, PodSpec
 from istio_agent.node.processes import NodeError
+from istio_agent.node.proxyless import OUTPUT_CERTS
 
 # Istio's default stats inclusion list leaves out what the check and the live view read: TLS handshakes,
 # and the per-cluster request counters and latency histograms the request rates come from.
@@ -191,8 +192,10 @@ class MeshRun:
         for pod in list(self.pods.values()):
             spec = pod.plan.spec
             mode = "proxyless" if spec.proxyless else "sidecar" if spec.sidecar else "none"
+            # A proxyless pod has no Envoy to ask for its certificate: read the one its agent writes.
+            cert = str(pod.dir / OUTPUT_CERTS.lstrip("/") / "cert-chain.pem") if spec.proxyless else ""
             out.append(ViewTarget(name=pod.name, namespace=spec.namespace, ip=pod.ip, netns=pod.netns, mode=mode,
-                                  service_account=spec.service_account))
+                                  service_account=spec.service_account, cert_file=cert))
         return out
 
     def close(self) -> None:
