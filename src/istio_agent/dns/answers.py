@@ -133,12 +133,19 @@ class CompiledTable:
     """
 
     def __init__(self, source: nds_pb2.NameTable, lookup: Lookup, seed: int | None = None) -> None:
-        self.source = source
+        # The table as its wire bytes, parsed again only when asked (/debug/ndsz, a restart): the parsed
+        # message held ~4.5 times as much (1,000 services: 350 KB against 75 KB).
+        self._source = source.SerializeToString()
         self.lookup = lookup
         self._rng = random.Random(seed)
         self.answers: dict[bytes, Prepared] = {}
         self._dynamic = 0
         self._shared: dict[tuple[object, ...], Prepared] = {}
+
+    @property
+    def source(self) -> nds_pb2.NameTable:
+        """The NameTable this was compiled from (a new message each time)."""
+        return nds_pb2.NameTable.FromString(self._source)
 
     def _prepare(self, name: bytes, question_len: int, qtype: int) -> Prepared:
         recs = records(self.lookup, name, name, qtype)
