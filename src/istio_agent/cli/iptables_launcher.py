@@ -28,7 +28,9 @@ from pathlib import Path
 TEMPLATE = '''#!{interpreter} -IS
 # istio-iptables, written by `python -m istio_agent.cli.iptables_launcher` (not upstream): the console script's
 # entry point without site. It names its interpreter and import paths: rewrite it when the installation moves.
+import gc
 import sys
+gc.disable()
 sys.path += {paths!r}
 from istio_agent.cli.iptables import main
 main()
