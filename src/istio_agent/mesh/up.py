@@ -31,13 +31,17 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+# Ctrl-C, a kill, and the terminal closing (tmux kill-session, a closed ssh session) all stop the mesh.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def interrupt_on_signals() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, so both reach the cleanup.
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, so each reaches the cleanup.
 
     SIGINT too: Python leaves it ignored when it started ignored (a background job of a
     non-interactive shell, nohup), and Ctrl-C or a caller's SIGINT must still stop everything.
     """
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
 
 
@@ -77,7 +81,7 @@ def run_up(options: UpOptions, check: bool, once: bool, live: bool | None = None
         print(f"error: {exc}", file=sys.stderr)
         status = 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         try:
             run.close()
