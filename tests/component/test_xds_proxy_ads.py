@@ -421,6 +421,50 @@ async def test_large_push_passes_through(tmp_path: Path) -> None:
         assert len(response.resources) == 5000
 
 
+def _held_by_proxy_frames(proxy: XdsProxy, min_size: int) -> list[str]:
+    """Locals of the proxy's own suspended coroutines (its stream tasks) that hold a message of `min_size`
+    bytes or more, or an action carrying one: what the proxy keeps while it waits for the next message."""
+    held = []
+    for task in list(proxy._pending):  # white box: the tasks awaiting gRPC reads and writes
+        coro: Any = task.get_coro()
+        while coro is not None and getattr(coro, "cr_frame", None) is not None:
+            frame = coro.cr_frame
+            if frame.f_code.co_filename.endswith("xds/proxy.py"):
+                for name, value in frame.f_locals.items():
+                    payload = getattr(value, "data", getattr(value, "value", value))
+                    if isinstance(payload, bytes) and len(payload) >= min_size:
+                        held.append(f"{frame.f_code.co_name}: {name} ({len(payload)} bytes)")
+            coro = coro.cr_await
+    return held
+
+
+@pytest.mark.parametrize("delta", [SOTW, DELTA], ids=["sotw", "delta"])
+async def test_handled_push_is_not_kept(tmp_path: Path, delta: bool) -> None:
+    """Once a push is forwarded, or a NameTable consumed, the proxy keeps nothing of it while Envoy's stream
+    stays open and the next push is awaited."""
+    async with harness(tmp_path) as h:
+        client = h.client(delta)
+        await client.subscribe(typeurls.CLUSTER, NODE)
+        await client.ack(await client.read())
+        await client.subscribe(typeurls.LISTENER)
+        await client.ack(await client.read())
+        await eventually(lambda: h.tables, what="the name table callback")
+        h.ads.push(typeurls.CLUSTER, clusters(5000))
+        response = await client.read(timeout=30)
+        assert len(resource_names(response)) == 5000
+        await eventually(lambda: h.proxy.stats.responses == 3, what="the push forwarded")
+        await asyncio.sleep(0.1)  # the proxy is back in its next read from istiod
+        assert _held_by_proxy_frames(h.proxy, 100_000) == []
+        big = nds_pb2.NameTable()
+        for i in range(5000):
+            big.table[f"svc-{i}.default.svc.cluster.local"].ips.append(f"10.96.{i // 256}.{i % 256}")
+        h.ads.push(typeurls.NAME_TABLE, [("", big)])
+        await eventually(lambda: len(h.tables) == 2, what="the big name table consumed")
+        await asyncio.sleep(0.1)
+        assert len(h.tables[1].table) == 5000
+        assert _held_by_proxy_frames(h.proxy, 100_000) == []
+
+
 async def test_slow_envoy_holds_back_upstream(tmp_path: Path) -> None:
     """Backpressure: with a client that does not read, the proxy stops reading istiod (bounded memory)."""
     pushes = 40
