@@ -196,3 +196,12 @@ async def test_stale_socket_file_is_replaced(tmp_path: Path, istiod: IstiodLocal
             await component.stop()
     finally:
         shutil.rmtree(pod)
+
+
+def test_sds_server_and_xds_proxy_load_no_envoy_api_module() -> None:
+    """Both speak Envoy's messages through heads of their own: Envoy's generated modules stay out of the agent."""
+    from support import loaded_after
+
+    loaded = loaded_after("import istio_agent.security.sds, istio_agent.xds.proxy")
+    assert "istio_agent.security.sds" in loaded and "grpc" in loaded
+    assert not {m for m in loaded if m.startswith(("envoy.", "udpa.", "xds.", "validate"))}

@@ -31,23 +31,22 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
-from envoy.service.discovery.v3 import discovery_pb2
-from envoy.service.secret.v3 import sds_pb2_grpc
 
 from istio_agent.protos import typeurls
+from istio_agent.security import sds_wire
 from istio_agent.security.cache import SecretCache
 from istio_agent.security.file_secrets import SecretRefused
 from istio_agent.security.peercred import PeerCredentials
 from istio_agent.security.sds_relay import PeerRelay, make_private_dir, reachable_path
 from istio_agent.security.sds_state import NameSubscribers, SdsProtocolError, SubscriptionState
-from istio_agent.security.secrets import SecretError, SecretItem
+from istio_agent.security.secrets import SecretError
 
 log = logging.getLogger(__name__)
 
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
 PRIVATE_SOCKET_NAME = "grpc"
+SDS_SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
 
 
 @contextlib.contextmanager
@@ -60,31 +59,6 @@ def uds_address(path: Path) -> Iterator[str]:
 def private_socket_path(public: Path) -> Path:
     """Where the gRPC server listens behind the relay: `.<socket>.private/grpc` beside the public socket."""
     return public.parent / f".{public.name}.private" / PRIVATE_SOCKET_NAME
-
-
-def to_envoy_secret(item: SecretItem) -> secret_pb2.Secret:
-    """`default`-like items become tls_certificate (chain + key); bundles become validation_context.trusted_ca."""
-    secret = secret_pb2.Secret(name=item.resource_name)
-    if item.is_root:
-        secret.validation_context.trusted_ca.inline_bytes = item.root_cert
-    else:
-        secret.tls_certificate.certificate_chain.inline_bytes = item.cert_chain
-        secret.tls_certificate.private_key.inline_bytes = item.private_key
-    return secret
-
-
-class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
-    def __init__(self, server: SdsServer) -> None:
-        self._server = server
-
-    async def StreamSecrets(self, request_iterator: AsyncIterator[Any], context: Any) -> None:
-        await self._server.serve_stream(request_iterator, context)
-
-    async def DeltaSecrets(self, request_iterator: AsyncIterator[Any], context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "DeltaSecrets not implemented")
-
-    async def FetchSecrets(self, request: Any, context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "FetchSecrets not implemented")
 
 
 class SdsServer:
@@ -118,7 +92,15 @@ class SdsServer:
             self.socket_path.unlink()
         make_private_dir(self.private_socket_path.parent)
         server = grpc.aio.server()
-        sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(_Servicer(self), server)
+        # The messages are sds_wire's heads, not Envoy's generated classes (see there why).
+        methods = {
+            "StreamSecrets": grpc.stream_stream_rpc_method_handler(
+                self.serve_stream, request_deserializer=sds_wire.DiscoveryRequest.FromString,
+                response_serializer=sds_wire.DiscoveryResponse.SerializeToString),
+            "DeltaSecrets": grpc.stream_stream_rpc_method_handler(self._delta_secrets),
+            "FetchSecrets": grpc.unary_unary_rpc_method_handler(self._fetch_secrets),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SDS_SERVICE, methods),))
         with uds_address(self.private_socket_path) as target:
             server.add_insecure_port(target)
             await server.start()
@@ -143,6 +125,12 @@ class SdsServer:
             self.socket_path.unlink()
         shutil.rmtree(self.private_socket_path.parent, ignore_errors=True)
 
+    async def _delta_secrets(self, _requests: AsyncIterator[Any], context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "DeltaSecrets not implemented")
+
+    async def _fetch_secrets(self, _request: Any, context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "FetchSecrets not implemented")
+
     def push(self, name: str) -> None:
         """A secret changed: offer it to every stream (each forwards it only if it watches `name`)."""
         for queue in list(self._streams):
@@ -158,8 +146,8 @@ class SdsServer:
         for name in gone:
             self.cache.release(name)
 
-    async def _response(self, names: tuple[str, ...], caller: PeerCredentials) -> discovery_pb2.DiscoveryResponse:
-        response = discovery_pb2.DiscoveryResponse(
+    async def _response(self, names: tuple[str, ...], caller: PeerCredentials) -> Any:
+        response = sds_wire.DiscoveryResponse(
             type_url=typeurls.SECRET,
             version_info=f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}/{next(self._versions)}",
             nonce=str(uuid.uuid4()),
@@ -171,7 +159,7 @@ class SdsServer:
                 raise SecretRefused(f"failed to generate secret for {name}: {exc}") from None
             except SecretError as exc:
                 raise SecretError(f"failed to generate secret for {name}: {exc}") from None
-            response.resources.add().Pack(to_envoy_secret(item))
+            response.resources.add(type_url=typeurls.SECRET, value=sds_wire.secret_bytes(item))
         return response
 
     async def serve_stream(self, request_iterator: AsyncIterator[Any], context: Any) -> None:

@@ -22,80 +22,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from istio_agent.protos.heads import BYTES, INT32, MESSAGE, OPTIONAL, REPEATED, STRING, build
 
-_STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
-_BYTES = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
-_INT32 = descriptor_pb2.FieldDescriptorProto.TYPE_INT32
-_MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
-_OPTIONAL = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
-_REPEATED = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
 _PACKAGE = "istio_agent.xds.heads"
 
 # name → [(field name, number, type, label, message type name or "")]
 _HEADS: dict[str, list[tuple[str, int, int, int, str]]] = {
     # google.rpc.Status
-    "Status": [("code", 1, _INT32, _OPTIONAL, ""), ("message", 2, _STRING, _OPTIONAL, "")],
+    "Status": [("code", 1, INT32, OPTIONAL, ""), ("message", 2, STRING, OPTIONAL, "")],
     # google.protobuf.Any
-    "Any": [("type_url", 1, _STRING, _OPTIONAL, ""), ("value", 2, _BYTES, _OPTIONAL, "")],
+    "Any": [("type_url", 1, STRING, OPTIONAL, ""), ("value", 2, BYTES, OPTIONAL, "")],
     # envoy.service.discovery.v3.DiscoveryRequest (node = 2, resource_names = 3 left unparsed)
     "DiscoveryRequest": [
-        ("version_info", 1, _STRING, _OPTIONAL, ""),
-        ("type_url", 4, _STRING, _OPTIONAL, ""),
-        ("response_nonce", 5, _STRING, _OPTIONAL, ""),
-        ("error_detail", 6, _MESSAGE, _OPTIONAL, "Status"),
+        ("version_info", 1, STRING, OPTIONAL, ""),
+        ("type_url", 4, STRING, OPTIONAL, ""),
+        ("response_nonce", 5, STRING, OPTIONAL, ""),
+        ("error_detail", 6, MESSAGE, OPTIONAL, "Status"),
     ],
     # envoy.service.discovery.v3.DiscoveryResponse: routing fields only; resources stay unknown bytes.
     "DiscoveryResponse": [
-        ("version_info", 1, _STRING, _OPTIONAL, ""),
-        ("type_url", 4, _STRING, _OPTIONAL, ""),
-        ("nonce", 5, _STRING, _OPTIONAL, ""),
+        ("version_info", 1, STRING, OPTIONAL, ""),
+        ("type_url", 4, STRING, OPTIONAL, ""),
+        ("nonce", 5, STRING, OPTIONAL, ""),
     ],
     # Its resources, as raw Any bytes: parsed only for the types the agent consumes.
-    "DiscoveryResponseResources": [("resources", 2, _BYTES, _REPEATED, "")],
+    "DiscoveryResponseResources": [("resources", 2, BYTES, REPEATED, "")],
     # The same field as Any (SotW) or Resource (Delta) messages: a consumed type's first value in one parse.
-    "ResponseAnys": [("resources", 2, _MESSAGE, _REPEATED, "Any")],
-    "DeltaResponseResources": [("resources", 2, _MESSAGE, _REPEATED, "Resource")],
+    "ResponseAnys": [("resources", 2, MESSAGE, REPEATED, "Any")],
+    "DeltaResponseResources": [("resources", 2, MESSAGE, REPEATED, "Resource")],
     # envoy.service.discovery.v3.DeltaDiscoveryRequest
     "DeltaDiscoveryRequest": [
-        ("type_url", 2, _STRING, _OPTIONAL, ""),
-        ("response_nonce", 6, _STRING, _OPTIONAL, ""),
-        ("error_detail", 7, _MESSAGE, _OPTIONAL, "Status"),
+        ("type_url", 2, STRING, OPTIONAL, ""),
+        ("response_nonce", 6, STRING, OPTIONAL, ""),
+        ("error_detail", 7, MESSAGE, OPTIONAL, "Status"),
     ],
     # envoy.service.discovery.v3.DeltaDiscoveryResponse: routing fields only (resources are field 2, as SotW).
     "DeltaDiscoveryResponse": [
-        ("system_version_info", 1, _STRING, _OPTIONAL, ""),
-        ("type_url", 4, _STRING, _OPTIONAL, ""),
-        ("nonce", 5, _STRING, _OPTIONAL, ""),
+        ("system_version_info", 1, STRING, OPTIONAL, ""),
+        ("type_url", 4, STRING, OPTIONAL, ""),
+        ("nonce", 5, STRING, OPTIONAL, ""),
     ],
     # envoy.service.discovery.v3.Resource
     "Resource": [
-        ("version", 1, _STRING, _OPTIONAL, ""),
-        ("resource", 2, _MESSAGE, _OPTIONAL, "Any"),
-        ("name", 3, _STRING, _OPTIONAL, ""),
+        ("version", 1, STRING, OPTIONAL, ""),
+        ("resource", 2, MESSAGE, OPTIONAL, "Any"),
+        ("name", 3, STRING, OPTIONAL, ""),
     ],
     # istio.mesh.v1alpha1.ProxyConfig: only the trust bundle the agent applies.
-    "ProxyConfigTrust": [("ca_certificates_pem", 34, _STRING, _REPEATED, "")],
+    "ProxyConfigTrust": [("ca_certificates_pem", 34, STRING, REPEATED, "")],
 }
 
 
-def _build_classes() -> dict[str, Any]:
-    """Message classes for `_HEADS`, in a private pool so they never clash with the real types."""
-    file = descriptor_pb2.FileDescriptorProto(name="istio_agent/xds/heads.proto", package=_PACKAGE, syntax="proto3")
-    for name, fields in _HEADS.items():
-        message = file.message_type.add(name=name)
-        for field_name, number, kind, label, type_name in fields:
-            field = message.field.add(name=field_name, number=number, type=kind, label=label)
-            if type_name:
-                field.type_name = f".{_PACKAGE}.{type_name}"
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return {
-        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name in _HEADS
-    }
-
-
-_CLASSES = _build_classes()
+_CLASSES = build(_PACKAGE, _HEADS)
 
 
 class DecodeError(ValueError):
