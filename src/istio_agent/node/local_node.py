@@ -86,11 +86,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from istio_agent.controlplane.podfiles import write_pod_files
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
@@ -132,6 +132,8 @@ from istio_agent.node.processes import (
 from istio_agent.node.readiness import ENVOY_STATUS_PORT, READY_PATH, NodeProber, Target, wait_all
 from istio_agent.node.runtime import RUNTIME_ROOT, NodeRuntime, envoy_binary, sweep_stale_runtime
 
+T = TypeVar("T")
+R = TypeVar("R")
 _node_counter = itertools.count()
 VM_START_SCRIPT = Path(__file__).resolve().parents[3] / "packaging" / "vm" / "istio-start.sh"
 FILE_WAIT = """
@@ -317,9 +319,11 @@ class LocalNode:
             proc.stop(grace)
         problems = []
         if self.cni is not None:
-            for pod in reversed(list(self.pods.values())):  # DEL through the chain: addresses released
-                if pod.attachment is not None:
-                    problems += self.cni.delete(pod.attachment, strict=False)
+            cni = self.cni
+            attached = [pod.attachment for pod in reversed(list(self.pods.values())) if pod.attachment is not None]
+            for found in _each(lambda attachment: cni.delete(attachment, strict=False), attached,
+                               self._parallelism(len(attached))):  # DEL through the chain: addresses released
+                problems += found
             self.cni.stop_agent(grace)  # SIGTERM: install-cni's cleanup removes our entry and the plugin
         if self.istiod is not None:
             self.istiod.stop(grace)
@@ -328,8 +332,10 @@ class LocalNode:
         except NodeError as exc:
             problems.append(str(exc))
             ours = [pod.netns for pod in self.pods.values()] + [self.plan.netns]
-        for name in sorted(ours, key=lambda n: (n == self.plan.netns, n)):
-            remove_netns(name)
+        pods_netns = sorted(name for name in ours if name != self.plan.netns)
+        _each(remove_netns, pods_netns, self._parallelism(len(pods_netns)))
+        if self.plan.netns in ours:
+            remove_netns(self.plan.netns)  # the node's last: the pods' veths end on its bridge
         self._mountpoints.release()  # after remove_netns: no container of ours holds a mount any more
         self._vm_mountpoints.release()
         self.runtime.remove()
@@ -814,6 +820,22 @@ def _containers(pod: Pod, planned: bool = False) -> list[str]:
     if pod.agent is not None or (planned and pod.plan.spec.sidecar):
         names.append("istio-proxy")
     return names
+
+
+def _each(work: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """`work` on each item from a few threads (teardown of many pods: each step mostly waits on a child
+    process); serially at interpreter exit, where no new thread may start (`close()` runs from atexit too)."""
+    if workers <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    futures = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="node-teardown") as pool:
+        for item in items:
+            try:
+                futures.append(pool.submit(work, item))
+            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+                break
+        done = [future.result() for future in futures]
+    return done + [work(item) for item in items[len(futures):]]
 
 
 def _vm_start_script(machine: vm.Vm) -> Path:
