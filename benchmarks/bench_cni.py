@@ -23,7 +23,9 @@ comes after the rules are applied in the pod's netns; then the rules it left the
 turned back into the plugin's own restore input: `-N` chains and `-A` rules, no base-chain policies)
 are loaded by a bare `iptables-restore --noflush` into a fresh namespace. Both are spawned the same way, from a
 thread that entered the namespace (the node's for the plugin, the fresh one for the restore). The
-ratio of the medians is `plugin_start_ratio_vs_iptables_restore` (aim <= 5).
+ratio of the medians is `plugin_start_ratio_vs_iptables_restore` (aim <= 5). Of the plugin's time,
+install-cni's own share (from reading the request to writing the answer, as its log line says) is
+`plugin_start_agent_ms_p50`; the rest is the launcher's interpreter start-up and the socket.
 
 Figures: median and p99 (nearest rank) of each arm in ms, the with/without ratio of the medians (aim
 <= 2), reinstall p99 (aim <= 1000 ms). Needs root. Last line: JSON with `add_ratio_with_istio_cni`,
