@@ -79,10 +79,11 @@ PROXY_CONFIG_JSON = '{"discoveryAddress": "istiod:15012", "concurrency": 2, "pro
 
 def test_sidecar_options_and_bootstrap_load_no_yaml_metadata_or_envoy_protos() -> None:
     """PyYAML (~1 MB) only for a layer that really is YAML, importlib.metadata (~1 MB) only for `pilot-agent
-    version`; the bootstrap is rendered from plain dicts, with none of Envoy's or Istio's message classes."""
+    version`, decimal (gojson's) only for a gRPC bootstrap; the bootstrap is rendered from plain dicts, with
+    none of Envoy's or Istio's message classes."""
     loaded = loaded_after(SIDECAR_START.replace("PROXY_CONFIG_VALUE", repr(PROXY_CONFIG_JSON)))
     assert "istio_agent.envoy.bootstrap" in loaded
-    heavy = {"yaml", "importlib.metadata"}
+    heavy = {"yaml", "importlib.metadata", "decimal"}
     # (The CA client's istioca_pb2 and protobuf's well-known types come with the resolver's upstream settings.)
     protos = {m for m in loaded if m.startswith("istio_agent.protos.") and ".istioca" not in m}
     assert not loaded & heavy, loaded & heavy

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from istio_agent import gojson
 from istio_agent.grpcxds.metadata import sorted_json, typed_metadata
 
 SERVER_LISTENER_NAME_PREFIX = "xds.istio.io/grpc/lds/inbound/"
@@ -121,4 +120,8 @@ def build_bootstrap(options: GrpcBootstrapOptions) -> dict[str, Any]:
 
 def render_bootstrap(bootstrap: Mapping[str, Any]) -> bytes:
     """The file's bytes: Go's MarshalIndent with two spaces, no trailing newline."""
+    # Here, not at the top: the options resolver imports this module for every agent, and gojson's
+    # decimal (~0.3 MB) is needed only by an agent that writes a gRPC bootstrap (proxyless).
+    from istio_agent import gojson
+
     return gojson.dumps(bootstrap).encode("utf-8")
