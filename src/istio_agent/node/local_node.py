@@ -413,9 +413,9 @@ class LocalNode:
         run in a few worker threads (`NodeOptions.start_parallelism`), so one pod's plugin or validation
         overlaps another's; every long-running process (app, agent) is started from the calling thread as
         its pod's turn comes (the death signal of their setpriv wrapper follows the thread that started
-        them), and each proxyless pod's postStart hook and app come once all agents run. When a pod fails,
-        the others are still started, and the first failure (in the order given) is raised; every pod is
-        in `self.pods` either way, so `close()` removes them all.
+        them). Once all agents run, the proxyless pods' postStart hooks run (several at once), each app
+        after its own hook. When a pod fails, the others are still started, and the first failure (in the
+        order given) is raised; every pod is in `self.pods` either way, so `close()` removes them all.
         """
         plans = [pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0] for pod in pods]
         started = [self._register_pod(plan) for plan in plans]
@@ -445,12 +445,13 @@ class LocalNode:
                     report.result()
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
-        for running in started:
-            if running.proxyless and running.name not in failures:
-                try:
-                    self._finish_proxyless(running)
-                except NodeError as exc:
-                    failures[running.name] = exc
+        hooked = [running for running in started if running.proxyless and running.name not in failures]
+        for running, hook_error in zip(hooked, _each(self._post_start, hooked, self._parallelism(len(hooked))),
+                                       strict=True):
+            if hook_error is not None:
+                failures[running.name] = hook_error
+            else:
+                self._start_proxyless_app(running)
         for running in started:
             if running.name in failures:
                 raise failures[running.name]
@@ -571,8 +572,9 @@ class LocalNode:
         pod.agent = spawn(f"{plan.name} pilot-agent", wrapped, self.logs / f"{plan.name}-agent.log", env=env,
                           umask=AGENT_UMASK)
 
-    def _finish_proxyless(self, pod: Pod) -> None:
-        """postStart (`pilot-agent wait` in the agent's container) must succeed before the app container starts."""
+    def _post_start(self, pod: Pod) -> NodeError | None:
+        """postStart (`pilot-agent wait` in the agent's container) must succeed before the app container starts;
+        its error, if not (the hooks of several pods run from worker threads: each waits on its own process)."""
         plan = pod.plan
         timeout = int(self.options.ready_timeout)
         hook = proxyless.post_start_argv(str(self.options.bin_dir / "pilot-agent"), timeout)
@@ -580,8 +582,16 @@ class LocalNode:
         watch = pod.processes() + ([self.istiod] if self.istiod else [])
         in_agent = proxyless.in_container(plan.netns, agent_mounts, hook, AGENT_UID, AGENT_GID,
                                           image=self._image.script())  # a hook runs as its container's user
-        wait_for(in_agent, f"pod {plan.name}'s postStart hook", timeout + 5, watch)
+        try:
+            wait_for(in_agent, f"pod {plan.name}'s postStart hook", timeout + 5, watch)
+        except NodeError as exc:
+            return exc
         pod.post_start = 0  # wait_for returns only on exit code 0
+        return None
+
+    def _start_proxyless_app(self, pod: Pod) -> None:
+        """The app container, once its pod's postStart hook succeeded (from the calling thread)."""
+        plan = pod.plan
         if plan.spec.app:
             mounts = proxyless.volume_mounts(str(pod.dir), proxyless.APP_VOLUMES)
             pod.app = spawn(f"{plan.name} app", proxyless.in_container(plan.netns, mounts, list(plan.spec.app)),
