@@ -33,7 +33,7 @@ closing ends the upstream stream, a newer stream replaces it.
 
 Why grpcio and not grpclib (pure Python, on h2), measured by `benchmarks/bench_grpc_stacks.py`: grpclib's
 import is ~7.5 MB less RSS, but that is file-backed (libgrpc's pages, shared by every agent of a node running
-one image); anonymous memory, what each pod costs, differs by 0.2-2 MB. A grpclib relay spends 2-4 times
+one image); anonymous memory, what each pod costs, differs by 0-3 MB. A grpclib relay spends 2-4 times
 grpcio's time per hop on a 5,000-cluster push, and it has no receive limit applied from the length prefix
 (a message is buffered whole, whatever it announces), no setting for concurrent streams (h2's 100), no
 connect backoff: the hostile-stream protections above would rest on its private stream API.
