@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 INDENT = "  "
@@ -49,6 +48,8 @@ def go_string(text: str) -> str:
 
 def go_number(value: int | float) -> str:
     """A number as Go prints a float64: fixed notation in [1e-6, 1e21), else exponent."""
+    if type(value) is int and -(2**53) <= value <= 2**53:  # exact as a float64, and printed as its digits
+        return str(value)
     number = float(value)
     if math.isnan(number) or math.isinf(number):
         raise ValueError(f"JSON cannot hold the number {value!r}")
@@ -60,6 +61,8 @@ def go_number(value: int | float) -> str:
         if sign == "+" and len(digits) < 2:
             digits = digits.rjust(2, "0")
         return f"{mantissa}e{sign}{digits}"
+    from decimal import Decimal  # here: ~0.3 MB that the agents' files (ports, counts: integers) never need
+
     fixed = format(Decimal(repr(number)), "f")
     if "." in fixed:
         fixed = fixed.rstrip("0").rstrip(".")

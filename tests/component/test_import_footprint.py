@@ -72,6 +72,9 @@ SIDECAR_START = (
     "    assert options.envoy is not None and options.dns is not None\n"
     "    bootstrap = render_bootstrap(options.envoy.bootstrap)\n"
     "    assert bootstrap['node']['id'].startswith('sidecar~10.1.1.5~app-1.default~')\n"
+    "    from istio_agent.grpcxds.bootstrap import build_bootstrap, render_bootstrap as render_grpc\n"
+    "    assert options.grpc_bootstrap is not None  # upstream writes it for every agent by default\n"
+    "    assert render_grpc(build_bootstrap(options.grpc_bootstrap.content)).startswith(b'{')\n"
 )
 # As the injector writes it (`value: |` then protoToJSON: one line and a line break).
 PROXY_CONFIG_JSON = '{"discoveryAddress": "istiod:15012", "concurrency": 2, "proxyMetadata": {"A": ""}}\n'

@@ -120,8 +120,6 @@ def build_bootstrap(options: GrpcBootstrapOptions) -> dict[str, Any]:
 
 def render_bootstrap(bootstrap: Mapping[str, Any]) -> bytes:
     """The file's bytes: Go's MarshalIndent with two spaces, no trailing newline."""
-    # Here, not at the top: the options resolver imports this module for every agent, and gojson's
-    # decimal (~0.3 MB) is needed only by an agent that writes a gRPC bootstrap (proxyless).
-    from istio_agent import gojson
+    from istio_agent import gojson  # here: the options resolver imports this module for every agent
 
     return gojson.dumps(bootstrap).encode("utf-8")
