@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +398,16 @@ def envoy_stat(admin_port: int, name: str) -> int:
     return int(text.split(": ")[1]) if ": " in text else 0
 
 
+def secrets_applied(admin_port: int) -> Callable[[], bool]:
+    """Whether the Envoy on `admin_port` has applied both `default` and `ROOTCA`."""
+    return lambda: (envoy_stat(admin_port, r"sds\.default\.update_success") >= 1
+                    and envoy_stat(admin_port, r"sds\.ROOTCA\.update_success") >= 1)
+
+
+def tail_of(log: Path) -> Callable[[], str]:
+    return lambda: log.read_text()[-2000:]
+
+
 def wait_socket(path: Path, proc: subprocess.Popen[Any], what: str) -> None:
     def made() -> bool:
         if proc.poll() is not None:
@@ -433,10 +443,8 @@ def measure_sds(base: Path) -> dict[str, dict[str, float]]:
                 envoy = subprocess.Popen([str(ENVOY), "-c", str(work / "envoy.json"), "--base-id", str(admin),
                                           "-l", "error", "--disable-hot-restart"],
                                          stdout=subprocess.DEVNULL, stderr=(work / "envoy.log").open("w"))
-                log = work / "envoy.log"
-                poll(lambda port=admin: envoy_stat(port, r"sds\.default\.update_success") >= 1
-                     and envoy_stat(port, r"sds\.ROOTCA\.update_success") >= 1, "Envoy's SDS secrets", 30,
-                     lambda path=log: path.read_text()[-2000:], interval=0.005, retry_on=(OSError,))
+                poll(secrets_applied(admin), "Envoy's SDS secrets", 30, tail_of(work / "envoy.log"), interval=0.005,
+                     retry_on=(OSError,))
                 times[stack].append(time.perf_counter() - start)
                 time.sleep(0.5)
                 serving[stack].append(rss_mb(server.pid))
