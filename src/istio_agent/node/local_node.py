@@ -94,7 +94,7 @@ from typing import Any, TypeVar
 
 from istio_agent.controlplane.podfiles import write_pod_files
 from istio_agent.controlplane.state import ControlPlaneState, StateError, load_or_create_state
-from istio_agent.node import container, proxyless, vm
+from istio_agent.node import container, neighbours, proxyless, vm
 from istio_agent.node.cni_node import Attachment, NodeCni
 from istio_agent.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
 from istio_agent.node.mountpoints import MountPoints
@@ -265,6 +265,7 @@ class LocalNode:
             self.cni = NodeCni(self.plan, self.runtime.path, self.options.bin_dir, self.logs, self.istiod_state,
                                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.options.cni_repair,
                                self.options.ready_timeout)
+        self.neighbour_limits: dict[str, int] = {}  # the host's ARP table limits create() raised (neighbours.py)
         self._state_lock = threading.Lock()
         self._pod_state: ControlPlaneState | None = None
         self._created = False
@@ -294,6 +295,7 @@ class LocalNode:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # istiod-local's state, logs: root's
         try:
             self.runtime.create()
+            self.neighbour_limits = neighbours.raise_limits(max(self.plan.network.num_addresses - 3, 1))
             for argv in node_setup_commands(self.plan):
                 run_ip(argv)
             if self.cni is not None:
