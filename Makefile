@@ -12,8 +12,11 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# istio-iptables is installed as the lean launcher (python -IS, no site; cli/iptables_launcher.py) in place of
+# pip's console script: istio-init runs it for every pod.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
+	$(PY) -m istio_agent.cli.iptables_launcher $(VENV)/bin/istio-iptables
 	touch $(STAMP)
 
 # Debian packages the tests and the local node use; installed only as root and only when missing.

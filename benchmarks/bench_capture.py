@@ -9,8 +9,9 @@ same IPv4 rules into a brand-new namespace (one with a pod-like address):
   whole tool, including interpreter start-up, flag parsing, validation, host
   fact detection, the kernel's table list (the `iptables-save` probe when
   there are tables) and the `iptables-restore`. This is `apply_ratio`;
-- the same through pip's console script (`.venv/bin/istio-iptables`, the
-  interpreter with site): `apply_ratio_console_script`;
+- the same through pip's form of the console script (the interpreter with
+  site; written here, since `make setup` installs the launcher as
+  `.venv/bin/istio-iptables`): `apply_ratio_console_script`;
 - `nsenter --net=<ns> iptables-restore --noflush` of the identical rules text.
 
 It also reports the bare interpreter start-up (with and without site), and an
@@ -42,7 +43,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = ROOT / ".venv" / "bin"
 DEFAULT_ARGS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
                 "-d", "15090,15021,15020"]  # fmt: skip
 REPS = int(os.environ.get("BENCH_CAPTURE_REPS", "25"))
@@ -148,10 +148,9 @@ def validation_give_up(tool: str) -> float:
 def lean_launcher(directory: Path) -> str:
     """The lean istio-iptables launcher for this installation, written into `directory`."""
     from istio_agent.cli.iptables_launcher import import_paths, render, write
-    from istio_agent.cni.install.launcher import interpreter_of
 
     path = directory / "istio-iptables"
-    write(path, render(interpreter_of(VENV_BIN / "istio-iptables"), import_paths()))
+    write(path, render(sys.executable, import_paths()))
     return str(path)
 
 
@@ -179,7 +178,11 @@ def main() -> None:
     text = rules_text()
     workdir = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     try:
-        tools = {"cli": lean_launcher(workdir), "console": str(VENV_BIN / "istio-iptables")}
+        # pip's form of the console script, written here: `make setup` installs the lean launcher in its place.
+        from istio_agent.cli.iptables_launcher import console_script
+
+        console = console_script(workdir / "istio-iptables-console")
+        tools = {"cli": lean_launcher(workdir), "console": str(console)}
         figures(text, tools)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -15,14 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from needs import need_file
 
-from istio_agent.cli.iptables_launcher import import_paths, main
+from istio_agent.cli.iptables_launcher import console_script, import_paths, main
 
-VENV_BIN = Path(sys.executable).parent
 DEFAULTS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
             "-d", "15090,15021,15020"]
 PINNED = ["--enable-ipv6=false", "--dns-servers=10.96.0.10"]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pip's console script (`make setup` replaces the installed one with the launcher)."""
+    return console_script(tmp_path_factory.mktemp("iptables-console") / "istio-iptables")
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +54,15 @@ def run(executable: Path, args: list[str], env: dict[str, str]) -> subprocess.Co
     ([*DEFAULTS, "-n", *PINNED, "-p", "15001 -j ACCEPT"], {}),
     ([*DEFAULTS, "-n", *PINNED], {"REDIRECT_DNS": "maybe"}),
 ])
-def test_the_launcher_answers_as_the_console_script(launcher: Path, args: list[str], env: dict[str, str]) -> None:
-    console = need_file(VENV_BIN / "istio-iptables", "pip's istio-iptables console script")
+def test_the_launcher_answers_as_the_console_script(launcher: Path, console: Path, args: list[str],
+                                                    env: dict[str, str]) -> None:
     lean, reference = run(launcher, args, env), run(console, args, env)
     assert (lean.returncode, lean.stdout, lean.stderr) == (reference.returncode, reference.stdout, reference.stderr)
     assert reference.stdout or reference.stderr  # each case says something
 
 
-def test_the_launcher_writes_the_dry_run_recording_as_the_console_script(launcher: Path, tmp_path: Path) -> None:
-    console = need_file(VENV_BIN / "istio-iptables", "pip's istio-iptables console script")
+def test_the_launcher_writes_the_dry_run_recording_as_the_console_script(launcher: Path, console: Path,
+                                                                         tmp_path: Path) -> None:
     for name, executable in (("lean", launcher), ("console", console)):
         done = run(executable, [*DEFAULTS, "-n", *PINNED], {"DRY_RUN_FILE_PATH": str(tmp_path / name)})
         assert done.returncode == 0, done.stderr

@@ -37,6 +37,22 @@ main()
 '''
 
 
+# What pip writes as the console script (the interpreter with site), for comparing the two: `make setup`
+# puts the launcher in place of pip's script, so tests and bench_capture write this reference themselves.
+CONSOLE_SCRIPT = '''#!{interpreter}
+import sys
+from istio_agent.cli.iptables import main
+if __name__ == '__main__':
+    sys.exit(main())
+'''
+
+
+def console_script(dest: Path, interpreter: str = sys.executable) -> Path:
+    """Write pip's form of the `istio-iptables` console script to `dest` (0755)."""
+    write(dest, CONSOLE_SCRIPT.format(interpreter=interpreter).encode())
+    return dest
+
+
 class LauncherError(ValueError):
     """The launcher cannot be written for these inputs (the message says why)."""
 
