@@ -242,6 +242,10 @@ def test_del_through_the_chain_releases_the_address_and_leaves_nothing_of_the_po
     links = subprocess.run(["ip", "-n", node.plan.netns, "-o", "link", "show"], capture_output=True, text=True,
                            check=True).stdout
     assert attachment.node_veth not in links
+    assert "gone-1" not in [p.name for p in node.planned]
+    again = node.add_pod(pod.plan.spec)  # its name is free again: a replica removed, then scaled back up
+    assert node.pods["gone-1"] is again and [p.name for p in node.planned].count("gone-1") == 1
+    node.remove_pod(again)
 
 
 def test_a_pod_whose_validation_failed_gets_no_rules_and_is_labelled_by_repair(node: LocalNode) -> None:

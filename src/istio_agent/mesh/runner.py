@@ -234,8 +234,6 @@ class MeshRun:
         assert self.node is not None
         self.node.remove_pod(name)
         self.pods.pop(name, None)
-        # The node keeps every plan it made; a pod that is gone must free its name and address for a later one.
-        self.node.planned = [p for p in self.node.planned if p.name != name]
 
     def apply(self, mesh: Mesh) -> None:
         """Bring the running mesh to `mesh`: remove, re-register, add (see the module docstring)."""

@@ -532,9 +532,12 @@ class LocalNode:
                                f"missing?):\n{log.read_text(errors='replace')[-1500:]}", pod, pod.validation)
 
     def remove_pod(self, pod: Pod | str) -> None:
-        """Stop the pod's processes, DEL its networks through the chain (CNI mode), delete its namespace."""
+        """Stop the pod's processes, DEL its networks through the chain (CNI mode), delete its namespace.
+
+        Its plan goes too, so a later pod may take its name and address."""
         name = pod if isinstance(pod, str) else pod.name
         running = self.pods.pop(name)
+        self.planned = [p for p in self.planned if p.name != name]
         for proc in running.processes():
             proc.stop(self.options.stop_grace)
         problems: list[str] = []
