@@ -104,10 +104,16 @@ class FastPathAgent:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+# A path that exists but is no network namespace: the fast path takes the call (it declines one whose netns it
+# cannot see), and a case that went as far as entering it would fail there, never touch this host's rules.
+NOT_A_NETNS = "/dev/null"
+GONE_NETNS = "/var/run/netns/iacni-gone"
+
+
 def cni_env(command: str = "ADD", pod_name: str = "app-1", namespace: str = "shop", netns: str = "",
             **extra: str) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": command, "CNI_CONTAINERID": "c0ffee",
-           "CNI_NETNS": netns or "/var/run/netns/iacni-gone", "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
+           "CNI_NETNS": netns or NOT_A_NETNS, "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod_name}",
            "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES": "2", "ISTIO_CNI_POD_RETRIEVAL_INTERVAL": "10ms"}
     env.update(extra)

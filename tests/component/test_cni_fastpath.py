@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cni_fastpath_peers import CONSOLE_SCRIPT, FastPathAgent, cni_env, run_plugin
+from cni_fastpath_peers import CONSOLE_SCRIPT, GONE_NETNS, FastPathAgent, cni_env, run_plugin
 from cni_peers import PodApi, closed_port
 from needs import need_root
 
@@ -165,6 +165,16 @@ def test_a_non_root_caller_is_refused(agent: FastPathAgent) -> None:
         assert answer is not None and answer[0] == 0
     finally:
         agent.socket.chmod(0o600)
+
+
+def test_a_netns_install_cni_cannot_see_is_left_to_the_plugin_on_the_node(agent: FastPathAgent) -> None:
+    """install-cni in a container without the node's netns directory declines; the launcher runs in-process."""
+    env, stdin = cni_env(pod_name="app-1", netns=GONE_NETNS), agent.config()
+    before = agent.fast_path_answers()
+    fast, slow = run_plugin(agent.launcher, env, stdin), run_plugin(CONSOLE_SCRIPT, env, stdin)
+    assert (fast.returncode, fast.stdout) == (slow.returncode, slow.stdout), (fast, slow)
+    assert f"CNI_NETNS {GONE_NETNS} is not visible to install-cni" in agent.output()
+    assert agent.fast_path_answers() == before
 
 
 def test_the_launcher_runs_in_process_without_install_cni(api: PodApi, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ Upstream's ambient mode has the same shape (its plugin hands ADD to the node age
 - Trust: the socket is made 0600 (root's, as install-cni runs as root) and each caller is checked with
   SO_PEERCRED: only uid 0 is served, as only the container runtime execs CNI plugins. Another caller
   gets a refusal (`fastwire.REFUSED`) and its launcher runs the plugin in-process, with its own rights.
+  So does a call whose CNI_NETNS this process cannot see (install-cni in a container without the node's
+  netns directory): the plugin on the node can enter it.
 - The call is `plugin.main.handle`, the function the in-process plugin runs, with the caller's forwarded
   environment (`fastwire.forwarded`: CNI_*, ISTIO_*, ENVOY_USER; so the pod-retrieval retries and their
   overrides are the caller's) and stdin, and a `KeepAliveClient` for the pod GET (no TLS handshake per pod).
@@ -200,6 +202,16 @@ class FastPath:
         if uid != 0:
             log.warning("fast path: refused a call from pid %d, uid %d (only root, the container runtime, is "
                         "served); its istio-cni runs in-process", pid, uid)
+            writer.write(fastwire.encode_refusal())
+            await writer.drain()
+            return
+        netns = env.get("CNI_NETNS", "")
+        if netns and not os.path.exists(netns):
+            # The runtime's path is not in this process's view (a DaemonSet without the node's netns directory
+            # or hostPID): the capture could not enter it, while the plugin on the node can.
+            log.warning("fast path: CNI_NETNS %s is not visible to install-cni (mount the node's netns directory "
+                        "at the same path); container %s's istio-cni runs in-process", netns,
+                        env.get("CNI_CONTAINERID", ""))
             writer.write(fastwire.encode_refusal())
             await writer.drain()
             return
