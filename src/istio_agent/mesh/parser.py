@@ -64,7 +64,17 @@ import re
 
 from yaml.nodes import Node, ScalarNode
 
-from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose, describe, line_of
+from istio_agent.controlplane.xds.yamlfields import (
+    Fields,
+    RegistryError,
+    choice,
+    compose,
+    describe,
+    dns_label,
+    ip_address,
+    line_of,
+    protocol_from_name,
+)
 from istio_agent.mesh.model import (
     APP_KINDS,
     CLIENT_KINDS,
@@ -94,7 +104,6 @@ MAX_REPLICAS = 100
 # Pod names are `<deployment>-<n>` and the node takes at most 42 characters (plan.PodSpec's rule).
 MAX_DEPLOYMENT_NAME = 36
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries", "expectations"})
 _EXPECTATION = frozenset({"from", "to", "port", "outcome"})
@@ -109,19 +118,8 @@ _ENDPOINT = frozenset({"address", "deployment"})
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
-def _label(f: Fields, key: str, default: str | None = None) -> str:
-    value = f.string(key, default)
-    if not _DNS_LABEL.match(value):
-        f.fail(f.value_node(key) if f.has(key) else f.node, key,
-               f"must be a DNS label (lowercase letters, digits and '-', at most 63), got {value!r}")
-    return value
 
 
-def _choice(f: Fields, key: str, choices: tuple[str, ...], default: str) -> str:
-    value = f.string(key, default)
-    if value not in choices:
-        f.fail(f.value_node(key), key, f"must be one of {', '.join(choices)}, got {value!r}")
-    return value
 
 
 def _boolean(f: Fields, key: str, default: bool) -> bool:
@@ -146,26 +144,15 @@ def _seconds(f: Fields, key: str, default: float) -> float:
     return value
 
 
-def _ip(f: Fields, key: str) -> str:
-    text = f.string(key, "")
-    if not text:
-        return ""
-    try:
-        return str(ipaddress.IPv4Address(text))
-    except ValueError:
-        return f.fail(f.value_node(key), key, f"must be an IPv4 address, got {text!r}")  # type: ignore[no-any-return]
 
 
 def _in_namespace(f: Fields, key: str, declared: dict[str, Namespace]) -> str:
-    namespace = _label(f, key, DEFAULT_NAMESPACE)
+    namespace = dns_label(f, key, DEFAULT_NAMESPACE)
     if namespace not in declared:
         f.fail(f.value_node(key), key, f"namespace {namespace!r} is not declared under namespaces")
     return namespace
 
 
-def _protocol_from_name(name: str) -> str:
-    """Istio's port-name convention (`http-web`, `grpc`); anything else is TCP."""
-    return {"http": "HTTP", "http2": "HTTP2", "grpc": "GRPC"}.get(name.split("-", 1)[0].lower(), "TCP")
 
 
 def _ports(f: Fields, number_key: str, allowed: frozenset[str]) -> tuple[Port, ...]:
@@ -178,7 +165,7 @@ def _ports(f: Fields, number_key: str, allowed: frozenset[str]) -> tuple[Port, .
             pf.fail(pf.value_node(number_key), number_key, f"port {number} is already declared at {seen[number]}")
         seen[number] = path
         name = pf.string("name", "")
-        protocol = _choice(pf, "protocol", PROTOCOLS, _protocol_from_name(name))
+        protocol = choice(pf, "protocol", PROTOCOLS, protocol_from_name(name))
         out.append(Port(name, number, pf.integer("targetPort", number, 1, 65535), protocol))
     return tuple(out)
 
@@ -187,10 +174,10 @@ def _namespaces(top: Fields) -> dict[str, Namespace]:
     out: dict[str, Namespace] = {}
     for path, node in top.items("namespaces"):
         f = Fields(node, path, top.source, _NAMESPACE)
-        name = _label(f, "name")
+        name = dns_label(f, "name")
         if name in out:
             f.fail(f.value_node("name"), "name", f"namespace {name!r} is declared twice")
-        out[name] = Namespace(name, _choice(f, "peerAuthentication", MTLS_MODES, "PERMISSIVE"), f.string_map("labels"))
+        out[name] = Namespace(name, choice(f, "peerAuthentication", MTLS_MODES, "PERMISSIVE"), f.string_map("labels"))
     out.setdefault(DEFAULT_NAMESPACE, Namespace(DEFAULT_NAMESPACE))
     return out
 
@@ -201,13 +188,13 @@ def _services(top: Fields, namespaces: dict[str, Namespace]) -> list[Service]:
     ips: dict[str, str] = {}
     for path, node in top.items("services"):
         f = Fields(node, path, top.source, _SERVICE)
-        name = _label(f, "name")
+        name = dns_label(f, "name")
         namespace = _in_namespace(f, "namespace", namespaces)
         key = f"{namespace}/{name}"
         if key in seen:
             f.fail(f.value_node("name"), "name", f"service {key} is already defined at {seen[key]}")
         seen[key] = path
-        cluster_ip = _ip(f, "clusterIP")
+        cluster_ip = ip_address(f, "clusterIP", 4)
         if cluster_ip and cluster_ip in ips:
             f.fail(f.value_node("clusterIP"), "clusterIP", f"{cluster_ip} is already used by {ips[cluster_ip]}")
         if cluster_ip:
@@ -221,7 +208,7 @@ def _entry_endpoint(f: Fields, namespace: str) -> EntryEndpoint:
     if f.has("address") == f.has("deployment"):
         f.fail(f.node, "", "give exactly one of address or deployment")
     if f.has("address"):
-        return EntryEndpoint(address=_ip(f, "address"))
+        return EntryEndpoint(address=ip_address(f, "address", 4))
     ref = f.string("deployment")
     space, _, name = ref.rpartition("/")
     return EntryEndpoint(deployment=f"{space or namespace}/{name}")
@@ -233,7 +220,7 @@ def _entries(top: Fields, namespaces: dict[str, Namespace]) -> list[tuple[Servic
     hosts: dict[str, str] = {}
     for path, node in top.items("serviceEntries"):
         f = Fields(node, path, top.source, _ENTRY)
-        name = _label(f, "name")
+        name = dns_label(f, "name")
         if name in names:
             f.fail(f.value_node("name"), "name", f"service entry {name!r} is already defined at {names[name]}")
         names[name] = path
@@ -257,7 +244,7 @@ def _entries(top: Fields, namespaces: dict[str, Namespace]) -> list[tuple[Servic
                                     f"must be an IPv4 address, got {address!r}") from None
         endpoints = tuple(_entry_endpoint(Fields(n, p, top.source, _ENDPOINT), namespace)
                           for p, n in f.items("endpoints"))
-        resolution = _choice(f, "resolution", RESOLUTIONS, "STATIC")
+        resolution = choice(f, "resolution", RESOLUTIONS, "STATIC")
         if resolution == "STATIC" and not endpoints:
             f.fail(f.value_node("resolution") if f.has("resolution") else f.node, "resolution",
                    "STATIC needs endpoints")
@@ -346,7 +333,7 @@ def _app(f: Fields, resolver: _Resolver, namespace: str, mode: str, dns_capture:
         af: Fields | None = None
     else:
         af = Fields(node, f.child_path("app"), f.source, _APP)
-        kind = _choice(af, "kind", APP_KINDS, "none")
+        kind = choice(af, "kind", APP_KINDS, "none")
     where, fields = (af, af) if af is not None else (f, None)
     if kind in SERVER_KINDS and (fields is None or not fields.has("port")):
         where.fail(where.node, "port", f"a {kind} app needs the port it listens on")
@@ -379,7 +366,7 @@ def _deployments(top: Fields, namespaces: dict[str, Namespace], resolver: _Resol
     seen: dict[str, str] = {}
     for path, node in top.items("deployments"):
         f = Fields(node, path, top.source, _DEPLOYMENT)
-        name = _label(f, "name")
+        name = dns_label(f, "name")
         if len(name) > MAX_DEPLOYMENT_NAME:
             f.fail(f.value_node("name"), "name", f"at most {MAX_DEPLOYMENT_NAME} characters (pods are <name>-<n>)")
         if name in seen:
@@ -387,13 +374,13 @@ def _deployments(top: Fields, namespaces: dict[str, Namespace], resolver: _Resol
                                                  "(names are unique across namespaces: they name pods on one node)")
         seen[name] = path
         namespace = _in_namespace(f, "namespace", namespaces)
-        mode = _choice(f, "mode", MODES, "sidecar")
+        mode = choice(f, "mode", MODES, "sidecar")
         dns_capture = _boolean(f, "dnsCapture", False)
         if dns_capture and mode != "sidecar":
             f.fail(f.value_node("dnsCapture"), "dnsCapture", f"DNS capture is the sidecar agent's; mode is {mode}")
         labels = f.string_map("labels") if f.has("labels") else {"app": name}
         out.append(Deployment(name, namespace, f.integer("replicas", 1, 0, MAX_REPLICAS),
-                              _label(f, "serviceAccount", name), labels, mode,
+                              dns_label(f, "serviceAccount", name), labels, mode,
                               _app(f, resolver, namespace, mode, dns_capture), dns_capture))
     return out
 
@@ -427,7 +414,7 @@ def _expectations(top: Fields, resolver: _Resolver, deployments: list[Deployment
         if port and all(p.port != port for p in target.ports):
             f.fail(f.value_node("port"), "port", f"{f.string('to')} has no port {port}")
         service, entry = (target.key, "") if isinstance(target, Service) else ("", target.name)
-        out.append(Expectation(client.key, service, entry, port, _choice(f, "outcome", OUTCOMES, "mtls")))
+        out.append(Expectation(client.key, service, entry, port, choice(f, "outcome", OUTCOMES, "mtls")))
     return tuple(out)
 
 

@@ -55,7 +55,17 @@ from istio_agent.controlplane.xds.workloadgroups import (
     parse_workload_entries,
     parse_workload_groups,
 )
-from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose, line_of
+from istio_agent.controlplane.xds.yamlfields import (
+    DNS_LABEL,
+    Fields,
+    RegistryError,
+    choice,
+    compose,
+    dns_label,
+    ip_address,
+    line_of,
+    protocol_from_name,
+)
 
 PROTOCOLS = ("HTTP", "HTTP2", "GRPC", "TCP")
 HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
@@ -67,7 +77,6 @@ DEFAULT_DOMAIN_SUFFIX = "cluster.local"
 # PeerAuthentication in the root namespace applies mesh-wide, as upstream's istio-system does.
 ROOT_NAMESPACE = "istio-system"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -175,42 +184,19 @@ _ENTRY = frozenset({"name", "namespace", "hosts", "addresses", "ports", "resolut
 _ENDPOINT = frozenset({"address"})
 
 
-def _label(f: Fields, key: str, default: str | None = None) -> str:
-    value = f.string(key, default)
-    if not _DNS_LABEL.match(value):
-        f.fail(f.value_node(key) if f.has(key) else f.node, key,
-               f"must be a DNS label (lowercase letters, digits and '-', at most 63), got {value!r}")
-    return value
 
 
-def _choice(f: Fields, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
-    value = f.string(key, default)
-    if value not in choices:
-        f.fail(f.value_node(key), key, f"must be one of {', '.join(choices)}, got {value!r}")
-    return value
 
 
-def _ip(f: Fields, key: str) -> str:
-    text = f.string(key, "")
-    if not text:
-        return ""
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        return f.fail(f.value_node(key), key, f"must be an IP address, got {text!r}")  # type: ignore[no-any-return]
 
 
-def _protocol_from_name(name: str) -> str:
-    """Upstream's port-name convention (`http-web`, `grpc`); anything else is TCP here (no sniffing)."""
-    prefix = name.split("-", 1)[0].lower()
-    return {"http": "HTTP", "http2": "HTTP2", "grpc": "GRPC", "tcp": "TCP"}.get(prefix, "TCP")
 
 
 def _port(path: str, node: object, source: str, number_key: str) -> tuple[ServicePort, Fields]:
     f = Fields(node, path, source, _PORT | {number_key})  # type: ignore[arg-type]
     port = f.integer(number_key, low=1, high=65535)
     name = f.string("name", "")
-    protocol = _choice(f, "protocol", PROTOCOLS) if f.has("protocol") else _protocol_from_name(name)
+    protocol = choice(f, "protocol", PROTOCOLS) if f.has("protocol") else protocol_from_name(name)
     target = f.integer("targetPort", default=port, low=1, high=65535)
     return ServicePort(name, port, target, protocol), f
 
@@ -232,12 +218,12 @@ def _services(top: Fields) -> list[tuple[Service, Fields]]:
     seen: dict[tuple[str, str], str] = {}
     for path, node in top.items("services"):
         f = Fields(node, path, top.source, _SERVICE)
-        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
         if (name, namespace) in seen:
             f.fail(f.value_node("name"), "name",
                    f"service {namespace}/{name} is already defined at {seen[name, namespace]}")
         seen[name, namespace] = path
-        cluster_ip = _ip(f, "clusterIP")
+        cluster_ip = ip_address(f, "clusterIP")
         out.append((Service(name, namespace, f.string_map("selector"), _ports(f, "port"), cluster_ip), f))
     return out
 
@@ -247,19 +233,19 @@ def _workloads(top: Fields) -> tuple[Workload, ...]:
     seen: dict[tuple[str, str], str] = {}
     for path, node in top.items("workloads"):
         f = Fields(node, path, top.source, _WORKLOAD)
-        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
         if (name, namespace) in seen:
             f.fail(f.value_node("name"), "name",
                    f"workload {namespace}/{name} is already defined at {seen[name, namespace]}")
         seen[name, namespace] = path
-        ip = _ip(f, "ip")  # may repeat: hostNetwork pods and workloads on one VM share their host's address
-        account = _label(f, "serviceAccount", "default")
+        ip = ip_address(f, "ip")  # may repeat: hostNetwork pods and workloads on one VM share their host's address
+        account = dns_label(f, "serviceAccount", "default")
         node_name = f.string("nodeName", "")
         if node_name and not _DNS_NAME.match(node_name):
             f.fail(f.value_node("nodeName"), "nodeName", f"must be a DNS name, got {node_name!r}")
         out.append(Workload(name, namespace, account, f.string_map("labels"), ip, node_name,
-                            f.string_map("annotations"), _choice(f, "sidecar", SIDECAR_KINDS, "envoy"),
-                            _choice(f, "captureInit", CAPTURE_INITS, "cni"), _pod(f)))
+                            f.string_map("annotations"), choice(f, "sidecar", SIDECAR_KINDS, "envoy"),
+                            choice(f, "captureInit", CAPTURE_INITS, "cni"), _pod(f)))
     return tuple(out)
 
 
@@ -282,7 +268,7 @@ def _namespaces(top: Fields) -> dict[str, dict[str, str]]:
     f = Fields(top.value_node("namespaces"), "namespaces", top.source)
     out = {}
     for namespace in f.names():
-        if not _DNS_LABEL.match(namespace):
+        if not DNS_LABEL.match(namespace):
             f.fail(f.value_node(namespace), namespace, "namespace must be a DNS label")
         inner = Fields(f.value_node(namespace), f.child_path(namespace), top.source, _NAMESPACE) \
             if f.has(namespace) else None
@@ -296,9 +282,9 @@ def _peer_authentication(top: Fields) -> dict[str, str]:
     f = Fields(top.value_node("peerAuthentication"), "peerAuthentication", top.source)
     out = {}
     for namespace in f.names():
-        if not _DNS_LABEL.match(namespace):
+        if not DNS_LABEL.match(namespace):
             f.fail(f.value_node(namespace), namespace, "namespace must be a DNS label")
-        out[namespace] = _choice(f, namespace, MTLS_MODES)
+        out[namespace] = choice(f, namespace, MTLS_MODES)
     return out
 
 
@@ -318,14 +304,14 @@ def _service_entries(top: Fields) -> tuple[ServiceEntry, ...]:
             except ValueError:
                 raise RegistryError(top.source, line_of(address_node), address_path,
                                     f"must be an IP address, got {address!r}") from None
-        resolution = _choice(f, "resolution", RESOLUTIONS, "NONE")
+        resolution = choice(f, "resolution", RESOLUTIONS, "NONE")
         endpoints = []
         for endpoint_path, endpoint_node in f.items("endpoints"):
             ef = Fields(endpoint_node, endpoint_path, top.source, _ENDPOINT)
             endpoints.append(ef.string("address"))
         if resolution == "STATIC" and not endpoints:
             f.fail(f.value_node("resolution"), "resolution", "STATIC needs endpoints")
-        namespace = _label(f, "namespace", "default")
+        namespace = dns_label(f, "namespace", "default")
         out.append(ServiceEntry(namespace, tuple(hosts), tuple(addresses), _ports(f, "number"), resolution,
                                 tuple(endpoints), f.string("name", "")))
     return tuple(out)
@@ -395,7 +381,7 @@ def parse_registry(text: str, source: str = "registry") -> Registry:
         workloads=_workloads(top),
         peer_authentication=_peer_authentication(top),
         service_entries=entries,
-        inbound_traffic_policy=_choice(top, "inboundTrafficPolicy", INBOUND_POLICIES, "PASSTHROUGH"),
+        inbound_traffic_policy=choice(top, "inboundTrafficPolicy", INBOUND_POLICIES, "PASSTHROUGH"),
         auto_vips=_auto_vips(entries),
         namespaces=_namespaces(top),
         workload_groups=parse_workload_groups(top),

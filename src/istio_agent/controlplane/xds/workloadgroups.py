@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from istio_agent.config.gobool import is_true
-from istio_agent.controlplane.xds.yamlfields import Fields, RegistryError, compose
+from istio_agent.controlplane.xds.yamlfields import (
+    DNS_LABEL,
+    Fields,
+    RegistryError,
+    compose,
+    dns_label,
+)
 
 # The annotation upstream puts on an entry whose proxy runs a readiness probe: its health decides EDS.
 HEALTH_CHECKS_ENABLED = "proxy.istio.io/health-checks-enabled"
@@ -39,7 +45,6 @@ WORKLOAD_CONTROLLER = "istio.io/workloadController"
 CONNECTED_AT = "istio.io/connectedAt"
 DISCONNECTED_AT = "istio.io/disconnectedAt"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _PORT_NAME = re.compile(r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 _HEADER_NAME = re.compile(r"^[-!#$%&'*+.^_`|~0-9A-Za-z]+$")
 
@@ -97,12 +102,6 @@ class WorkloadGroup:
     probe: Mapping[str, Any] | None = None
 
 
-def _label(f: Fields, key: str, default: str | None = None) -> str:
-    value = f.string(key, default)
-    if not _DNS_LABEL.match(value):
-        f.fail(f.value_node(key) if f.has(key) else f.node, key,
-               f"must be a DNS label (lowercase letters, digits and '-', at most 63), got {value!r}")
-    return value
 
 
 def _address(f: Fields) -> str:
@@ -148,7 +147,7 @@ def parse_workload_entries(top: Fields) -> tuple[WorkloadEntry, ...]:
     seen: dict[tuple[str, str], str] = {}
     for path, node in top.items("workloadEntries"):
         f = Fields(node, path, top.source, _ENTRY)
-        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
         if (namespace, name) in seen:
             f.fail(f.value_node("name"), "name",
                    f"workload entry {namespace}/{name} is already defined at {seen[namespace, name]}")
@@ -156,7 +155,7 @@ def parse_workload_entries(top: Fields) -> tuple[WorkloadEntry, ...]:
         entry = _entry_fields(f, name, namespace)
         if not entry.address and not entry.network:
             f.fail(f.node, "address", "is required (an entry without one needs a network)")
-        if entry.service_account and not _DNS_LABEL.match(entry.service_account):
+        if entry.service_account and not DNS_LABEL.match(entry.service_account):
             f.fail(f.value_node("serviceAccount"), "serviceAccount",
                    f"must be a DNS label, got {entry.service_account!r}")
         out.append(entry)
@@ -226,7 +225,7 @@ def _group(f: Fields, name: str, namespace: str) -> WorkloadGroup:
     t = Fields(f.value_node("template"), f.child_path("template"), f.source, _TEMPLATE)
     template = _entry_fields(t, "", namespace)
     account = template.service_account or "default"  # istioctl's default for an empty one
-    if not _DNS_LABEL.match(account):
+    if not DNS_LABEL.match(account):
         t.fail(t.value_node("serviceAccount"), "serviceAccount", f"must be a DNS label, got {account!r}")
     template = WorkloadEntry("", namespace, template.address, template.labels, template.ports, account,
                              template.network, template.locality, template.weight)
@@ -244,7 +243,7 @@ def parse_workload_groups(top: Fields) -> tuple[WorkloadGroup, ...]:
     seen: dict[tuple[str, str], str] = {}
     for path, node in top.items("workloadGroups"):
         f = Fields(node, path, top.source, _GROUP)
-        name, namespace = _label(f, "name"), _label(f, "namespace", "default")
+        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
         if (namespace, name) in seen:
             f.fail(f.value_node("name"), "name",
                    f"workload group {namespace}/{name} is already defined at {seen[namespace, name]}")
@@ -271,8 +270,8 @@ def parse_workload_group_object(text: str, source: str,
     if not top.has("metadata"):
         top.fail(top.node, "metadata", "is required")
     meta = Fields(top.value_node("metadata"), "metadata", source)
-    name = _label(meta, "name")
-    ns = _label(meta, "namespace", namespace or "default")
+    name = dns_label(meta, "name")
+    ns = dns_label(meta, "namespace", namespace or "default")
     if not top.has("spec"):
         top.fail(top.node, "spec", "is required")
     spec = Fields(top.value_node("spec"), "spec", source, _GROUP - {"name", "namespace"})

@@ -10,6 +10,8 @@ line (1-based, as editors count).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,3 +159,43 @@ class Fields:
                 raise RegistryError(self.source, line_of(node), path, f"must be a string, got {describe(node)}")
             out.append((path, node, str(node.value)))
         return out
+
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def dns_label(f: Fields, key: str, default: str | None = None) -> str:
+    """A Kubernetes name (RFC 1123 label): names, namespaces, service accounts."""
+    value = f.string(key, default)
+    if not DNS_LABEL.match(value):
+        f.fail(f.value_node(key) if f.has(key) else f.node, key,
+               f"must be a DNS label (lowercase letters, digits and '-', at most 63), got {value!r}")
+    return value
+
+
+def choice(f: Fields, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+    """One of a fixed set of spellings, exactly as written."""
+    value = f.string(key, default)
+    if value not in choices:
+        f.fail(f.value_node(key), key, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def ip_address(f: Fields, key: str, version: int | None = None) -> str:
+    """An optional IP address (of `version` 4 or 6 only, when given), normalised; "" when absent."""
+    text = f.string(key, "")
+    if not text:
+        return ""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        address = None
+    if address is None or (version is not None and address.version != version):
+        kind = f"an IPv{version}" if version else "an IP"
+        f.fail(f.value_node(key), key, f"must be {kind} address, got {text!r}")
+    return str(address)
+
+
+def protocol_from_name(name: str) -> str:
+    """Istio's port-name convention (`http-web`, `grpc`); anything else is TCP here (no sniffing)."""
+    return {"http": "HTTP", "http2": "HTTP2", "grpc": "GRPC"}.get(name.split("-", 1)[0].lower(), "TCP")
