@@ -46,6 +46,15 @@ def test_metrics_have_upstreams_names_and_labels() -> None:
     assert (sample.connected, sample.version, sample.last_push) == (1, "4", 1002.0)
 
 
+def test_a_push_timestamp_keeps_every_digit() -> None:
+    """An epoch timestamp has ten digits before the point; six significant ones put the last push minutes off."""
+    monitor = fed()
+    monitor.sent("c1", typeurls.CLUSTER, "n4", 1796141089.25, push=True)
+    text = monitor.metrics_text()
+    assert values(text)[("istiod_local_last_push_timestamp_seconds", ())] == 1796141089.25
+    assert parse_istiod_metrics(text, 1796141099.25).last_push == 1796141089.25
+
+
 def test_syncz_shows_nonces_sent_and_acked_and_the_last_error() -> None:
     (status,) = fed().syncz()
     assert status["proxy"] == NODE and status["proxy_type"] == "sidecar" and status["istio_version"] == "1.28.0"
