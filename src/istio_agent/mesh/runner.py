@@ -156,8 +156,11 @@ class MeshRun:
 
     # ---- start and stop
 
-    def start(self) -> None:
-        """Lock, build the node, start istiod-local and every pod, wait until all are ready."""
+    def start(self, before_pods: Callable[[], None] | None = None) -> None:
+        """Lock, build the node, start istiod-local and every pod, wait until all are ready.
+
+        `before_pods` runs once istiod-local is up and before the first pod is made (the live view starts
+        there, so it shows the pods coming up)."""
         mesh = load_mesh(self.options.mesh_file)  # a broken file fails before anything is built
         self._signature = self._stat()
         self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
@@ -177,6 +180,8 @@ class MeshRun:
         self._write_registry(plans)
         node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])
         self.log.event(f"istiod-local on {node.plan.istiod_tls_addr}, registry {node.registry}")
+        if before_pods is not None:
+            before_pods()
         self._start_pods(plans)
         self.ready_s = time.monotonic() - self.started
         self.log.event(f"mesh ready: {len(self.pods)} pods in {self.ready_s:.1f} s")

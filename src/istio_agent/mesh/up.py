@@ -57,8 +57,8 @@ def run_up(options: UpOptions, check: bool, once: bool, live: bool | None = None
     result: dict[str, Any] | None = None
     status = 1
     try:
-        run.start()
         if check or once:
+            run.start()
             passed: bool | None = None
             if check:
                 rows, passed = run.check()
@@ -101,17 +101,25 @@ def _run_with_view(run: MeshRun, log: EventLog, live: bool | None) -> int:
 
     terminal = sys.stdout.isatty() if live is None else live
     events: queue.Queue[Any] = queue.Queue()
-    log.to_view(events, print_lines=False)  # the view shows them: live on a terminal, one line each otherwise
     stop = threading.Event()
-    assert run.node is not None
-    monitoring = run.monitoring_addr if monitoring_supported() else None
-    viewer = threading.Thread(target=run_view, args=(run.view_targets, monitoring, stop, events),
-                              kwargs={"istiod_netns": run.node.plan.netns, "live": terminal}, daemon=True,
-                              name="meshview")
-    viewer.start()
+    viewers: list[threading.Thread] = []
+
+    def start_view() -> None:
+        # Once istiod-local is up, before the first pod: the view shows the pods coming up and turning ready.
+        assert run.node is not None
+        log.to_view(events, print_lines=False)  # the view shows them: live on a terminal, one line each otherwise
+        monitoring = run.monitoring_addr if monitoring_supported() else None
+        viewer = threading.Thread(target=run_view, args=(run.view_targets, monitoring, stop, events),
+                                  kwargs={"istiod_netns": run.node.plan.netns, "live": terminal}, daemon=True,
+                                  name="meshview")
+        viewer.start()
+        viewers.append(viewer)
+
     try:
+        run.start(before_pods=start_view)
         run.run_forever()
     finally:
         stop.set()
-        viewer.join(5)
+        for viewer in viewers:
+            viewer.join(5)
     return 0
