@@ -448,6 +448,7 @@ class Check:
                   "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json; "
                   "test -x /usr/local/bin/envoy && test -x /usr/local/bin/pilot-agent && echo binaries; "
                   "command -v iptables-restore >/dev/null && command -v ip >/dev/null && echo netfilter; "
+                  "head -1 /usr/local/bin/istio-iptables | grep -q -- ' -IS$' && echo lean-iptables; "
                   "/usr/local/bin/envoy --version | grep -o 'version: [^ ]*'")
         done = self.r.run(["podman", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", self.proxy_image,
                            "-c", script], check=False)
@@ -460,11 +461,11 @@ class Check:
         template = ("bootstrap template present" if " /var/lib/istio/envoy/envoy_bootstrap_tmpl.json" in done.stdout
                     else "no bootstrap template (the agent's built-in rendering)")
         ok = (lines[:2] == ["1337", "1337"] and len(owned) >= 4 and "binaries" in lines and "netfilter" in lines
-              and entry == '["/usr/local/bin/pilot-agent"]')
+              and "lean-iptables" in lines and entry == '["/usr/local/bin/pilot-agent"]')
         envoy = next((line for line in lines if line.startswith("version:")), "?")
         return self.r.result("proxy image layout", ok,
                              f"entrypoint {entry}; istio-proxy 1337:1337 owns /var/lib/istio{{,/envoy,/data}} and "
-                             f"/etc/istio/proxy; {template}; Envoy {envoy}; iptables and ip"
+                             f"/etc/istio/proxy; {template}; Envoy {envoy}; iptables and ip; istio-iptables the lean launcher"
                              if ok else done.stdout + done.stderr)
 
     def run(self) -> None:
