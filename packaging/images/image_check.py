@@ -465,7 +465,8 @@ class Check:
         envoy = next((line for line in lines if line.startswith("version:")), "?")
         return self.r.result("proxy image layout", ok,
                              f"entrypoint {entry}; istio-proxy 1337:1337 owns /var/lib/istio{{,/envoy,/data}} and "
-                             f"/etc/istio/proxy; {template}; Envoy {envoy}; iptables and ip; istio-iptables the lean launcher"
+                             f"/etc/istio/proxy; {template}; Envoy {envoy}; iptables and ip; "
+                             f"istio-iptables the lean launcher"
                              if ok else done.stdout + done.stderr)
 
     def run(self) -> None:
