@@ -2,7 +2,10 @@
 
 uvloop is optional (the `fast` extra); every program that makes its own loop
 (the agent, the DNS proxy's io thread, benchmarks) gets it through here, so the
-choice and its fallback are made in one place.
+choice and its fallback are made in one place. The agent's main loop asks for
+asyncio's own (`prefer_uvloop=False`, see `agent.run_agent`: uvloop costs memory
+there and gRPC's threads do the I/O); the DNS proxy's io thread, which serves
+the queries itself, takes uvloop.
 """
 
 from __future__ import annotations
