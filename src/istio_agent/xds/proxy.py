@@ -38,6 +38,14 @@ grpcio's time per hop on a 5,000-cluster push, and it has no receive limit appli
 (a message is buffered whole, whatever it announces), no setting for concurrent streams (h2's 100), no
 connect backoff: the hostile-stream protections above would rest on its private stream API.
 
+Where a push's peak goes (bench_memory, /proc/PID/smaps sampled every 50 ms): during a 5,000-cluster push the
+main malloc arena grows by ~10 MB and the second by ~4-5 MB, handed back by the trimmer a second later. Most of
+it is grpcio's: its receive path gathers a message's slices into a bytearray and copies that into the bytes it
+hands over (three copies at once, while the next message is already arriving), and a write copies the bytes
+once more. The routing parse (`messages.py`) holds one copy only while it parses (upb keeps the unparsed resources as
+unknown fields), before the write's copy exists, so it does not add to the peak. Turning off BDP probing on the
+upstream channel (istiod pushing ahead into a grown window) moved nothing (VmHWM 80.5-80.8 MB against 81.1).
+
 No task awaiting a gRPC read or write is ever cancelled. grpcio's aio layer
 releases a batch (its operations and the message it received) only when the
 awaiting coroutine takes the result (grpc/grpc#43360 describes the operation
