@@ -4,8 +4,8 @@ The agent runs here as root (it can read anything); each caller is a real SDS
 client in a child process that drops to another uid (1337, Envoy's in a pod)
 before it connects (`sds_caller.py`), so the agent sees it through SO_PEERCRED
 as that user. `default` and `ROOTCA` are served to any caller, as upstream does.
-The tests run on asyncio's loop; the last one repeats the essentials on uvloop's,
-which the agent runs on (its transports are not asyncio's classes).
+The tests run on asyncio's loop, the agent's; the last one repeats the essentials on
+uvloop's (its transports are not asyncio's classes), which an embedding may choose.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ async def test_too_many_names_in_one_request_are_refused(pod: Pod) -> None:
     assert pod.identity.cache.watched_files() == {}
 
 
-def test_the_essentials_on_uvloop_the_agents_loop(workdir: Path) -> None:
+def test_the_essentials_on_uvloop_too(workdir: Path) -> None:
     async def scenario() -> None:
         async with running_pod(workdir) as pod:
             cert, key = write_pair(pod.workdir / "istiod", pod.ca)
