@@ -42,6 +42,6 @@ def test_package_installs_upstreams_paths_and_a_wheel_of_the_agent(tmp_path: Pat
     subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
     with zipfile.ZipFile(unpacked / wheels[0].lstrip("/")) as wheel:
         entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
-        assert "pilot-agent = istio_agent.cli.pilot_agent:main" in wheel.read(entry_points).decode()
+        assert "pilot-agent = istio_agent.cli.pilot_agent_entry:main" in wheel.read(entry_points).decode()
     assert (unpacked / "usr/local/bin/istio-start.sh").read_bytes() == \
         (ROOT / "packaging/vm/istio-start.sh").read_bytes()
