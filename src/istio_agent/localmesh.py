@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
+from istio_agent.node.plan import PodPlan, registry_workloads
 from istio_agent.node.processes import NodeError
 
 ECHO_VIP = "10.96.0.20"
@@ -38,19 +38,6 @@ ECHO_SERVICE: dict[str, Any] = {
     "name": "echo", "namespace": "default", "selector": {"app": "echo"}, "clusterIP": ECHO_VIP,
     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "HTTP"}],
 }
-
-# Istio's default stats inclusion list leaves out TLS counters; keep the one that shows the handshakes.
-DEMO_PROXY_CONFIG: dict[str, Any] = {"proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]}}
-
-
-def pod_specs(python: str) -> list[PodSpec]:
-    """The two pods of the demo: a client with only a sidecar, and the echo app with its sidecar."""
-    return [
-        PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}),
-        PodSpec("echo-1", service_account="echo", labels={"app": "echo"},
-                app=[python, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]),
-    ]
-
 
 def registry_yaml(pods: list[PodPlan], services: list[dict[str, Any]], mtls: str = "STRICT") -> str:
     """istiod-local's registry for these pods (their planned IPs) and services."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from istio_agent.gojson import go_number
 from istio_agent.protos import typeurls
 
 log = logging.getLogger("istio_agent.controlplane.monitoring")
@@ -55,15 +56,6 @@ def _time(epoch: float | None) -> str:
         return "0001-01-01T00:00:00Z"
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat().replace("+00:00", "Z")
 
-
-
-def _sample_value(value: float) -> str:
-    """A sample's value with every digit it has: counts as integers, others (timestamps) as the shortest
-    float that reads back the same (`:g` kept six digits: a push timestamp came out 17 minutes off)."""
-    number = float(value)
-    if number.is_integer() and abs(number) < 2**53:
-        return str(int(number))
-    return repr(number)
 
 @dataclass
 class WatchState:
@@ -155,7 +147,8 @@ class XdsMonitor:
         def family(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {_sample_value(value)}" for labels, value in samples)
+            # Every digit (counts as integers, timestamps in full): `:g` kept six, 17 minutes off an epoch.
+            lines.extend(f"{name}{labels} {go_number(value)}" for labels, value in samples)
 
         by_version: dict[str, int] = {}
         for stream in self.streams.values():

@@ -64,6 +64,7 @@ from istio_agent.controlplane.xds.yamlfields import (
     dns_label,
     ip_address,
     line_of,
+    namespaced_items,
     protocol_from_name,
 )
 
@@ -215,14 +216,7 @@ def _ports(f: Fields, number_key: str) -> tuple[ServicePort, ...]:
 
 def _services(top: Fields) -> list[tuple[Service, Fields]]:
     out: list[tuple[Service, Fields]] = []
-    seen: dict[tuple[str, str], str] = {}
-    for path, node in top.items("services"):
-        f = Fields(node, path, top.source, _SERVICE)
-        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
-        if (name, namespace) in seen:
-            f.fail(f.value_node("name"), "name",
-                   f"service {namespace}/{name} is already defined at {seen[name, namespace]}")
-        seen[name, namespace] = path
+    for f, name, namespace in namespaced_items(top, "services", _SERVICE, "service"):
         cluster_ip = ip_address(f, "clusterIP")
         out.append((Service(name, namespace, f.string_map("selector"), _ports(f, "port"), cluster_ip), f))
     return out
@@ -230,14 +224,7 @@ def _services(top: Fields) -> list[tuple[Service, Fields]]:
 
 def _workloads(top: Fields) -> tuple[Workload, ...]:
     out: list[Workload] = []
-    seen: dict[tuple[str, str], str] = {}
-    for path, node in top.items("workloads"):
-        f = Fields(node, path, top.source, _WORKLOAD)
-        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
-        if (name, namespace) in seen:
-            f.fail(f.value_node("name"), "name",
-                   f"workload {namespace}/{name} is already defined at {seen[name, namespace]}")
-        seen[name, namespace] = path
+    for f, name, namespace in namespaced_items(top, "workloads", _WORKLOAD, "workload"):
         ip = ip_address(f, "ip")  # may repeat: hostNetwork pods and workloads on one VM share their host's address
         account = dns_label(f, "serviceAccount", "default")
         node_name = f.string("nodeName", "")

@@ -36,6 +36,7 @@ from istio_agent.controlplane.xds.yamlfields import (
     RegistryError,
     compose,
     dns_label,
+    namespaced_items,
 )
 
 # The annotation upstream puts on an entry whose proxy runs a readiness probe: its health decides EDS.
@@ -144,14 +145,7 @@ def _entry_fields(f: Fields, name: str, namespace: str) -> WorkloadEntry:
 
 def parse_workload_entries(top: Fields) -> tuple[WorkloadEntry, ...]:
     out: list[WorkloadEntry] = []
-    seen: dict[tuple[str, str], str] = {}
-    for path, node in top.items("workloadEntries"):
-        f = Fields(node, path, top.source, _ENTRY)
-        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
-        if (namespace, name) in seen:
-            f.fail(f.value_node("name"), "name",
-                   f"workload entry {namespace}/{name} is already defined at {seen[namespace, name]}")
-        seen[namespace, name] = path
+    for f, name, namespace in namespaced_items(top, "workloadEntries", _ENTRY, "workload entry"):
         entry = _entry_fields(f, name, namespace)
         if not entry.address and not entry.network:
             f.fail(f.node, "address", "is required (an entry without one needs a network)")
@@ -240,14 +234,7 @@ def _group(f: Fields, name: str, namespace: str) -> WorkloadGroup:
 
 def parse_workload_groups(top: Fields) -> tuple[WorkloadGroup, ...]:
     out: list[WorkloadGroup] = []
-    seen: dict[tuple[str, str], str] = {}
-    for path, node in top.items("workloadGroups"):
-        f = Fields(node, path, top.source, _GROUP)
-        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
-        if (namespace, name) in seen:
-            f.fail(f.value_node("name"), "name",
-                   f"workload group {namespace}/{name} is already defined at {seen[namespace, name]}")
-        seen[namespace, name] = path
+    for f, name, namespace in namespaced_items(top, "workloadGroups", _GROUP, "workload group"):
         out.append(_group(f, name, namespace))
     return tuple(out)
 

@@ -173,6 +173,21 @@ def dns_label(f: Fields, key: str, default: str | None = None) -> str:
     return value
 
 
+def namespaced_items(top: Fields, key: str, allowed: frozenset[str], kind: str) -> Iterator[tuple[Fields, str, str]]:
+    """Each element of a list of Kubernetes-style objects as (its fields, name, namespace): the name a DNS
+    label, the namespace one defaulting to "default", and a namespace/name given twice refused, naming where
+    `kind` (e.g. "workload entry") was first defined."""
+    seen: dict[tuple[str, str], str] = {}
+    for path, node in top.items(key):
+        f = Fields(node, path, top.source, allowed)
+        name, namespace = dns_label(f, "name"), dns_label(f, "namespace", "default")
+        if (namespace, name) in seen:
+            f.fail(f.value_node("name"), "name",
+                   f"{kind} {namespace}/{name} is already defined at {seen[namespace, name]}")
+        seen[namespace, name] = path
+        yield f, name, namespace
+
+
 def choice(f: Fields, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
     """One of a fixed set of spellings, exactly as written."""
     value = f.string(key, default)
