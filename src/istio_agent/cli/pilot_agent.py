@@ -15,8 +15,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import click
@@ -144,6 +142,9 @@ def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
 def wait(ctx: click.Context, url: str, timeout_seconds: int, period_millis: int, request_timeout_millis: int,
          **log: Any) -> None:
     """Wait until the proxy is ready (the injector's postStart hook)."""
+    import urllib.error  # here, not at the top: http.client and email cost every running agent ~1.3 MB
+    import urllib.request
+
     configure_logging(log_options(ctx, log))
     click.echo(f"Waiting for Envoy proxy to be ready (timeout: {timeout_seconds} seconds)...")
     deadline = time.monotonic() + timeout_seconds
@@ -177,6 +178,9 @@ ALLOWED_DEBUG_PORTS = (15000, 15020, 15021, 15004)
 @click.pass_context
 def request(ctx: click.Context, method: str, path: str, body: str, debug_port: int, **log: Any) -> None:
     """Send an HTTP request to a local debug port (Envoy admin or the agent) and print the body."""
+    import urllib.error
+    import urllib.request
+
     configure_logging(log_options(ctx, log))
     if debug_port not in ALLOWED_DEBUG_PORTS:
         allowed = ", ".join(str(p) for p in ALLOWED_DEBUG_PORTS)
