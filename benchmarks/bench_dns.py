@@ -134,9 +134,8 @@ def _p99(port: int, queries: Path, duration: float, core: int | None) -> float:
 
 
 async def _serve(port: int, resolv_conf: str, upstream_port: int, names: int, busy: bool, same_loop: bool) -> None:
-    from prometheus_client import CollectorRegistry
-
     from istio_agent.dns import DnsProxy, DnsProxyOptions
+    from istio_agent.metrics import CollectorRegistry
     from istio_agent.protos import nds_pb2
 
     table = nds_pb2.NameTable()
@@ -244,9 +243,8 @@ async def _silent_upstream_servfail(tmp: Path, queries: int) -> dict[str, float]
     by how much it overshoots. No peer: dnsmasq keeps retrying a silent server
     instead of answering SERVFAIL, so there is nothing like-for-like to compare.
     """
-    from prometheus_client import CollectorRegistry
-
     from istio_agent.dns import DnsProxy, DnsProxyOptions
+    from istio_agent.metrics import CollectorRegistry
     from istio_agent.protos import nds_pb2
 
     port = free_udp_tcp_port()

@@ -178,9 +178,8 @@ class AttackRun:
 
 
 async def _run(runs: int, attacker_core: int | None) -> AttackRun:
-    from prometheus_client import CollectorRegistry
-
     from istio_agent.dns import DnsProxy, DnsProxyOptions
+    from istio_agent.metrics import CollectorRegistry
     from istio_agent.protos import nds_pb2
 
     with tempfile.TemporaryDirectory(prefix="bench-dns-tcp-") as tmp:

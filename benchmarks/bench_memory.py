@@ -74,7 +74,7 @@ FLOOR_GROUPS: list[tuple[str, str]] = [
 AGENT_GROUPS: list[tuple[str, str]] = [
     ("cli (click, logging)", "import istio_agent.cli.pilot_agent"),
     ("options", "import istio_agent.agent"),
-    ("metrics (prometheus)", "import prometheus_client, istio_agent.status.agent_metrics"),
+    ("metrics (istio_agent.metrics)", "import istio_agent.metrics, istio_agent.status.agent_metrics"),
     ("identity + SDS", "import istio_agent.security.ca_client, istio_agent.security.identity,"
                        " istio_agent.security.sds"),
     ("assembly + trimmer", "import istio_agent.assembly, istio_agent.memory"),

@@ -76,10 +76,9 @@ def serve_app(series: int, port_file: Path) -> None:
 
 def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
     """The agent side: the merged handler on two ports (Envoy only; Envoy + app), on the status server's HTTP."""
-    from prometheus_client import CollectorRegistry
-
     from istio_agent.httpio.routing import Router
     from istio_agent.httpio.server import HttpServer
+    from istio_agent.metrics import CollectorRegistry
     from istio_agent.status.agent_metrics import AgentMetrics
     from istio_agent.status.metrics_handler import MetricsOptions, add_metrics_routes
     from istio_agent.status.metrics_merge import ScrapeTarget

@@ -85,8 +85,7 @@ class AgentAssembly:
         self.identity: WorkloadIdentity | None = None
 
     def _identity_stage(self) -> list[Component]:
-        from prometheus_client import CollectorRegistry
-
+        from istio_agent.metrics import CollectorRegistry
         from istio_agent.security.ca_client import CaClient
         from istio_agent.security.identity import FirstCertificateWait, WorkloadIdentity
         from istio_agent.status.agent_metrics import AgentMetrics

@@ -26,11 +26,11 @@ import dns.rdatatype
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 from support import free_udp_tcp_port
 from test_dns_peers import name_table, write_resolv_conf
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions
+from istio_agent.metrics import CollectorRegistry
 from istio_agent.protos import nds_pb2
 
 TOTAL = int(os.environ.get("DNS_FUZZ_PACKETS", "100000"))

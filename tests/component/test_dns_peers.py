@@ -18,10 +18,10 @@ import dns.message
 import dns.query
 import dns.rdatatype
 from needs import need_tool
-from prometheus_client import CollectorRegistry
 from support import free_udp_tcp_port, stop_process
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions
+from istio_agent.metrics import CollectorRegistry
 from istio_agent.protos import nds_pb2
 
 NAMESPACE = "ns1"

@@ -15,7 +15,6 @@ import dns.rcode
 import dns.rdatatype
 import dns.rrset
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support import free_udp_tcp_port
 from test_dns_peers import (
@@ -32,6 +31,7 @@ from test_dns_peers import (
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions, name_table_json
 from istio_agent.dns.tcp_framing import frame
+from istio_agent.metrics import CollectorRegistry, generate_latest
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from prometheus_client import generate_latest
 from support import free_port
 from test_status_metrics_peers import (
     OM_TYPE,
@@ -29,6 +28,7 @@ from test_status_metrics_peers import (
     prometheus_client_app,
 )
 
+from istio_agent.metrics import generate_latest
 from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
 from istio_agent.status.metrics_merge import MAX_SOURCE_BYTES, ScrapeTarget
 

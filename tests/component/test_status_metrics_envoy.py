@@ -16,7 +16,6 @@ from typing import Any
 
 import aiohttp
 from needs import need_tool
-from prometheus_client import generate_latest
 from support import eventually, free_port, stop_process
 from test_status_metrics_peers import (
     OM_TYPE,
@@ -30,6 +29,7 @@ from test_status_metrics_peers import (
     real_envoy,
 )
 
+from istio_agent.metrics import generate_latest
 from istio_agent.status.metrics_handler import MetricsOptions
 from istio_agent.status.metrics_merge import ScrapeTarget
 

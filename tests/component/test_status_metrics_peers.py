@@ -19,6 +19,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from support import ENVOY, HTTP_NOT_YET, envoy_stats_bootstrap, free_port, http_request, poll, stop_process
 
+from istio_agent import metrics as agent_metrics
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server import HttpServer
 from istio_agent.status.agent_metrics import AgentMetrics
@@ -181,7 +182,7 @@ def prometheus_client_app(registry: CollectorRegistry | None = None) -> Iterator
 @contextlib.asynccontextmanager
 async def merged_endpoint(options: MetricsOptions) -> AsyncIterator[tuple[int, MergedMetricsHandler]]:
     """The status server's HTTP server with only the merged routes and an agent registry."""
-    registry = CollectorRegistry(auto_describe=True)
+    registry = agent_metrics.CollectorRegistry(auto_describe=True)
     AgentMetrics(registry)
     router = Router()
     handler = MergedMetricsHandler(options, registry)

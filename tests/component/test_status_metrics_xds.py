@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support import eventually
 from test_xds_proxy_ads import DELTA, NODE, SOTW, harness
 
+from istio_agent.metrics import CollectorRegistry, generate_latest
 from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.status.agent_metrics import AgentMetrics
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_dns_support import info, sample_table
 
@@ -15,6 +14,7 @@ from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
 from istio_agent.dns.proxy import listen_host_port
 from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
+from istio_agent.metrics import CollectorRegistry, generate_latest
 from istio_agent.protos import nds_pb2
 
 
@@ -84,9 +84,9 @@ def test_metrics_on_given_registry() -> None:
 def test_metrics_default_to_a_private_registry() -> None:
     from prometheus_client import REGISTRY
     before = set(REGISTRY._names_to_collectors)
-    DnsMetrics()
-    DnsMetrics()  # twice: no duplicate registration anywhere
+    first, second = DnsMetrics(), DnsMetrics()  # twice: no duplicate registration anywhere
     assert set(REGISTRY._names_to_collectors) == before
+    assert first.registry is not second.registry
 
 
 def test_listen_address() -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
 from istio_agent.httpio.server_core import Request
+from istio_agent.metrics import CollectorRegistry
 from istio_agent.status.metrics_handler import MergedMetricsHandler
 from istio_agent.status.metrics_merge import MetricsOptions
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeSigner
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from istio_agent.clock import VirtualClock
 from istio_agent.dns.metrics import DnsMetrics
+from istio_agent.metrics import CollectorRegistry, generate_latest
 from istio_agent.pki import certs, keys
 from istio_agent.security.cache import SecretCache
 from istio_agent.security.options import SecurityOptions

@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from istio_agent import metrics as agent_metrics
 from istio_agent.config.errors import ConfigError
 from istio_agent.status.metrics_filter import (
     MalformedSource,
@@ -201,8 +202,17 @@ def test_gzip_only_when_asked() -> None:
 # --- the agent's registry --------------------------------------------------------------------------------------
 
 
+def agent_registry() -> agent_metrics.CollectorRegistry:
+    """The app's metrics again, on the agent's own registry (what agent_exposition renders)."""
+    registry = agent_metrics.CollectorRegistry()
+    agent_metrics.Counter("app_requests", "Requests served.", ["code"], registry=registry).labels("200").inc(3)
+    agent_metrics.Gauge("app_inflight", 'In flight "now".', registry=registry).set(2)
+    agent_metrics.Histogram("app_latency_seconds", "Latency.", registry=registry).observe(0.2)
+    return registry
+
+
 def test_agent_exposition_in_both_formats_without_eof() -> None:
-    registry = app_registry()
+    registry = agent_registry()
     text = agent_exposition(registry, TEXT_OUTPUT)
     assert samples_text(text)[("app_requests_total", (("code", "200"),))] == 3
     om = agent_exposition(registry, OM)
@@ -341,8 +351,8 @@ def test_conversions_leave_sample_lines_alone() -> None:
 
 def test_merged_openmetrics_document_has_one_eof_at_the_end() -> None:
     """Agent + Envoy (text) + two OpenMetrics apps, as the handler writes them."""
-    agent = CollectorRegistry()
-    Counter("istio_agent_scrapes", "Scrapes.", registry=agent).inc()
+    agent = agent_metrics.CollectorRegistry()
+    agent_metrics.Counter("istio_agent_scrapes", "Scrapes.", registry=agent).inc()
     second = CollectorRegistry()
     Gauge("other_app_up", "Up.", registry=second).set(1)
     body = agent_exposition(agent, OM)

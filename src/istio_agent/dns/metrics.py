@@ -1,4 +1,4 @@
-"""DNS proxy metrics on a caller-supplied prometheus_client registry.
+"""DNS proxy metrics on a caller-supplied registry (`istio_agent.metrics`).
 
 Query outcomes are counted in plain per-thread lists (a lock-free `+= 1` on the
 answering thread) and summed only when the registry is scraped: a prometheus
@@ -19,11 +19,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.metrics_core import Metric
-
 from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
+from istio_agent.metrics import CollectorRegistry, CounterMetricFamily, Histogram, Metric
 
 UPSTREAM_FAILURES = 4  # counts index: subset of FAILED where all upstream servers failed
 SLOTS = 5

@@ -30,8 +30,6 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from istio_agent.dns import wire
 from istio_agent.dns.answers import CompiledTable
 from istio_agent.dns.forward import Forwarder, read_resolv_conf
@@ -42,6 +40,7 @@ from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
 from istio_agent.dns.tcp_admission import ConnectionTable
 from istio_agent.eventloop import new_event_loop
+from istio_agent.metrics import CollectorRegistry
 from istio_agent.netaddr import AddressError, split_host_port
 from istio_agent.protos import nds_pb2
 

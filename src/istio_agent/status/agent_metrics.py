@@ -1,6 +1,7 @@
 """The agent's own metrics (`istio_agent_*`), first on the merged page of :15020.
 
-One `CollectorRegistry` per agent (never prometheus_client's global one: two agents
+One `CollectorRegistry` (`istio_agent.metrics`, which renders as prometheus_client
+does without its import cost) per agent (never a process-wide one: two agents
 may share a process), built by the agent and handed to every component that
 exports metrics (the DNS proxy registers its own on it). `AgentMetrics` owns the
 rest, fed in three ways that need no changes to the components' logic:
@@ -28,10 +29,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
-
+from istio_agent.metrics import (
+    CollectorRegistry,
+    Counter,
+    CounterMetricFamily,
+    Gauge,
+    GaugeMetricFamily,
+    Histogram,
+    Metric,
+    ProcessCollector,
+)
 from istio_agent.protos import typeurls
 
 if TYPE_CHECKING:

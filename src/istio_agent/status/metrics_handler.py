@@ -35,11 +35,10 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
-
 from istio_agent.httpio.client import Pool, PooledResponse
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server_core import Request, Response, text_response
+from istio_agent.metrics import CollectorRegistry, Counter
 from istio_agent.netaddr import is_localhost
 from istio_agent.status.metrics_filter import (
     SourceError,

@@ -25,11 +25,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-from prometheus_client import exposition as text_exposition
-from prometheus_client.openmetrics import exposition as om_exposition
-
 from istio_agent.config.errors import ConfigError
+from istio_agent.metrics import CollectorRegistry, generate_latest, generate_openmetrics
 
 MAX_SOURCE_BYTES = 10 * 1024 * 1024  # upstream's per-target cap
 ENVOY_PROMETHEUS_PORT = 15090  # upstream's EnvoyPrometheusPort: the bootstrap's 15090 listener
@@ -261,6 +258,5 @@ def accepts_gzip(accept_encoding: str) -> bool:
 def agent_exposition(registry: CollectorRegistry, output: OutputFormat) -> bytes:
     """The agent's registry in the output format, without a `# EOF` (the caller writes that last)."""
     if output.format is Format.OPENMETRICS:
-        body = om_exposition.generate_latest(registry)
-        return body[: -len(EOF_LINE)] if body.endswith(EOF_LINE) else body
-    return text_exposition.generate_latest(registry)
+        return generate_openmetrics(registry, eof=False)
+    return generate_latest(registry)
