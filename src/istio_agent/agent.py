@@ -23,10 +23,13 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.options import AgentFlags, AgentOptions, load_agent_options
+
+if TYPE_CHECKING:
+    from istio_agent.security.key_ahead import KeyAhead
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +154,11 @@ def load_options(flags: AgentFlags) -> AgentOptions | None:
         return None
 
 
-def run_agent(options: AgentOptions, cap_malloc_arenas: bool = True) -> int:
+def run_agent(options: AgentOptions, cap_malloc_arenas: bool = True, first_key: KeyAhead | None = None) -> int:
     """Run the agent for `options` on a new event loop; its exit code.
 
     `cap_malloc_arenas` is false when the operator set MALLOC_ARENA_MAX, which glibc has then applied.
+    `first_key` is the workload key made ahead since the CLI started (`security/key_ahead.py`), if any.
     """
     import signal
 
@@ -171,7 +175,7 @@ def run_agent(options: AgentOptions, cap_malloc_arenas: bool = True) -> int:
     # keeps its choice (DnsProxyOptions.use_uvloop), where uvloop serves the queries.
     loop = new_event_loop(prefer_uvloop=False)
     asyncio.set_event_loop(loop)
-    agent = assemble(options)
+    agent = assemble(options, first_key)
     for sig in (signal.SIGTERM, signal.SIGINT):  # first: from here on a SIGTERM is a graceful stop
         loop.add_signal_handler(sig, agent.request_stop)
     for var in options.without_effect:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from istio_agent.grpcxds.readiness import BootstrapProbe
     from istio_agent.protos import nds_pb2
     from istio_agent.security.identity import WorkloadIdentity
+    from istio_agent.security.key_ahead import KeyAhead
     from istio_agent.status.agent_metrics import AgentMetrics
     from istio_agent.status.readiness import ReadinessState
     from istio_agent.xds.proxy import XdsProxy
@@ -78,8 +79,9 @@ class NameTableFeed:
 class AgentAssembly:
     """The composition root of one agent; `agent` is ready to run."""
 
-    def __init__(self, options: AgentOptions) -> None:
+    def __init__(self, options: AgentOptions, first_key: KeyAhead | None = None) -> None:
         self.options = options
+        self.first_key = first_key
         self.agent = Agent(self._identity_stage, self._rest_stage)
         self.metrics: AgentMetrics | None = None
         self.identity: WorkloadIdentity | None = None
@@ -93,7 +95,8 @@ class AgentAssembly:
         security = self.options.security
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
-        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)))
+        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)),
+                                         first_key=self.first_key)
         self.metrics.watch_secrets(self.identity.cache)
         return [self.identity, FirstCertificateWait(self.identity, self.options.first_certificate_head_start)]
 
@@ -204,6 +207,9 @@ class AgentAssembly:
         )
 
 
-def assemble(options: AgentOptions) -> Agent:
-    """The agent for these options, its components built stage by stage as it starts."""
-    return AgentAssembly(options).agent
+def assemble(options: AgentOptions, first_key: KeyAhead | None = None) -> Agent:
+    """The agent for these options, its components built stage by stage as it starts.
+
+    `first_key` is the workload key the CLI started making before the agent's imports (`key_ahead.py`).
+    """
+    return AgentAssembly(options, first_key).agent

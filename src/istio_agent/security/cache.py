@@ -18,7 +18,9 @@ class drives with a `Clock` and whose actions it performs:
   the names that depend on the file. A `file-cert:`/`file-root:` file is served
   to an SDS caller only if that caller could read it itself (`peercred.py`).
 - Keys are generated on a daemon thread (`offloop.py`): a stop abandons a key
-  generation in progress instead of waiting for it.
+  generation in progress instead of waiting for it. The first CSR's key may
+  have been made ahead, while the agent loaded (`key_ahead.py`); it is used
+  once, and only if it is the kind the options ask for.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from istio_agent.security.cert_lifecycle import (
     Write,
 )
 from istio_agent.security.file_store import FileSecretStore, FileSpec
+from istio_agent.security.key_ahead import KeyAhead, KeySpec
 from istio_agent.security.offloop import in_daemon_thread
 from istio_agent.security.options import (
     CERT_CHAIN_FILE,
@@ -100,9 +103,11 @@ class SecretCache:
         *,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
+        first_key: KeyAhead | None = None,
     ) -> None:
         self.options = options
         self._signer = signer
+        self._first_key = first_key  # made ahead while the agent loaded (key_ahead.py): the first CSR's, once
         self._clock: Clock = clock or SystemClock()
         self._lifecycle = CertificateLifecycle(RenewalPolicy(
             options.grace_period_ratio, options.grace_period_ratio_jitter, options.retry_initial, options.retry_max,
@@ -332,20 +337,24 @@ class SecretCache:
             future.set_result(item)
             self._apply(self._lifecycle.issued(item, self._clock.now()))
 
-    def _new_key_and_csr(self) -> tuple[bytes, bytes]:
+    def _new_key_and_csr(self) -> tuple[keys.PrivateKey, bytes, bytes]:
         opts = self.options
-        key = keys.generate_key(opts.key_algorithm, rsa_bits=opts.rsa_key_size, curve=opts.ecc_curve)
-        return keys.key_to_pem(key, pkcs8=opts.pkcs8_keys), certs.build_csr(key, [opts.spiffe_id])
+        key = self._first_key.take(KeySpec.of(opts)) if self._first_key is not None else None
+        if key is None:
+            key = keys.generate_key(opts.key_algorithm, rsa_bits=opts.rsa_key_size, curve=opts.ecc_curve)
+        return key, keys.key_to_pem(key, pkcs8=opts.pkcs8_keys), certs.build_csr(key, [opts.spiffe_id])
 
     async def _issue(self) -> SecretItem:
         assert self._signer is not None
-        key_pem, csr_pem = await in_daemon_thread("workload-keygen", self._new_key_and_csr)
+        key, key_pem, csr_pem = await in_daemon_thread("workload-keygen", self._new_key_and_csr)
         chain = await self._signer.sign(csr_pem, int(self.options.secret_ttl))
         try:
             leaf = certs.load_pem_chain(chain[0])[0]
         except (ValueError, IndexError) as exc:
             raise SecretError(f"CA returned an unreadable leaf certificate: {exc}") from None
-        if not certs.public_key_matches(leaf, keys.key_from_pem(key_pem)):
+        # Checked against the key object itself: parsing its PEM back would re-validate an RSA key (~45 ms of
+        # CPU on the event loop, between the CA's answer and the files, for a key this process just made).
+        if not certs.public_key_matches(leaf, key):
             raise SecretError("CA returned a certificate for a different key")
         return SecretItem(
             WORKLOAD_RESOURCE, cert_chain=concat_chain(chain), private_key=key_pem, root_cert=chain[-1].encode(),

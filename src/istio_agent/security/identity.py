@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from istio_agent.security.ca_client import CaClient, CertificateSigner
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.key_ahead import KeyAhead
 from istio_agent.security.options import SecurityOptions
 from istio_agent.security.secrets import WORKLOAD_RESOURCE, SecretItem
 
@@ -31,12 +32,13 @@ class WorkloadIdentity:
 
     name = "identity"
 
-    def __init__(self, options: SecurityOptions, *, signer: CertificateSigner | None = None) -> None:
+    def __init__(self, options: SecurityOptions, *, signer: CertificateSigner | None = None,
+                 first_key: KeyAhead | None = None) -> None:
         self.options = options
         self._signer_override = signer
         self.signer: CertificateSigner | None = None
         # Built now so other components can subscribe (`cache.on_update`) before `start()`.
-        self.cache = SecretCache(options, None)
+        self.cache = SecretCache(options, None, first_key=first_key)
         self.sds: SdsServer | None = None
         self.external_sds = False
         self._started = False
@@ -46,9 +48,6 @@ class WorkloadIdentity:
         return str(self.options.sds_socket_path)
 
     async def start(self) -> None:
-        # The SDS server (and Envoy's protos) load only when there is an Envoy to serve.
-        from istio_agent.security.sds import SdsServer
-
         opts = self.options
         self.external_sds = opts.serve_only_files
         if self.external_sds:
@@ -65,6 +64,11 @@ class WorkloadIdentity:
                      opts.spiffe_id)
         await self.cache.start()
         if opts.run_sds_server:
+            # The SDS server (and Envoy's protos) load only when there is an Envoy to serve, and only once the
+            # first CSR's job is on its thread (one turn of the loop): the import then runs beside the CSR.
+            await asyncio.sleep(0)
+            from istio_agent.security.sds import SdsServer
+
             self.sds = SdsServer(self.cache, opts.sds_listen_path)
             await self.sds.start()
         self._started = True
