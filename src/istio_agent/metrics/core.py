@@ -72,13 +72,12 @@ def check_label_names(names: Iterable[str], reserved: Sequence[str] = ()) -> tup
 
 
 class Sample(NamedTuple):
-    """One series' value; `timestamp` in seconds since the epoch (exemplars are not supported)."""
+    """One series' value; `timestamp` in seconds since the epoch (no exemplars: the agent has none)."""
 
     name: str
     labels: dict[str, str]
     value: float
     timestamp: float | None = None
-    exemplar: None = None
 
 
 class Metric:
