@@ -5,10 +5,11 @@ same IPv4 rules into a brand-new namespace (one with a pod-like address):
 
 - `istio-iptables --network-namespace <ns> <istio-init's default flags>` run
   through the lean launcher (`python -m istio_agent.cli.iptables_launcher`,
-  written to a temporary directory for this run: `python -IS`, no site): the
-  whole tool, including interpreter start-up, flag parsing, validation, host
-  fact detection, the kernel's table list (the `iptables-save` probe when
-  there are tables) and the `iptables-restore`. This is `apply_ratio`;
+  written to a temporary directory for this run with its bundle of compiled
+  modules: `python -IS`, no site): the whole tool, including interpreter
+  start-up, flag parsing, validation, host fact detection, the kernel's table
+  list (the `iptables-save` probe when there are tables) and the
+  `iptables-restore`. This is `apply_ratio`;
 - the same through pip's form of the console script (the interpreter with
   site; written here, since `make setup` installs the launcher as
   `.venv/bin/istio-iptables`): `apply_ratio_console_script`;
@@ -146,12 +147,10 @@ def validation_give_up(tool: str) -> float:
 
 
 def lean_launcher(directory: Path) -> str:
-    """The lean istio-iptables launcher for this installation, written into `directory`."""
-    from istio_agent.cli.iptables_launcher import import_paths, render, write
+    """The lean istio-iptables launcher for this installation (and its bundle), written into `directory`."""
+    from istio_agent.cli.iptables_launcher import write_launcher
 
-    path = directory / "istio-iptables"
-    write(path, render(sys.executable, import_paths()))
-    return str(path)
+    return str(write_launcher(directory / "istio-iptables"))
 
 
 def apply_arm(kind: str, tools: dict[str, str], text: bytes) -> float:

@@ -4,11 +4,14 @@ The launcher (`python -m istio_agent.cli.iptables_launcher DEST`) is what istio-
 per-pod start-up is measured with (benchmarks/bench_capture.py). Both executables are run
 with the same arguments and environment, and must answer byte for byte alike: dry-run
 recordings (to stdout and to DRY_RUN_FILE_PATH), help, a bad flag, an invalid value, the
-environment's settings. Then what the lean path loads: not even `os`.
+environment's settings; with its bundle of compiled modules, a broken one, or none. Then what
+the lean path loads (not even `os`), and that the bundle serves all of it that is ours unless
+a module's source changed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.cli.iptables_launcher import console_script, import_paths, main
+from istio_agent.cli.iptables_launcher import bundle_path, console_script, import_paths, main, render
 
 DEFAULTS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
             "-d", "15090,15021,15020"]
@@ -93,3 +96,95 @@ def test_the_lean_path_loads_only_what_it_needs() -> None:
     heavy = {"os", "click", "asyncio", "subprocess", "dataclasses", "typing", "enum", "re", "ipaddress", "json",
              "ctypes", "google.protobuf", "argparse", "socket"}
     assert not loaded & heavy, loaded & heavy
+
+
+def test_the_launcher_writes_its_bundle_beside_it(launcher: Path) -> None:
+    bundle = bundle_path(launcher)
+    assert bundle.parent == launcher.parent / "__pycache__"
+    assert bundle.read_bytes()[:4] == importlib.util.MAGIC_NUMBER
+    assert repr(str(bundle)) in launcher.read_text()
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "other-python"])
+def test_without_a_usable_bundle_the_launcher_answers_alike(tmp_path: Path, console: Path, damage: str) -> None:
+    launcher = tmp_path / "istio-iptables"
+    assert main([str(launcher)]) == 0
+    bundle = bundle_path(launcher)
+    data = bundle.read_bytes()
+    if damage == "missing":
+        bundle.unlink()
+    else:
+        bundle.write_bytes({"garbage": b"\x00" * 64, "truncated": data[: len(data) // 2],
+                            "other-python": b"\x00\x00\r\n" + data[4:]}[damage])
+    for args, env in [([*DEFAULTS, "-n", *PINNED], {}), (["--no-such-flag"], {}), ([*DEFAULTS, "-n", *PINNED],
+                                                                                    {"REDIRECT_DNS": "maybe"})]:
+        lean, reference = run(launcher, args, env), run(console, args, env)
+        assert (lean.returncode, lean.stdout, lean.stderr) == (reference.returncode, reference.stdout,
+                                                               reference.stderr)
+
+
+BUNDLE_PROBE = """
+import io
+from istio_agent.cli.iptables import run_cli
+args = ['-p', '15001', '-u', '1337', '-i', '*', '-b', '*', '-n', '--dns-servers=1.1.1.1', '--drop-invalid=true']
+assert run_cli(args, {'ISTIO_META_DNS_CAPTURE': 'true'}, io.StringIO(), io.StringIO()) == 0
+assert run_cli(args + ['--native-nftables'], {}, io.StringIO(), io.StringIO()) == 0
+import istio_agent.capture.apply, istio_agent.capture.netns, istio_agent.capture.loopback
+for name, module in sorted(sys.modules.items()):
+    spec = getattr(module, '__spec__', None)
+    if spec is not None and spec.origin and spec.origin.endswith('.py'):
+        print(name, type(spec.loader).__name__)
+"""
+
+
+def test_the_bundle_serves_every_module_of_ours_the_tool_imports(launcher: Path) -> None:
+    """The launcher's own text, its entry point replaced by a probe: which finder loaded each module."""
+    text = launcher.read_text().replace("from istio_agent.cli.iptables import main\nmain()\n", BUNDLE_PROBE)
+    done = subprocess.run([sys.executable, "-IS", "-c", text], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    loaders = dict(line.split() for line in done.stdout.splitlines())
+    ours = {name: loader for name, loader in loaders.items() if name.split(".")[0] in ("istio_agent", "__future__")}
+    assert "istio_agent.capture.apply" in ours and "__future__" in ours
+    assert set(ours.values()) == {"BundleFinder"}, ours
+
+
+STALE_PROBE = """
+import sys
+sys.path.insert(0, ROOT)
+from istio_agent.cli.iptables_launcher import build_bundle
+with open(BUNDLE, 'wb') as out:
+    out.write(build_bundle(['pkg', 'pkg.kept', 'pkg.edited']))
+"""
+
+
+def test_a_module_edited_after_the_bundle_is_imported_from_its_file(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kept.py").write_text("VALUE = 'kept'\n")
+    (package / "edited.py").write_text("VALUE = 'old'\n")
+    bundle = tmp_path / "pkg.bundle"
+    root = str(Path(__file__).resolve().parents[2] / "src")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    probe = STALE_PROBE.replace("ROOT", repr(root)).replace("BUNDLE", repr(str(bundle)))
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, env=env, cwd=tmp_path)
+    (package / "edited.py").write_text("VALUE = 'new!'\n")  # another size: stale whatever the clock says
+    launcher = render(sys.executable, [str(tmp_path)], str(bundle)).decode()
+    launcher = launcher.replace("from istio_agent.cli.iptables import main\nmain()\n", (
+        "import pkg.kept, pkg.edited\n"
+        "for m in (pkg.kept, pkg.edited): print(m.VALUE, type(m.__spec__.loader).__name__)\n"))
+    done = subprocess.run([sys.executable, "-IS", "-c", launcher], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["kept BundleFinder", "new! SourceFileLoader"]
+
+
+def test_a_launcher_whose_bundle_cannot_be_written_is_written_without_it(tmp_path: Path, console: Path) -> None:
+    launcher = tmp_path / "istio-iptables"
+    (tmp_path / "__pycache__").write_text("a file where the bundle's directory would be")
+    assert main([str(launcher)]) == 0
+    assert "__pycache__" not in launcher.read_text()
+    args = [*DEFAULTS, "-n", *PINNED]
+    lean, reference = run(launcher, args, {}), run(console, args, {})
+    assert (lean.returncode, lean.stdout, lean.stderr) == (reference.returncode, reference.stdout, reference.stderr)

@@ -11,9 +11,21 @@ installation imports from are written into it (appended after the standard
 library, in site's order), so it needs nothing else. Flags, environment,
 output and exit codes are the console script's (`tests/component/test_capture_launcher.py`).
 
+Beside it, in `__pycache__/<name>.<cache tag>.bundle`, the launcher's bundle:
+the compiled code of every module the tool can import from this installation
+(`BUNDLED`: the CLI, the capture package, Go's booleans, `__future__`) in one
+file, served by a meta-path finder (`BOOT`) in place of the path finder's
+work per module (a walk over `sys.path`, directory listings, several stats,
+opening and checking a `.pyc`): ~0.7 ms less per run (paired runs in fresh
+namespaces, the old launcher against this one). Each module is checked
+as its `.pyc` would be (the source's size and mtime, in seconds): a module
+edited since the bundle was written, a bundle from another Python (magic
+number) or a missing or unreadable bundle is imported from its files instead,
+so the bundle changes the tool's speed, never what it does.
+
     python -m istio_agent.cli.iptables_launcher [--interpreter PYTHON] DEST
 
-writes it to DEST atomically (0755), e.g. over the console script after an
+writes both to DEST atomically (0755), e.g. over the console script after an
 install: `.venv/bin/istio-iptables`. It names its interpreter and paths, so
 it is rewritten after the installation moves. `render` is pure.
 """
@@ -25,6 +37,10 @@ import os
 import sys
 from pathlib import Path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 TEMPLATE = '''#!{interpreter} -IS
 # istio-iptables, written by `python -m istio_agent.cli.iptables_launcher` (not upstream): the console script's
 # entry point without site. It names its interpreter and import paths: rewrite it when the installation moves.
@@ -32,9 +48,81 @@ import gc
 import sys
 gc.disable()
 sys.path += {paths!r}
-from istio_agent.cli.iptables import main
+{bundle}from istio_agent.cli.iptables import main
 main()
 '''
+
+# Loads the bundle's index (its header: magic number, index length, file length; a file of another length is
+# not used) and installs its finder; any failure leaves the ordinary imports in charge.
+BUNDLE_PRELUDE = '''try:  # the compiled modules from one file (see istio_agent.cli.iptables_launcher)
+    import _frozen_importlib_external
+    import marshal
+    import posix
+    bundle = posix.open({path!r}, posix.O_RDONLY | posix.O_CLOEXEC)
+    head = posix.read(bundle, 12)
+    if head[:4] == _frozen_importlib_external.MAGIC_NUMBER and posix.fstat(bundle).st_size == int.from_bytes(
+            head[8:], "little"):
+        boot, table = marshal.loads(posix.read(bundle, int.from_bytes(head[4:8], "little")))
+        exec(boot, {{"BUNDLE": bundle, "TABLE": table}})
+        del boot, table
+    else:
+        posix.close(bundle)
+    del bundle, head
+except Exception:
+    pass
+'''
+
+# The bundle's finder, compiled into the bundle itself. It runs with BUNDLE (the open bundle) and TABLE
+# (module name -> (source path, source mtime in seconds, source size, is a package, code offset, code length)).
+# Each module's code is read when it is imported, in its own small buffer as a .pyc would be: one read of
+# the whole file touched ~90 more pages of fresh memory, at ~3.7 us a page fault here.
+BOOT = '''
+import marshal
+import posix
+import sys
+from _frozen_importlib import ModuleSpec
+
+
+class BundleFinder:
+    """The bundle's modules whose source is unchanged since it was written (size and mtime, as a .pyc)."""
+
+    def __init__(self, fd, table):
+        self.fd = fd
+        self.table = table
+
+    def find_spec(self, name, path=None, target=None):
+        entry = self.table.get(name)
+        if entry is None:
+            return None
+        origin, mtime, size, package, _, _ = entry
+        try:
+            stat = posix.stat(origin)
+        except OSError:
+            return None
+        if int(stat.st_mtime) != mtime or stat.st_size != size:
+            return None
+        spec = ModuleSpec(name, self, origin=origin, is_package=package)
+        spec.has_location = True
+        if package:
+            spec.submodule_search_locations = [origin.rpartition("/")[0]]
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        _, _, _, _, offset, length = self.table[module.__spec__.name]
+        exec(marshal.loads(posix.pread(self.fd, length, offset)), module.__dict__)
+
+
+sys.meta_path.insert(0, BundleFinder(BUNDLE, TABLE))
+'''
+
+# What the tool can import from source files: the entry point and its packages, Go's boolean rules (a boolean
+# flag's value), `__future__` (every module's first import), and the whole capture package (found when written).
+BUNDLED = ("__future__", "istio_agent", "istio_agent.cli", "istio_agent.cli.iptables", "istio_agent.config",
+           "istio_agent.config.errors", "istio_agent.config.gobool", "istio_agent.capture")
+BUNDLED_PACKAGES = ("istio_agent.capture",)
 
 
 # What pip writes as the console script (the interpreter with site), for comparing the two: `make setup`
@@ -57,13 +145,16 @@ class LauncherError(ValueError):
     """The launcher cannot be written for these inputs (the message says why)."""
 
 
-def render(interpreter: str, paths: list[str]) -> bytes:
-    """The launcher's bytes (the same inputs give the same bytes)."""
+def render(interpreter: str, paths: list[str], bundle: str | None = None) -> bytes:
+    """The launcher's bytes (the same inputs give the same bytes); `bundle`: the bundle's path, if any."""
     if not os.path.isabs(interpreter) or any(ch.isspace() for ch in interpreter):
         raise LauncherError(f"interpreter {interpreter!r}: a #! line needs an absolute path without spaces")
     if not paths:
         raise LauncherError("no import path for istio_agent")
-    return TEMPLATE.format(interpreter=interpreter, paths=list(paths)).encode()
+    if bundle is not None and not os.path.isabs(bundle):
+        raise LauncherError(f"bundle {bundle!r}: the launcher needs an absolute path")
+    prelude = BUNDLE_PRELUDE.format(path=bundle) if bundle is not None else ""
+    return TEMPLATE.format(interpreter=interpreter, paths=list(paths), bundle=prelude).encode()
 
 
 def import_paths() -> list[str]:
@@ -73,11 +164,91 @@ def import_paths() -> list[str]:
     return installation_paths()
 
 
-def write(dest: Path, data: bytes) -> None:
-    """Replace `dest` with the launcher (temp file in the same directory, then rename; mode 0755)."""
+def bundle_path(dest: Path) -> Path:
+    """Where the launcher at `dest` keeps its bundle (beside it, as Python keeps a .pyc)."""
+    return dest.parent / "__pycache__" / f"{dest.name}.{sys.implementation.cache_tag}.bundle"
+
+
+def bundled_modules() -> list[str]:
+    """`BUNDLED`, then every module of `BUNDLED_PACKAGES` (as this installation has them)."""
+    import importlib
+    import pkgutil
+
+    names = list(BUNDLED)
+    for package in BUNDLED_PACKAGES:
+        found = pkgutil.iter_modules(importlib.import_module(package).__path__, f"{package}.")
+        names += sorted(info.name for info in found if not info.ispkg)
+    return names
+
+
+def compiled(source: bytes, origin: str) -> bytes:
+    """A module's code, marshalled, as the launcher's interpreter would compile it (no -O)."""
+    import marshal
+
+    return marshal.dumps(compile(source, origin, "exec", dont_inherit=True, optimize=0))
+
+
+def build_bundle(names: list[str]) -> bytes:
+    """The bundle: magic number, index length, file length (4 bytes each), the index, then each module's code.
+
+    The index is (BOOT's code, TABLE) marshalled; TABLE's offsets count from the file's start.
+    """
+    import importlib.util
+    import marshal
+
+    sources: list[tuple[str, str, int, int, bool, bytes]] = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.has_location or not (spec.origin or "").endswith(".py"):
+            raise LauncherError(f"cannot bundle {name}: not a module with a source file")
+        origin = str(spec.origin)
+        with open(origin, "rb") as handle:
+            stat = os.fstat(handle.fileno())
+            code = compiled(handle.read(), origin)
+        sources.append((name, origin, int(stat.st_mtime), stat.st_size, spec.submodule_search_locations is not None,
+                        code))
+    boot = compile(BOOT, "<istio-iptables bundle>", "exec", dont_inherit=True, optimize=0)
+
+    def index(start: int) -> bytes:
+        table, offset = {}, start
+        for name, origin, mtime, size, package, code in sources:
+            table[name] = (origin, mtime, size, package, offset, len(code))
+            offset += len(code)
+        return marshal.dumps((boot, table))
+
+    start = 12 + len(index(0))
+    while len(index(start)) + 12 != start:  # the offsets' own size in the index (marshal's ints vary in length)
+        start = 12 + len(index(start))
+    body = index(start) + b"".join(code for *_, code in sources)
+    total = 12 + len(body)
+    return importlib.util.MAGIC_NUMBER + (start - 12).to_bytes(4, "little") + total.to_bytes(4, "little") + body
+
+
+def write(dest: Path, data: bytes, mode: int = 0o755) -> None:
+    """Replace `dest` with `data` (temp file in the same directory, then rename; mode 0755)."""
     from istio_agent.cni.install.binaries import atomic_write
 
-    atomic_write(dest, data, 0o755)
+    atomic_write(dest, data, mode)
+
+
+def write_launcher(dest: Path, interpreter: str = sys.executable, warn: Callable[[str], None] | None = None) -> Path:
+    """Write the bundle, then the launcher that names it, for `interpreter`; the launcher's path.
+
+    A bundle that cannot be written (a read-only directory, a module without its source) only costs speed:
+    the launcher is written without it, and `warn` is told why.
+    """
+    bundle = bundle_path(dest.absolute())
+    named: str | None = str(bundle)
+    try:
+        data = build_bundle(bundled_modules())
+        bundle.parent.mkdir(exist_ok=True)
+        write(bundle, data, 0o644)
+    except (LauncherError, OSError) as exc:
+        if warn is not None:
+            warn(f"no bundle ({exc}): the launcher imports each module from its file")
+        named = None
+    write(dest, render(interpreter, import_paths(), named))
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Python it runs with (default: this one, %(default)s)")
     args = parser.parse_args(argv)
     try:
-        write(args.dest, render(args.interpreter, import_paths()))
+        write_launcher(args.dest, args.interpreter, lambda text: print(f"iptables_launcher: {text}", file=sys.stderr))
     except (LauncherError, OSError) as exc:
         print(f"iptables_launcher: {exc}", file=sys.stderr)
         return 1
