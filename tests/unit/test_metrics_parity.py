@@ -19,6 +19,8 @@ from typing import Any
 import prometheus_client
 import prometheus_client.core
 import prometheus_client.metrics
+import prometheus_client.metrics_core
+import prometheus_client.samples
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -235,3 +237,48 @@ def test_any_label_values_and_help(series: list[tuple[str, float]], help_text: s
         registry.register(One())
 
     assert_same(*both(build))
+
+
+class Snapshot:
+    """One collect() of a registry, rendered as often as needed (the process metrics move between collects)."""
+
+    def __init__(self, metrics: list[Any]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Any]:
+        return self.metrics
+
+
+def test_the_agents_own_metric_set_renders_as_prometheus_client_renders_it() -> None:
+    """The agent's registry as it runs (agent, scrape, DNS and process metrics), each family handed to
+    prometheus_client's renderers as its own Metric objects."""
+    from istio_agent.dns.metrics import DnsMetrics
+    from istio_agent.status.agent_metrics import XDS_CONNECT, XDS_ENVOY_NACK, XDS_PUSH, AgentMetrics
+    from istio_agent.status.metrics_handler import ScrapeCounters
+
+    registry = OURS.Registry(auto_describe=True)
+    metrics = AgentMetrics(registry)
+    counters = ScrapeCounters(registry)
+    dns = DnsMetrics(registry)
+    metrics.xds_event(XDS_CONNECT, "sotw")
+    metrics.xds_event(XDS_PUSH, "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+    metrics.xds_event(XDS_ENVOY_NACK, "type.googleapis.com/some.Unknown")
+    metrics.ca_request("UNAVAILABLE", 0.0123)
+    metrics.ca_request("OK", 31.0)
+    metrics.secret_changed("file-cert:/etc/certs/cert-chain.pem~/etc/certs/key.pem")
+    counters.scrapes.inc()
+    counters.failures.labels("envoy").inc()
+    dns.counts("udp")[0] += 3
+    dns.upstream_latency.observe(0.002)
+
+    mine = Snapshot(list(registry.collect()))
+    theirs = Snapshot([])
+    for metric in mine.metrics:
+        copy = prometheus_client.metrics_core.Metric(metric.name, metric.documentation, metric.type, metric.unit)
+        copy.samples = [prometheus_client.samples.Sample(s.name, s.labels, s.value, s.timestamp)
+                        for s in metric.samples]
+        theirs.metrics.append(copy)
+    text = assert_same(theirs, mine)
+    for name in (b"istio_agent_process_cpu_seconds_total", b"istio_agent_dns_requests_total",
+                 b'istio_agent_ca_request_duration_seconds_bucket{le="+Inf"} 2.0', b"istio_agent_scrapes_created"):
+        assert name in text
