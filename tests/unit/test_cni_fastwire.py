@@ -1,11 +1,11 @@
-"""The fast path's pure parts: the framing, the forwarded environment, where a kept-alive HTTP answer ends,
-and the launcher's text."""
+"""The fast path's pure parts: the framing (install-cni's side and the launcher's `fastclient`), the forwarded
+environment, where a kept-alive HTTP answer ends, and the launcher's text."""
 
 from __future__ import annotations
 
 import pytest
 
-from istio_agent.cni.install import fastwire
+from istio_agent.cni.install import fastclient, fastwire
 from istio_agent.cni.install.launcher import LauncherError, render
 from istio_agent.cni.plugin.kubeclient import ApiError
 from istio_agent.cni.plugin.kubepool import response_length
@@ -58,15 +58,59 @@ def test_where_a_kept_alive_answer_ends() -> None:
         response_length(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n")
 
 
-def test_the_launcher_is_deterministic_and_imports_only_builtins() -> None:
+def test_the_launchers_request_is_the_agents() -> None:
+    env = {"CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAME=a", "ENVOY_USER": "istio-proxy", "PATH": "/bin",
+           "DRY_RUN_FILE_PATH": "/tmp/x", "ISTIO_META_X": "y"}
+    raw = {k.encode(): v.encode() for k, v in env.items()}
+    assert fastclient.request(raw, b"{}") == fastwire.encode_request(env, b"{}")
+
+
+@pytest.mark.parametrize("reply", [
+    fastwire.encode_answer(0, b'{"cniVersion": "1.0.0"}\n', b"log line\n"),
+    fastwire.encode_answer(11, b"", b""),
+    fastwire.encode_answer(1, b"x" * 70000, b"y" * 3),
+    fastwire.encode_refusal(),
+])
+def test_the_launcher_knows_when_a_reply_is_whole(reply: bytes) -> None:
+    """`reply_size` from every prefix: more than the prefix until it is all there, then exactly its length."""
+    for cut in range(len(reply)):
+        assert fastclient.reply_size(reply[:cut]) > cut
+    assert fastclient.reply_size(reply) == len(reply)
+    decoded = fastwire.decode_reply(reply)
+    assert fastclient.parse_reply(reply) == decoded
+
+
+def test_the_launcher_names_what_is_wrong_with_a_reply() -> None:
+    answer = fastwire.encode_answer(0, b"out", b"err")
+    assert fastclient.parse_reply(b"") == "it closed the connection without an answer"
+    assert fastclient.parse_reply(fastwire.MAGIC + b"A\0\0") == "it closed the connection without an answer"
+    assert fastclient.parse_reply(answer[:-1]) == "its answer was truncated"
+    assert fastclient.parse_reply(answer + b"x") == "its answer was truncated"
+    assert fastclient.reply_size(b"HTTP/1.1 200 OK\r\n") == len(b"HTTP/1.1 200 OK\r\n")  # not ours: stop reading
+
+
+def test_the_launcher_is_deterministic_and_imports_only_its_client() -> None:
     one = render("/opt/py/bin/python3", "/var/run/istio-cni/sidecar-add.sock", ["/opt/app/src"])
     assert one == render("/opt/py/bin/python3", "/var/run/istio-cni/sidecar-add.sock", ["/opt/app/src"])
     text = one.decode()
     assert text.startswith("#!/opt/py/bin/python3 -IS\n")
     imports = sorted(line for line in text.splitlines() if line.startswith(("import ", "from ")))
-    assert imports == ["import _socket", "import posix", "import sys"]
-    assert "SOCKET = '/var/run/istio-cni/sidecar-add.sock'" in text and "PATHS = ['/opt/app/src']" in text
+    assert imports == ["from istio_agent.cni.install.fastclient import launch", "import sys"]
+    assert "sys.path += ['/opt/app/src']" in text and "launch('/var/run/istio-cni/sidecar-add.sock')" in text
     compile(text, "istio-cni", "exec")
     for bad in ("python3", "/opt/my py/python3"):
         with pytest.raises(LauncherError, match="absolute path"):
             render(bad, "/x.sock", [])
+
+
+def test_the_launchers_client_imports_only_builtins() -> None:
+    """`fastclient` is imported by the launcher under `-IS`: nothing but builtin modules, no `__future__`."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    tree = ast.parse(Path(fastclient.__file__).read_text())
+    top = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    top |= {node.module or "" for node in tree.body if isinstance(node, ast.ImportFrom)}
+    assert top == {"_socket", "posix"}, top
+    assert all(name in sys.builtin_module_names or name == "_socket" for name in top)

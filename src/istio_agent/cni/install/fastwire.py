@@ -10,8 +10,9 @@ One connection carries one CNI call. All integers are 4-byte big-endian.
   log lines, as the in-process plugin writes them). `REFUSED` (the caller is
   not root) has nothing after it and tells the launcher nothing was done.
 
-The launcher (`launcher.py`) writes its side with builtins only; these
-functions are the reference for it and install-cni's side.
+The launcher's side (`fastclient.py`) is written with builtins only and holds
+the constants; these functions are install-cni's side and the reference the
+tests hold the launcher's to.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-MAGIC = b"ICNI1\n"
-ANSWER = b"A"
-REFUSED = b"R"
+from istio_agent.cni.install import fastclient
+
+MAGIC = fastclient.MAGIC  # the launcher's module holds the constants (it can import nothing but builtins)
+ANSWER = fastclient.ANSWER
+REFUSED = fastclient.REFUSED
 SOCKET_NAME = "sidecar-add.sock"
 # The environment the plugin reads (CNI_*, the pod-retrieval tunables, istio-iptables' ISTIO_* settings,
 # ENVOY_USER); DRY_RUN_FILE_PATH is never forwarded: the launcher runs a dry run in-process.
-FORWARDED_PREFIXES = ("CNI_", "ISTIO_")
-FORWARDED_NAMES = ("ENVOY_USER",)
+FORWARDED_PREFIXES = tuple(p.decode() for p in fastclient.FORWARDED_PREFIXES)
+FORWARDED_NAMES = tuple(n.decode() for n in fastclient.FORWARDED_NAMES)
 MAX_ENV = 1 << 20
 MAX_STDIN = 16 << 20
 
