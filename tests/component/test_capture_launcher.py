@@ -129,11 +129,13 @@ from istio_agent.cli.iptables import run_cli
 args = ['-p', '15001', '-u', '1337', '-i', '*', '-b', '*', '-n', '--dns-servers=1.1.1.1', '--drop-invalid=true']
 assert run_cli(args, {'ISTIO_META_DNS_CAPTURE': 'true'}, io.StringIO(), io.StringIO()) == 0
 assert run_cli(args + ['--native-nftables'], {}, io.StringIO(), io.StringIO()) == 0
-import istio_agent.capture.apply, istio_agent.capture.netns, istio_agent.capture.loopback
+import istio_agent.capture.apply, istio_agent.capture.netns, istio_agent.capture.loopback, _socket, _ctypes
 for name, module in sorted(sys.modules.items()):
     spec = getattr(module, '__spec__', None)
     if spec is not None and spec.origin and spec.origin.endswith('.py'):
         print(name, type(spec.loader).__name__)
+walked = [path for path in sys.path_importer_cache if path.endswith('lib-dynload')]
+print('walked-lib-dynload', bool(walked))
 """
 
 
@@ -147,6 +149,7 @@ def test_the_bundle_serves_every_module_of_ours_the_tool_imports(launcher: Path)
     ours = {name: loader for name, loader in loaders.items() if name.split(".")[0] in ("istio_agent", "__future__")}
     assert "istio_agent.capture.apply" in ours and "__future__" in ours
     assert set(ours.values()) == {"BundleFinder"}, ours
+    assert loaders["walked-lib-dynload"] == "False"  # _socket and _ctypes: their files named by the bundle
 
 
 STALE_PROBE = """
