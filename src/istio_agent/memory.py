@@ -11,8 +11,6 @@ last of a burst of XDS streams closed (`MemoryTrimmer.soon()`; measured by
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 
 from istio_agent.periodic import Periodic
@@ -23,19 +21,37 @@ M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
 TRIM_INTERVAL = 15.0
 TRIM_SETTLE = 1.0
+_RTLD_NOW = 2
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
+class Glibc:
+    """glibc's `malloc_trim` and `mallopt`, called through the `_ctypes` extension directly: the `ctypes`
+    package with `ctypes.util.find_library` (which runs `ldconfig -p`) costs each agent ~0.4 MB."""
+
+    def __init__(self, trim_address: int, mallopt_address: int) -> None:
+        self._trim = trim_address
+        self._mallopt = mallopt_address
+
+    def malloc_trim(self, pad: int) -> int:
+        import _ctypes
+
+        return int(_ctypes.call_function(self._trim, (pad,)))  # type: ignore[attr-defined]
+
+    def mallopt(self, option: int, value: int) -> int:
+        import _ctypes
+
+        return int(_ctypes.call_function(self._mallopt, (option, value)))  # type: ignore[attr-defined]
+
+
+def _libc() -> Glibc | None:
+    """This process's glibc, or None off glibc (musl has no malloc_trim)."""
     try:
-        libc = ctypes.CDLL(name)
-        libc.malloc_trim  # noqa: B018 - glibc only
-        libc.mallopt  # noqa: B018
-    except (OSError, AttributeError):
+        import _ctypes
+
+        handle = _ctypes.dlopen(None, _RTLD_NOW)  # type: ignore[arg-type]  # NULL: this process's symbols
+        return Glibc(_ctypes.dlsym(handle, "malloc_trim"), _ctypes.dlsym(handle, "mallopt"))  # type: ignore[attr-defined]
+    except (ImportError, OSError, AttributeError):
         return None
-    return libc
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -55,7 +71,7 @@ class MemoryTrimmer:
     seconds after `soon()`."""
 
     def __init__(self, interval: float = TRIM_INTERVAL, settle: float = TRIM_SETTLE) -> None:
-        self._libc = _libc()
+        self._libc: Glibc | None = _libc()
         self._settle = settle
         self._ticker = Periodic(interval, self._trim, "malloc-trim")
         self._soon: asyncio.TimerHandle | None = None
