@@ -9,7 +9,6 @@ hooks) start fast.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import os
@@ -20,6 +19,9 @@ from typing import Any
 import click
 
 from istio_agent.cli.logging_setup import LogOptions, configure_logging
+from istio_agent.cli.proxy_argv import merged_log_options
+from istio_agent.cli.proxy_flags import LOG_FLAGS, PROXY_FLAGS, PROXY_TYPE_DEFAULT, Flag
+from istio_agent.cli.proxy_run import run_proxy
 
 # grpcio's core registers fork handlers by default; with its resolver or poller threads busy, a fork for a child
 # that runs code before exec (Envoy's preexec: process group, user, death signal) could abort in those handlers
@@ -49,40 +51,26 @@ class PilotAgentGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-LOG_FLAGS = ("log_output_level", "log_as_json", "log_target", "log_caller", "log_stacktrace_level")
+def table_options(table: tuple[Flag, ...]) -> Any:
+    """click options for the flags of `table` (`proxy_flags`), in the table's order."""
+    def decorate(command: Any) -> Any:
+        for flag in reversed(table):
+            command = click.option(f"--{flag.name}", flag.dest, default=flag.default, is_flag=flag.kind is bool,
+                                   type=int if flag.kind is int else None, multiple=flag.multiple,
+                                   help=flag.help)(command)
+        return command
+    return decorate
 
 
-def log_flags(command: Any) -> Any:
-    """Upstream's root logging flags, accepted on the root command and on every subcommand."""
-    options = [
-        click.option("--log_output_level", "log_output_level", default="default:info",
-                     help="Per-scope minimum level: <scope>:<level>,... (debug, info, warn, error, fatal, none)."),
-        click.option("--log_as_json", "log_as_json", is_flag=True, default=False, help="Log as JSON lines."),
-        click.option("--log_target", "log_target", multiple=True, default=("stdout",),
-                     help="Where logs go: stdout, stderr or a file path (repeatable)."),
-        click.option("--log_caller", "log_caller", default="", help="Scopes whose lines carry the caller."),
-        click.option("--log_stacktrace_level", "log_stacktrace_level", default="default:none",
-                     help="Per-scope level at which lines carry the stack: <scope>:<level>,..."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+log_flags = table_options(LOG_FLAGS)  # accepted on the root command and on every subcommand
 
 
 def log_options(ctx: click.Context, flags: dict[str, Any]) -> LogOptions:
     """The root's log flags, overridden by what the subcommand was given explicitly."""
-    values = dict(ctx.obj or {}) if isinstance(ctx.obj, dict) else {}
-    for name in LOG_FLAGS:
-        if name in flags and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
-            values[name] = flags[name]
-        values.setdefault(name, flags.get(name))
-    return LogOptions(
-        output_level=str(values["log_output_level"] or "default:info"),
-        as_json=bool(values["log_as_json"]),
-        targets=tuple(values["log_target"] or ("stdout",)),
-        callers=tuple(c.strip() for c in str(values["log_caller"] or "").split(",") if c.strip()),
-        stacktrace_levels=str(values["log_stacktrace_level"] or "default:none"),
-    )
+    root = dict(ctx.obj or {}) if isinstance(ctx.obj, dict) else {}
+    explicit = [flag.dest for flag in LOG_FLAGS if flag.dest in flags
+                and ctx.get_parameter_source(flag.dest) not in (None, click.core.ParameterSource.DEFAULT)]
+    return merged_log_options(root, flags, explicit)
 
 
 @click.group(cls=PilotAgentGroup, context_settings=LENIENT)
@@ -95,41 +83,14 @@ def main(ctx: click.Context, **flags: Any) -> None:
 
 
 @main.command(context_settings=LENIENT)
-@click.argument("proxy_type", required=False, default="sidecar")
-@click.option("--domain", default="", help="DNS domain suffix; default <POD_NAMESPACE>.svc.cluster.local.")
-@click.option("--meshConfig", "mesh_config", default="./etc/istio/config/mesh", help="Mesh configuration file.")
-@click.option("--serviceCluster", "service_cluster", default="istio-proxy", help="Service cluster (deprecated).")
-@click.option("--proxyLogLevel", "proxy_log_level", default="warning,misc:error", help="Envoy log level[,comp:lvl].")
-@click.option("--proxyComponentLogLevel", "proxy_component_log_level", default="", help="Envoy component levels.")
-@click.option("--concurrency", default=0, type=int, help="Envoy worker threads (0: from ProxyConfig).")
-@click.option("--templateFile", "template_file", default="", help="Bootstrap template file.")
-@click.option("--outlierLogPath", "outlier_log_path", default="", help="Outlier detection log path.")
-@click.option("--stsPort", "sts_port", default=0, type=int, help="Security token service port (0: off).")
-@click.option("--tokenManagerPlugin", "token_manager_plugin", default="GoogleTokenExchange", help="Token plugin.")
-@click.option("--profiling", default="true", help="Enable profiling endpoints.")
+@click.argument("proxy_type", required=False, default=PROXY_TYPE_DEFAULT)
+@table_options(PROXY_FLAGS)
 @log_flags
 @click.pass_context
 def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
     """Run the agent: identity (SDS), XDS proxy, DNS, status server, and Envoy."""
-    logging_options = log_options(ctx, flags)
-    configure_logging(logging_options)
-    flags["log_as_json"] = logging_options.as_json
-    from istio_agent.agent import START_FAILED_EXIT_CODE, load_options, run_agent
-    from istio_agent.config.options import AgentFlags
-
-    if ctx.args:
-        click.echo(f"ignoring unknown arguments: {' '.join(ctx.args)}", err=True)
-    # Flags the agent uses go into AgentFlags by name; the rest (sts, profiling...) are accepted and unused.
-    wanted = {f.name for f in dataclasses.fields(AgentFlags)}
-    agent_flags = AgentFlags(proxy_type=proxy_type, **{k: v for k, v in flags.items() if k in wanted})
-    options = load_options(agent_flags)
-    if options is None:
-        sys.exit(START_FAILED_EXIT_CODE)
-    if options.grpc_cipher_suites:
-        # Process-wide in gRPC: set before the agent opens its first TLS channel (COMPLIANCE_POLICY).
-        os.environ.setdefault("GRPC_SSL_CIPHER_SUITES", options.grpc_cipher_suites)
-    # The agent caps glibc's malloc arenas itself (memory.py) unless the operator chose a cap: theirs stands.
-    sys.exit(run_agent(options, cap_malloc_arenas=not os.environ.get("MALLOC_ARENA_MAX")))
+    # Istio's own command lines never get here: `pilot_agent_entry` hands them to the same run_proxy.
+    run_proxy(proxy_type, flags, log_options(ctx, flags), ctx.args)
 
 
 @main.command(context_settings=LENIENT)
