@@ -115,16 +115,30 @@ def _contents(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def run(argv: Sequence[str], stdin: bytes | None = None, check: bool = False) -> Completed:
+def run(
+    argv: Sequence[str], stdin: bytes | None = None, check: bool = False, executable: str | None = None
+) -> Completed:
     """Run `argv` to completion; raise FileNotFoundError when the program is missing.
 
     The child's stdin, stdout and stderr are files in memory (memfd): it never waits for this side to
     read, nor this side for it, so there is no poll loop, and the output is read once it has exited.
+    `executable`: where `which(argv[0])` found the program earlier (one $PATH walk fewer); when it is
+    no longer there, $PATH is searched again, as without it.
     """
     env = environment()
+    if executable is not None:
+        try:
+            return _spawn(argv, executable, env, stdin, check)
+        except FileNotFoundError:
+            pass
     path = which(argv[0], env.get("PATH", ""))
     if path is None:
         raise FileNotFoundError(f"{argv[0]}: command not found")
+    return _spawn(argv, path, env, stdin, check)
+
+
+def _spawn(argv: Sequence[str], path: str, env: Mapping[str, str], stdin: bytes | None, check: bool) -> Completed:
+    """Start the program at `path` with `argv` (argv[0] as given), wait for it, and collect its output."""
     fds: list[int] = []
     try:
         fds.append(_memory_file("stdin", stdin) if stdin is not None else posix.open("/dev/null", posix.O_RDONLY))
