@@ -13,6 +13,10 @@ from typing import Any
 
 from istio_agent.cli.logging_setup import LogOptions, configure_logging
 
+# gRPC's fork handlers off, as `cli/pilot_agent.py` sets them for the click path (its comment says why: Envoy's
+# fork could abort in them); the lean path never imports that module, and gRPC reads this when it loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 
 def run_proxy(proxy_type: str, flags: Mapping[str, Any], logging_options: LogOptions,
               unknown_args: Sequence[str] = ()) -> None:
