@@ -37,6 +37,20 @@ def test_a_malformed_request_is_refused_naming_why(data: bytes, what: str) -> No
         fastwire.decode_request(data)
 
 
+def test_install_cni_knows_when_a_request_is_whole() -> None:
+    """`request_size` from every prefix: more than the prefix until it is all there; a bad frame at once."""
+    request = fastwire.encode_request({"CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAME=a"}, b'{"x": 1}')
+    for cut in range(len(request)):
+        assert fastwire.request_size(request[:cut]) > cut
+    assert fastwire.request_size(request) == fastwire.request_size(request + b"more") == len(request)
+    with pytest.raises(fastwire.FrameError, match="bad magic"):
+        fastwire.request_size(b"GET / HTTP/1.1")
+    with pytest.raises(fastwire.FrameError, match="exceeds"):
+        fastwire.request_size(fastwire.MAGIC + (fastwire.MAX_ENV + 1).to_bytes(4, "big"))
+    with pytest.raises(fastwire.FrameError, match="exceeds"):
+        fastwire.request_size(fastwire.MAGIC + (0).to_bytes(4, "big") + (fastwire.MAX_STDIN + 1).to_bytes(4, "big"))
+
+
 def test_answers_and_refusals() -> None:
     assert fastwire.decode_reply(fastwire.encode_answer(11, b'{"code": 11}\n', b"log\n")) == (
         11, b'{"code": 11}\n', b"log\n")

@@ -12,18 +12,27 @@ Upstream's ambient mode has the same shape (its plugin hands ADD to the node age
 - The call is `plugin.main.handle`, the function the in-process plugin runs, with the caller's forwarded
   environment (`fastwire.forwarded`: CNI_*, ISTIO_*, ENVOY_USER; so the pod-retrieval retries and their
   overrides are the caller's) and stdin, and a `KeepAliveClient` for the pod GET (no TLS handshake per pod).
-- Each call runs on a thread of its own, started for it and discarded after it: the capture code
-  enters CNI_NETNS with setns(2), which moves only the calling thread, and everything it starts
-  (iptables-restore, the netlink read of the interface addresses) runs there. The event loop never
-  blocks; at most `MAX_CONCURRENT` calls run at once; each has a deadline (`call_deadline`, beyond
-  the slowest the retry settings allow) after which the caller gets error 11 and the late result is
-  dropped.
-- Logs: the entries the plugin would post to the log socket are logged here under the plugin's scope
-  (`servers.emit_plugin_lines`), and its stderr lines go back to the launcher.
+- Threads, not the event loop, carry a call from accept to answer: one thread waits in accept(2); the
+  connection it takes is its call, which it reads, runs and answers itself (blocking I/O), after
+  starting the next waiting thread. The event loop is not on a call's path at all (its hops, a wake-up
+  and a GIL hand-over each way, were ~1 ms of every ADD on a busy node). A thread serves exactly one
+  call and ends: the capture code enters CNI_NETNS with setns(2), which moves only the calling thread,
+  and everything it starts (iptables-restore, the netlink read of the interface addresses) runs there.
+  The next waiting thread is started before the call enters any namespace, or by the event loop's
+  thread, never by a thread that may be in a pod's namespace (a new thread inherits its creator's), and
+  a waiting thread that finds itself elsewhere serves nothing.
+- At most `MAX_CONCURRENT` calls run at once (no thread waits in accept while they do; callers wait in
+  the listen backlog). Each call has a deadline (`call_deadline`, beyond the slowest the retry settings
+  allow): the event loop looks every `WATCH_INTERVAL` and answers a call past it with error 11 itself;
+  the late result is dropped (whichever side claims a call first answers it).
+- Logs: after the answer is written and the connection closed (the pod's ADD never waits for them), the
+  entries the plugin would post to the log socket are logged under the plugin's scope
+  (`servers.emit_plugin_lines`); its stderr lines go back to the launcher with the answer.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextlib
 import io
@@ -47,6 +56,9 @@ MAX_CONCURRENT = 16
 READ_TIMEOUT = 10.0  # seconds for the whole request to arrive
 DEADLINE_SLACK = 60.0  # seconds beyond the retries' worst case (iptables-restore waiting for the xtables lock)
 GET_TIMEOUT = 5.0
+WATCH_INTERVAL = 1.0  # seconds between the event loop's looks at the calls' deadlines
+BACKLOG = 128
+_RECV = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ def call_deadline(env: dict[str, str]) -> float:
 
 
 def run_call(env: dict[str, str], stdin: bytes, get: Callable[[str, str, str], dict[str, object]]) -> CallResult:
-    """The plugin's invocation, as the in-process plugin runs it (blocking: call it on a fresh thread)."""
+    """The plugin's invocation, as the in-process plugin runs it (blocking: call it on a thread of its own)."""
     from istio_agent.cni.plugin.log import PluginLog
     from istio_agent.cni.plugin.main import handle
 
@@ -90,45 +102,69 @@ def peer_uid(sock: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
-def _on_thread(function: Callable[[], CallResult]) -> asyncio.Future[CallResult]:
-    """Run `function` on a new thread (discarded afterwards, whatever namespace it ended in)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[CallResult] = loop.create_future()
+def thread_netns() -> tuple[int, int]:
+    """The calling thread's network namespace (device, inode)."""
+    info = os.stat("/proc/thread-self/ns/net")
+    return info.st_dev, info.st_ino
 
-    def settle(result: CallResult | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            assert result is not None
-            future.set_result(result)
 
-    def target() -> None:
-        result: CallResult | None = None
-        error: BaseException | None = None
-        try:
-            result = function()
-        except BaseException as exc:  # handed to the loop; the thread ends either way
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: install-cni stopped meanwhile
-            loop.call_soon_threadsafe(settle, result, error)
+def read_request(conn: socket.socket, timeout: float = READ_TIMEOUT) -> bytes:
+    """One whole request from `conn` within `timeout` seconds (FrameError, TimeoutError, ConnectionError)."""
+    end = time.monotonic() + timeout
+    data = b""
+    while len(data) < (size := fastwire.request_size(data)):
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        conn.settimeout(left)
+        chunk = conn.recv(min(_RECV, size - len(data)))
+        if not chunk:
+            raise ConnectionError("the caller closed the connection before its request was whole")
+        data += chunk
+    return data
 
-    threading.Thread(target=target, name="istio-cni-call", daemon=True).start()
-    return future
+
+class _Call:
+    """One call in flight: whichever of its thread and the deadline watch claims it first answers it."""
+
+    __slots__ = ("_claimed", "_lock", "command", "conn", "container", "deadline", "limit", "stdin")
+
+    def __init__(self, conn: socket.socket, env: dict[str, str], stdin: bytes, started: float) -> None:
+        self.conn = conn
+        self.command = env.get("CNI_COMMAND", "")
+        self.container = env.get("CNI_CONTAINERID", "")
+        self.stdin = stdin
+        self.limit = call_deadline(env)  # seconds
+        self.deadline = started + self.limit  # time.monotonic() after which the watch answers
+        self._lock = threading.Lock()
+        self._claimed = False
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
 
 
 class FastPath:
-    """The socket server; `start` then `stop`."""
+    """The socket server; `start` then `stop` (both on install-cni's event loop)."""
 
     def __init__(self, run_dir: str, max_concurrent: int = MAX_CONCURRENT) -> None:
         from istio_agent.cni.plugin.kubepool import KeepAliveClient
 
         self.path = os.path.join(run_dir, fastwire.SOCKET_NAME)
         self.client = KeepAliveClient(timeout=GET_TIMEOUT)
-        self._slots = asyncio.Semaphore(max_concurrent)
-        self._server: asyncio.base_events.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self.max_concurrent = max_concurrent
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._own_netns = thread_netns()
+        self._lock = threading.Lock()
+        self._calls: set[_Call] = set()
+        self._running = 0  # calls taken and not yet finished (their threads still running)
+        self._waiting = False  # a thread is in accept(2), or about to be
+        self._stopping = False
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Listen (a stale socket removed, the directory made); the socket is 0600 from the start."""
@@ -139,113 +175,189 @@ class FastPath:
         old_umask = os.umask(0o177)  # bind creates the file: never readable by others, not even briefly
         try:
             sock.bind(self.path)
+            os.chmod(self.path, 0o600)
+            sock.listen(BACKLOG)
         except BaseException:
             sock.close()
             raise
         finally:
             os.umask(old_umask)
-        os.chmod(self.path, 0o600)
-        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._own_netns = thread_netns()
+        self._watch = asyncio.create_task(self._watch_deadlines())
+        with self._lock:
+            self._waiting = True
+        self._start_waiting_thread()
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting; let calls in flight answer for up to `grace` seconds; remove the socket."""
-        if self._server is not None:
-            self._server.close()
-        if self._connections:
-            _, pending = await asyncio.wait(list(self._connections), timeout=grace)
-            for task in pending:
-                task.cancel()
+        with self._lock:
+            self._stopping = True
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept(2)
+            self._sock.close()
+        end = time.monotonic() + grace
+        while self._in_flight() and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        for call in self._in_flight():
+            if call.claim():  # never answered: the launcher reports that the agent gave no answer (error 11)
+                _close(call.conn)
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self.client.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+    def _in_flight(self) -> list[_Call]:
+        with self._lock:
+            return list(self._calls)
+
+    def _start_waiting_thread(self) -> None:
+        # `_thread` rather than `threading.Thread.start`, which waits until the new thread runs: the thread
+        # that starts the next one is on its own call's path.
+        _thread.start_new_thread(self._wait_for_call, ())
+
+    def _wait_for_call(self) -> None:
+        """A waiting thread: take one connection, start the next waiting thread, serve the call, end."""
+        sock = self._sock
+        if thread_netns() != self._own_netns or sock is None:  # a bug elsewhere: never serve from a pod's netns
+            log.error("fast path: a waiting thread is not in install-cni's network namespace; it serves nothing")
+            with self._lock:
+                self._waiting = False
+            self._loop_call(self._wait_again)
+            return
         try:
-            await self._one_call(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass
+            conn, _ = sock.accept()
+        except OSError as exc:
+            with self._lock:
+                self._waiting = False
+                stopping = self._stopping
+            if not stopping:
+                log.error("fast path: accept failed (%s); trying again in 1 s", exc)
+                self._loop_call(self._wait_again_later)
+            return
+        with self._lock:
+            self._running += 1
+            self._waiting = self._running < self.max_concurrent and not self._stopping
+            start_next = self._waiting
+        if start_next:
+            self._start_waiting_thread()  # from here: this thread has not entered any namespace yet
+        try:
+            self._serve(conn)
         finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            with self._lock:
+                self._running -= 1
+                wanted = not self._waiting and not self._stopping and self._running < self.max_concurrent
+                if wanted:
+                    self._waiting = True
+            if wanted:  # from the event loop's thread: this one may be in the pod's namespace by now
+                self._loop_call(self._start_waiting_thread)
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> bytes:
-        head = await reader.readexactly(len(fastwire.MAGIC) + 4)
-        if not head.startswith(fastwire.MAGIC):
-            raise fastwire.FrameError("not a fast-path request (bad magic)")
-        env_len = int.from_bytes(head[-4:], "big")
-        if env_len > fastwire.MAX_ENV:
-            raise fastwire.FrameError(f"environment block of {env_len} bytes exceeds {fastwire.MAX_ENV}")
-        block_and_len = await reader.readexactly(env_len + 4)
-        stdin_len = int.from_bytes(block_and_len[-4:], "big")
-        if stdin_len > fastwire.MAX_STDIN:
-            raise fastwire.FrameError(f"stdin of {stdin_len} bytes exceeds {fastwire.MAX_STDIN}")
-        return head + block_and_len + await reader.readexactly(stdin_len)
+    def _wait_again(self) -> None:
+        """On the event loop: a waiting thread again, unless one is waiting or the path is stopping."""
+        with self._lock:
+            if self._stopping or self._running >= self.max_concurrent:
+                self._waiting = False
+                return
+            self._waiting = True
+        self._start_waiting_thread()
 
-    async def _one_call(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
+    def _wait_again_later(self) -> None:
+        if self._loop is not None:
+            self._loop.call_later(1.0, self._wait_again)
+
+    def _loop_call(self, function: Callable[[], object]) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: install-cni stopped meanwhile
+                self._loop.call_soon_threadsafe(function)
+
+    def _serve(self, conn: socket.socket) -> None:
+        """One connection, on its own thread: read, check, run, answer, close, then log."""
         try:
-            pid, uid = peer_uid(sock)
-        except (OSError, struct.error) as exc:
-            log.error("fast path: cannot tell who is calling (%s); refused", exc)
-            pid, uid = 0, -1
-        try:
-            data = await asyncio.wait_for(self._read_request(reader), READ_TIMEOUT)
-            env, stdin = fastwire.decode_request(data)
-        except fastwire.FrameError as exc:
-            log.error("fast path: a malformed request from pid %d: %s", pid, exc)
-            return
-        if uid != 0:
-            log.warning("fast path: refused a call from pid %d, uid %d (only root, the container runtime, is "
-                        "served); its istio-cni runs in-process", pid, uid)
-            writer.write(fastwire.encode_refusal())
-            await writer.drain()
-            return
-        netns = env.get("CNI_NETNS", "")
-        if netns and not os.path.exists(netns):
-            # The runtime's path is not in this process's view (a DaemonSet without the node's netns directory
-            # or hostPID): the capture could not enter it, while the plugin on the node can.
-            log.warning("fast path: CNI_NETNS %s is not visible to install-cni (mount the node's netns directory "
-                        "at the same path); container %s's istio-cni runs in-process", netns,
-                        env.get("CNI_CONTAINERID", ""))
-            writer.write(fastwire.encode_refusal())
-            await writer.drain()
-            return
+            try:
+                pid, uid = peer_uid(conn)
+            except (OSError, struct.error) as exc:
+                log.error("fast path: cannot tell who is calling (%s); refused", exc)
+                pid, uid = 0, -1
+            try:
+                env, stdin = fastwire.decode_request(read_request(conn))
+            except fastwire.FrameError as exc:
+                log.error("fast path: a malformed request from pid %d: %s", pid, exc)
+                return
+            except (OSError, TimeoutError):
+                return  # the caller went away or never sent its request
+            if uid != 0:
+                log.warning("fast path: refused a call from pid %d, uid %d (only root, the container runtime, is "
+                            "served); its istio-cni runs in-process", pid, uid)
+                _send(conn, fastwire.encode_refusal())
+                return
+            netns = env.get("CNI_NETNS", "")
+            if netns and not os.path.exists(netns):
+                # The runtime's path is not in this process's view (a DaemonSet without the node's netns directory
+                # or hostPID): the capture could not enter it, while the plugin on the node can.
+                log.warning("fast path: CNI_NETNS %s is not visible to install-cni (mount the node's netns "
+                            "directory at the same path); container %s's istio-cni runs in-process", netns,
+                            env.get("CNI_CONTAINERID", ""))
+                _send(conn, fastwire.encode_refusal())
+                return
+            self._run(conn, env, stdin)
+        finally:
+            _close(conn)
+
+    def _run(self, conn: socket.socket, env: dict[str, str], stdin: bytes) -> None:
         started = time.monotonic()
-        result = await self._call(env, stdin)
-        writer.write(fastwire.encode_answer(result.code, result.stdout, result.stderr))
-        await writer.drain()
-        # Closed, then logged: the launcher reads its answer to the end of the connection, so the pod's ADD
-        # does not wait for install-cni's log.
-        writer.close()
-        elapsed = time.monotonic() - started
+        call = _Call(conn, env, stdin, started)
+        command, container = call.command, call.container
+        with self._lock:
+            self._calls.add(call)
+        try:
+            try:
+                result = run_call(env, stdin, self.client.get_pod)
+            except Exception as exc:  # a bug in the plugin's code path: the in-process plugin would crash too
+                log.exception("fast path: %s for container %s failed", command, container)
+                result = _late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
+            if not call.claim():
+                log.warning("fast path: %s for container %s finished after its deadline or install-cni's stop with "
+                            "status %d (answer dropped)", command, container, result.code)
+                return
+            _send(conn, fastwire.encode_answer(result.code, result.stdout, result.stderr))
+            _close(conn)  # the launcher stops reading once the answer is whole; closed before logging anyway
+            elapsed = time.monotonic() - started
+        finally:
+            with self._lock:
+                self._calls.discard(call)
         if result.entries:
             emit_plugin_lines(json.dumps(list(result.entries)).encode())
-        log.info("fast path: %s for container %s answered with status %d in %.1f ms", env.get("CNI_COMMAND", ""),
-                 env.get("CNI_CONTAINERID", ""), result.code, elapsed * 1000)
+        log.info("fast path: %s for container %s answered with status %d in %.1f ms", command, container,
+                 result.code, elapsed * 1000)
 
-    async def _call(self, env: dict[str, str], stdin: bytes) -> CallResult:
-        command = env.get("CNI_COMMAND", "")
-        container = env.get("CNI_CONTAINERID", "")
-        deadline = call_deadline(env)
-        await self._slots.acquire()
-        future = _on_thread(lambda: run_call(env, stdin, self.client.get_pod))
-        future.add_done_callback(lambda _: self._slots.release())  # the slot is held until the thread ends
-        try:
-            result = await asyncio.wait_for(asyncio.shield(future), deadline)
-        except TimeoutError:
-            log.error("fast path: %s for container %s did not finish within %.0f s; answered try again later",
-                      command, container, deadline)
-            future.add_done_callback(_log_late(command, container))
-            return _late_answer(command, container, deadline, stdin)
-        except Exception as exc:  # a bug in the plugin's code path: the in-process plugin would crash too
-            log.exception("fast path: %s for container %s failed", command, container)
-            return _late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
-        return result
+    async def _watch_deadlines(self) -> None:
+        """Answer every call past its deadline with error 11 (its thread's late result is then dropped)."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            now = time.monotonic()
+            for call in self._in_flight():
+                if now > call.deadline and call.claim():
+                    log.error("fast path: %s for container %s did not finish within %.0f s; answered try again later",
+                              call.command, call.container, call.limit)
+                    late = _late_answer(call.command, call.container, call.limit, call.stdin)
+                    _send(call.conn, fastwire.encode_answer(late.code, late.stdout, late.stderr), timeout=1.0)
+                    _close(call.conn)
+
+
+def _send(conn: socket.socket, data: bytes, timeout: float = READ_TIMEOUT) -> None:
+    with contextlib.suppress(OSError):
+        conn.settimeout(timeout)
+        conn.sendall(data)
+
+
+def _close(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.close()
 
 
 def _late_answer(command: str, container: str, deadline: float, stdin: bytes, why: str = "") -> CallResult:
@@ -254,12 +366,3 @@ def _late_answer(command: str, container: str, deadline: float, stdin: bytes, wh
     message = why or f"the node agent did not finish {command} for container {container} within {deadline:.0f} s"
     body = error_result(CniError(ERR_TRY_AGAIN_LATER, f"istio-cni: {message}"), error_version(stdin))
     return CallResult(1, body, b"", ())
-
-
-def _log_late(command: str, container: str) -> Callable[[asyncio.Future[CallResult]], None]:
-    def done(future: asyncio.Future[CallResult]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        log.warning("fast path: %s for container %s finished after its deadline with status %d (answer dropped)",
-                    command, container, future.result().code)
-    return done

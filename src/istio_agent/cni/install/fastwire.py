@@ -51,8 +51,27 @@ def encode_request(env: Mapping[str, str], stdin: bytes) -> bytes:
     return MAGIC + _u32(len(block)) + block + _u32(len(stdin)) + stdin
 
 
-def request_header_size() -> int:
-    return len(MAGIC) + 4
+def request_size(data: bytes) -> int:
+    """How many bytes the request that `data` begins has, as far as `data` tells (pure).
+
+    More than `len(data)` while more is needed (the figure grows as the lengths arrive); FrameError as soon
+    as the bytes cannot be a request (bad magic, a length over the limits), before the rest is read.
+    """
+    head = len(MAGIC) + 4
+    if not MAGIC.startswith(data[:len(MAGIC)]):
+        raise FrameError("not a fast-path request (bad magic)")
+    if len(data) < head:
+        return head
+    env_len = int.from_bytes(data[len(MAGIC):head], "big")
+    if env_len > MAX_ENV:
+        raise FrameError(f"environment block of {env_len} bytes exceeds {MAX_ENV}")
+    stdin_at = head + env_len + 4
+    if len(data) < stdin_at:
+        return stdin_at
+    stdin_len = int.from_bytes(data[stdin_at - 4:stdin_at], "big")
+    if stdin_len > MAX_STDIN:
+        raise FrameError(f"stdin of {stdin_len} bytes exceeds {MAX_STDIN}")
+    return stdin_at + stdin_len
 
 
 def decode_env(block: bytes) -> dict[str, str]:

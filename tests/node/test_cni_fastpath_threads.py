@@ -1,0 +1,198 @@
+"""install-cni's fast path as threads (root: network namespaces): the real `FastPath` on its own event loop,
+real unix-socket callers, and a stand-in for the plugin's call (`fastpath.run_call`) that enters a scratch
+network namespace as the capture code does.
+
+What the thread model must keep: a thread that entered a pod's namespace never serves another call (every
+call starts in install-cni's own namespace, on a thread of its own), at most `max_concurrent` calls run at
+once and the rest wait, a call past its deadline is answered with error 11 while its late result is
+dropped, and `stop` leaves no call waiting for an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from needs import need_root, need_tool
+
+from istio_agent.capture.netns import enter_netns
+from istio_agent.cni.install import fastpath, fastwire
+
+CallFn = Callable[[dict[str, str], bytes, object], fastpath.CallResult]
+ANSWER = fastpath.CallResult(0, b'{"cniVersion": "1.0.0"}\n', b"", ())
+
+
+class Served:
+    """A FastPath on an event loop of its own thread."""
+
+    def __init__(self, run_dir: Path, max_concurrent: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.path = asyncio.run_coroutine_threadsafe(self._make(str(run_dir), max_concurrent), self.loop).result(30)
+
+    async def _make(self, run_dir: str, max_concurrent: int) -> str:
+        self.fp = fastpath.FastPath(run_dir, max_concurrent=max_concurrent)
+        await self.fp.start()
+        return self.fp.path
+
+    def close(self, grace: float = 5.0) -> None:
+        asyncio.run_coroutine_threadsafe(self.fp.stop(grace), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def call(path: str, container: str = "c1") -> bytes:
+    """One CNI call as the launcher makes it; everything install-cni sent until it closed."""
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container, "CNI_IFNAME": "eth0"}
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(fastwire.encode_request(env, b'{"cniVersion": "1.0.0"}'))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@pytest.fixture
+def scratch_netns() -> Iterator[str]:
+    need_root()
+    need_tool("ip")
+    name = f"iacni-fpt-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    yield f"/run/netns/{name}"
+    subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+@pytest.fixture
+def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[CallFn, int], Served]]:
+    started: list[Served] = []
+
+    def make(function: CallFn, max_concurrent: int = 4) -> Served:
+        monkeypatch.setattr(fastpath, "run_call", function)
+        served = Served(tmp_path, max_concurrent)
+        started.append(served)
+        return served
+
+    yield make
+    for served in started:
+        if not served.loop.is_closed():
+            served.close()
+
+
+def test_a_thread_that_entered_a_pods_netns_never_serves_another_call(
+        serve: Callable[[CallFn, int], Served], scratch_netns: str) -> None:
+    seen: list[tuple[int, tuple[int, int]]] = []
+    lock = threading.Lock()
+
+    def enter_and_answer(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+        with lock:
+            seen.append((threading.get_native_id(), fastpath.thread_netns()))
+        enter_netns(scratch_netns)  # as the capture code does; this thread now stays there
+        return ANSWER
+
+    served = serve(enter_and_answer, 2)
+    for i in range(5):
+        assert fastwire.decode_reply(call(served.path, f"seq{i}")) == (0, ANSWER.stdout, b"")
+    replies: list[bytes] = []
+    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"par{i}"))) for i in range(6)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 6
+    own = fastpath.thread_netns()  # this test's thread, like install-cni's loop, never left the node's namespace
+    assert len(seen) == 11
+    assert all(netns == own for _, netns in seen), seen  # every call began in install-cni's namespace
+    assert len({tid for tid, _ in seen}) == 11  # on a thread of its own
+    served.close()
+
+
+def test_at_most_max_concurrent_calls_run_and_the_rest_wait(serve: Callable[[CallFn, int], Served]) -> None:
+    release = threading.Event()
+    running, peak = [0], [0]
+    lock = threading.Lock()
+    two_running = threading.Event()
+
+    def held(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            if running[0] == 2:
+                two_running.set()
+        release.wait(30)
+        with lock:
+            running[0] -= 1
+        return ANSWER
+
+    served = serve(held, 2)
+    replies: list[bytes] = []
+    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"c{i}"))) for i in range(5)]
+    for caller in callers:
+        caller.start()
+    assert two_running.wait(30)
+    assert not replies and running[0] == 2  # the other three wait in the backlog, unanswered
+    release.set()
+    for caller in callers:
+        caller.join(30)
+    assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 5
+    assert peak[0] == 2
+    served.close()
+
+
+def test_a_call_past_its_deadline_is_try_again_later_and_its_result_dropped(
+        serve: Callable[[CallFn, int], Served], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(fastpath, "call_deadline", lambda env: 0.2)
+    monkeypatch.setattr(fastpath, "WATCH_INTERVAL", 0.05)
+    release, finished = threading.Event(), threading.Event()
+
+    def slow(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+        release.wait(30)
+        finished.set()
+        return ANSWER
+
+    served = serve(slow, 4)
+    with caplog.at_level(logging.INFO, logger="istio_agent.cni.install"):
+        reply = fastwire.decode_reply(call(served.path, "late"))
+        assert reply is not None
+        code, out, _ = reply
+        body = json.loads(out)
+        assert code == 1 and body["code"] == 11 and "did not finish ADD for container late" in body["msg"], body
+        release.set()
+        assert finished.wait(30)
+        served.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("finished after its deadline" in m and "status 0" in m for m in messages), messages
+    assert not any("answered with status" in m for m in messages), messages
+
+
+def test_stop_closes_calls_still_running_after_the_grace(serve: Callable[[CallFn, int], Served]) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+        started.set()
+        release.wait(30)
+        return ANSWER
+
+    served = serve(stuck, 4)
+    replies: list[bytes] = []
+    caller = threading.Thread(target=lambda: replies.append(call(served.path)))
+    caller.start()
+    assert started.wait(30)
+    served.close(grace=0.1)
+    caller.join(30)
+    assert replies == [b""]  # no answer: the launcher reports the agent's failure (error 11), never retries
+    release.set()
+    assert not Path(served.path).exists()
