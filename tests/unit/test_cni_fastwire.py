@@ -109,12 +109,15 @@ def test_the_launcher_is_deterministic_and_imports_only_its_client() -> None:
     text = one.decode()
     assert text.startswith("#!/opt/py/bin/python3 -IS\n")
     imports = sorted(line for line in text.splitlines() if line.startswith(("import ", "from ")))
-    assert imports == ["from istio_agent.cni.install.fastclient import launch", "import sys"]
-    assert "sys.path += ['/opt/app/src']" in text and "launch('/var/run/istio-cni/sidecar-add.sock')" in text
+    assert imports == ["from fastclient import launch", "import sys"]
+    assert "sys.path.append('/opt/app/src/istio_agent/cni/install')" in text
+    assert "sys.path[-1:] = ['/opt/app/src']" in text and "launch('/var/run/istio-cni/sidecar-add.sock')" in text
     compile(text, "istio-cni", "exec")
     for bad in ("python3", "/opt/my py/python3"):
         with pytest.raises(LauncherError, match="absolute path"):
-            render(bad, "/x.sock", [])
+            render(bad, "/x.sock", ["/opt/app/src"])
+    with pytest.raises(LauncherError, match="no import path"):
+        render("/opt/py/bin/python3", "/x.sock", [])
 
 
 def test_the_launchers_client_imports_only_builtins() -> None:

@@ -1,12 +1,13 @@
 """The `istio-cni` launcher's side of the fast path (not upstream): builtins only, run from its cached bytecode.
 
 The launcher install-cni writes (`launcher.py`) is a few lines that import this
-module and call `launch`; the code lives here rather than in the script because
-a script is compiled from source on every exec (~0.6 ms for this much code,
-on every pod's ADD), while an imported module runs from its `.pyc`. Nothing
-here may import more than the builtins `_socket` and `posix` (no `os`, not even
-`from __future__`): `python -X importtime` of the launcher on the fast path
-shows only these, this module and its (empty) packages.
+module (as the top-level `fastclient`, from this directory: no package
+`__init__` on the way) and call `launch`; the code lives here rather than in
+the script because a script is compiled from source on every exec (~0.6 ms for
+this much code, on every pod's ADD), while an imported module runs from its
+`.pyc`. Nothing here may import more than `_socket` and `posix` (no `os`, no
+package of this project, not even `from __future__`): `python -X importtime`
+of the launcher on the fast path shows only these and this module.
 
 `launch` sends the environment names the plugin reads and stdin to install-cni
 (`fastwire`'s request framing), then reads the answer only until it is whole,

@@ -2,18 +2,18 @@
 
 The container runtime execs the plugin once per pod, and a Python process that
 imports the plugin pays ~40 ms before its first rule (interpreter, json, ssl,
-a TLS handshake). The launcher is a five-line script that starts with `-IS`
-(no site, no environment-driven paths), appends this installation's import
-paths (the `istio_agent` package's root and the interpreter's site-packages,
-after the standard library as site would) and calls `fastclient.launch`,
-which imports only builtins (`_socket`, `posix`: `python -X importtime` shows
-nothing else but it and its empty packages) and hands the call to install-cni
-over `<cni-agent-run-dir>/sidecar-add.sock` (`fastwire` framing): the
-environment names the plugin reads and stdin go in, the plugin's stdout, exit
-status and log lines come back and are written out unchanged. The code is a
-module rather than the script's own text because a script is compiled from
-source on every exec and a module runs from its cached bytecode (the compile
-was ~0.6 ms of every ADD).
+a TLS handshake). The launcher is a few lines that start with `-IS` (no site,
+no environment-driven paths), import `fastclient` (builtins only: `_socket`,
+`posix`; `python -X importtime` shows nothing else but it) from its directory
+in this installation, put this installation's import paths (the `istio_agent`
+package's root and the interpreter's site-packages, after the standard
+library as site would) on `sys.path` for the in-process fallback, and call
+`fastclient.launch`, which hands the call to install-cni over
+`<cni-agent-run-dir>/sidecar-add.sock` (`fastwire` framing): the environment
+names the plugin reads and stdin go in, the plugin's stdout, exit status and
+log lines come back and are written out unchanged. The code is a module rather
+than the script's own text because a script is compiled from source on every
+exec and a module runs from its cached bytecode.
 
 When the socket is absent, refuses the connection or refuses the caller (not
 root), or for a dry run (`DRY_RUN_FILE_PATH`: the recording is written as the
@@ -40,10 +40,17 @@ TEMPLATE = '''#!{interpreter} -IS
 # istio-cni launcher, written by install-cni (istio_agent.cni.install.launcher); it is rewritten on every install.
 # Hands the CNI call to install-cni's fast path on {socket}; without it, runs the plugin in-process.
 import sys
-sys.path += {paths!r}
-from istio_agent.cni.install.fastclient import launch
+sys.path.append({client_dir!r})
+from fastclient import launch
+sys.path[-1:] = {paths!r}
 launch({socket!r})
 '''
+
+
+# Where `fastclient` is under the package root (`import_paths()[0]`): the launcher imports it as a top-level
+# module from that directory, which is on `sys.path` for that one import only; importing it through its
+# packages cost ~0.4 ms more per exec (a directory listing and a .pyc for each of three `__init__`s).
+CLIENT_PACKAGE = ("istio_agent", "cni", "install")
 
 
 class LauncherError(OSError):
@@ -84,7 +91,10 @@ def render(interpreter: str, socket_path: str, paths: list[str]) -> bytes:
     """The launcher's bytes (deterministic for the same inputs)."""
     if any(ch.isspace() for ch in interpreter) or not os.path.isabs(interpreter):
         raise LauncherError(f"interpreter {interpreter!r}: a launcher needs an absolute path without spaces")
-    return TEMPLATE.format(interpreter=interpreter, socket=socket_path, paths=paths).encode()
+    if not paths:
+        raise LauncherError("no import path for istio_agent")
+    client_dir = os.path.join(paths[0], *CLIENT_PACKAGE)
+    return TEMPLATE.format(interpreter=interpreter, socket=socket_path, paths=paths, client_dir=client_dir).encode()
 
 
 def launcher_for(console_script: Path, run_dir: str) -> bytes:
