@@ -107,9 +107,12 @@ def _memory_file(name: str, data: bytes = b"") -> int:
 
 
 def _contents(fd: int) -> bytes:
+    """A memory file's bytes, read by its size: a read into a 1 MiB buffer costs an mmap and munmap (and page
+    faults) for the usual few bytes; the size first makes it one `fstat` and one `pread` of what is there."""
+    size = posix.fstat(fd).st_size
     chunks = []
     offset = 0
-    while chunk := posix.pread(fd, 1 << 20, offset):
+    while offset < size and (chunk := posix.pread(fd, size - offset, offset)):
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
