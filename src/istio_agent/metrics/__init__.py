@@ -3,15 +3,18 @@
 Why not prometheus_client (the well-kept library, which install-cni and the
 repair controller keep using, and which the tests use as the peer this package
 must match byte for byte): one agent runs beside every pod, so each MB of its
-anonymous memory is paid once per pod. Importing prometheus_client costs the
-agent ~3.0 MB of anonymous memory (+3.3 MB RSS) over the agent's other
-imports, ~2.2 MB of it for the http.server / socketserver / urllib.request /
-wsgiref chain its exposition module loads for servers and push gateways the
-agent never uses, and ~0.8 MB for its own modules; the agent's anonymous idle
-was 31.1 MB against an aim of 25. The agent uses a small part of it: labelled
-counters, gauges and histograms, collectors yielding families, the process
-collector and the two text renderings, which is what this package is, in the
-same shapes (so a collector reads the same in both).
+anonymous memory is paid once per pod. Importing prometheus_client after the
+floor's imports costs ~3.0 MB of anonymous memory (+3.3 MB RSS), ~2.2 MB of it
+for the http.server / socketserver / urllib.request / wsgiref chain its
+exposition module loads for servers and push gateways the agent never uses,
+and ~0.8 MB for its own modules. With the agent's other modules loaded too it
+is 2.6 MB anonymous (bench_memory's import budget); in a running agent at idle
+it measured 0.8-0.9 MB anonymous and 0.9 MB RSS, sidecar and proxyless alike
+(three paired bench_memory runs; where the rest of the import-time difference
+goes once the components start is not explained). The agent uses a small part
+of prometheus_client: labelled counters, gauges and histograms, collectors
+yielding families, the process collector and the two text renderings, which is
+what this package is, in the same shapes (so a collector reads the same in both).
 
 `core`: families, samples, the registry, `go_float`; `instruments`: Counter,
 Gauge, Histogram; `process`: ProcessCollector; `exposition`: text 0.0.4 and
