@@ -25,7 +25,10 @@ are loaded by a bare `iptables-restore --noflush` into a fresh namespace. Both a
 thread that entered the namespace (the node's for the plugin, the fresh one for the restore). The
 ratio of the medians is `plugin_start_ratio_vs_iptables_restore` (aim <= 5). Of the plugin's time,
 install-cni's own share (from reading the request to writing the answer, as its log line says) is
-`plugin_start_agent_ms_p50`; the rest is the launcher's interpreter start-up and the socket.
+`plugin_start_agent_ms_p50`; the rest is the launcher's interpreter start-up and the socket. For scale,
+before each ADD the launcher's interpreter is spawned the same way doing nothing (`-IS`, start-up then
+`posix._exit`, as the launcher exits): `interpreter_floor_ms_p50` and its ratio to the restore, the part
+of the plugin's figure no code of ours runs in.
 
 Figures: median and p99 (nearest rank) of each arm in ms, the with/without ratio of the medians (aim
 <= 2), reinstall p99 (aim <= 1000 ms). Needs root. Last line: JSON with `add_ratio_with_istio_cni`,
@@ -157,9 +160,9 @@ def agent_side_ms(log: Path, containers: list[str]) -> list[float]:
 
 
 def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan]) -> tuple[
-        list[float], list[float], list[str]]:
-    """(istio-cni exec to answer, bare iptables-restore of the same rules) in ms, one pod netns each, and the
-    container ids the ADDs were for."""
+        list[float], list[float], list[float], list[str]]:
+    """(istio-cni exec to answer, bare iptables-restore of the same rules, the launcher's interpreter doing
+    nothing) in ms, one pod netns each, and the container ids the ADDs were for."""
     from istio_agent.node.cni_runtime import plugin_environment, plugin_stdin
     from istio_agent.node.local_node import LocalNode
 
@@ -167,7 +170,10 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
     runtime = node.cni.runtime
     entry = next(p for p in network.plugins if p.type == "istio-cni")
     launcher = str(node.cni.paths.bin_dir / "istio-cni")
-    plugin_ms, restore_ms, containers = [], [], []
+    with open(launcher, encoding="utf-8") as handle:
+        interpreter = handle.readline()[2:].split()[0]  # the launcher's #! line
+    floor = [interpreter, "-IS", "-c", "import posix; posix._exit(0)"]  # start-up only, no finalization (as it)
+    plugin_ms, restore_ms, floor_ms, containers = [], [], [], []
     for i, plan in enumerate(plans):
         containers.append(container_id(plan, 1000 + i))
         attachment = pod_attachment(plan, containers[-1])
@@ -183,6 +189,7 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
             subprocess.run(["ip", "-n", name, "addr", "add", "10.99.0.2/24", "dev", "eth0"], check=True)
             subprocess.run(["ip", "-n", name, "link", "set", "eth0", "up"], check=True)
         try:
+            floor_ms.append(spawn_in(runtime.netns, floor, stdin, env)[0])
             elapsed, done = spawn_in(runtime.netns, [launcher], stdin, env)  # where the runtime execs plugins
             if done.returncode != 0:
                 raise SystemExit(f"istio-cni ADD failed: {done.stdout!r} {done.stderr[-2000:]!r}")
@@ -197,7 +204,7 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
         finally:
             for name in (plan.netns, fresh):
                 subprocess.run(["ip", "netns", "delete", name], check=True)
-    return plugin_ms, restore_ms, containers
+    return plugin_ms, restore_ms, floor_ms, containers
 
 
 def without_istio_cni(network: NetworkList) -> NetworkList:
@@ -251,10 +258,11 @@ def main() -> None:
                 _ARM[0] = arm
                 samples[arm].append(time_add(node, network, plan, i + 1))
                 _ARM[0] = ""
-        plugin_ms, restore_ms, containers = plugin_start_times(node, with_cni, plans[2 * PODS:])
+        plugin_ms, restore_ms, floor_ms, containers = plugin_start_times(node, with_cni, plans[2 * PODS:])
         reinstall = reinstall_latencies(node.cni.paths.conflist, original)
         agent_ms = agent_side_ms(node.cni.logs / "install-cni.log", containers)
     figures = {arm: (statistics.median(v), percentile(v, 0.99)) for arm, v in samples.items()}
+    floor_ratio = statistics.median(floor_ms) / statistics.median(restore_ms)
     ratio = figures["with"][0] / figures["without"][0]
     start_ratio = statistics.median(plugin_ms) / statistics.median(restore_ms)
     summary: dict[str, object] = {
@@ -269,6 +277,8 @@ def main() -> None:
         "plugin_start_ms_p50": round(statistics.median(plugin_ms), 1),
         "iptables_restore_ms_p50": round(statistics.median(restore_ms), 1),
         "plugin_start_agent_ms_p50": round(statistics.median(agent_ms), 1) if agent_ms else None,
+        "interpreter_floor_ms_p50": round(statistics.median(floor_ms), 1),
+        "interpreter_floor_ratio_vs_iptables_restore": round(floor_ratio, 2),
         "pods_per_arm": PODS,
         "writes": WRITES,
     }
@@ -290,6 +300,9 @@ def main() -> None:
     print(f"  of it, install-cni's own time (its log, request read to answer written): p50 "
           f"{summary['plugin_start_agent_ms_p50']} ms; the rest is the launcher (interpreter start-up, the socket)",
           flush=True)
+    print(f"  the launcher's interpreter alone (-IS, start-up to _exit, spawned the same way): p50 "
+          f"{summary['interpreter_floor_ms_p50']} ms, {summary['interpreter_floor_ratio_vs_iptables_restore']}x the "
+          "restore", flush=True)
     print(json.dumps(summary))
 
 
