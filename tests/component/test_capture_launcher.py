@@ -191,3 +191,24 @@ def test_a_launcher_whose_bundle_cannot_be_written_is_written_without_it(tmp_pat
     args = [*DEFAULTS, "-n", *PINNED]
     lean, reference = run(launcher, args, {}), run(console, args, {})
     assert (lean.returncode, lean.stdout, lean.stderr) == (reference.returncode, reference.stdout, reference.stderr)
+
+
+ATTRIBUTES_PROBE = """
+import istio_agent.cli.iptables, istio_agent.capture.apply, istio_agent.capture.netns, _socket, __future__
+for name in sorted(sys.modules):
+    if name.split('.')[0] in ('istio_agent', '__future__', '_socket'):
+        module = sys.modules[name]
+        spec = module.__spec__
+        print(name, module.__file__, getattr(module, '__cached__', None), module.__package__,
+              getattr(module, '__path__', None), spec.origin, spec.cached, spec.parent, spec.has_location,
+              spec.submodule_search_locations)
+"""
+
+
+def test_bundled_modules_carry_the_attributes_the_path_finder_gives(launcher: Path) -> None:
+    text = launcher.read_text()
+    plain = text[: text.index("try:  # the compiled modules")] + ATTRIBUTES_PROBE
+    bundled = text.replace("from istio_agent.cli.iptables import main\nmain()\n", ATTRIBUTES_PROBE)
+    answers = [subprocess.run([sys.executable, "-IS", "-c", probe], capture_output=True, text=True, timeout=60,
+                              check=True).stdout for probe in (plain, bundled)]
+    assert "istio_agent.capture.apply" in answers[0] and answers[0] == answers[1]

@@ -74,8 +74,9 @@ except Exception:
 '''
 
 # The bundle's finder, compiled into the bundle itself. It runs with BUNDLE (the open bundle) and TABLE
-# (module name -> (source path, source mtime in seconds, source size, is a package, code offset, code length);
-# an extension module's entry names its file, with offset -1).
+# (module name -> (source path, source mtime in seconds, source size, is a package, code offset, code length,
+# its .pyc's path for __cached__, as importlib would compute it); an extension module's entry names its file,
+# with offset -1).
 # Each module's code is read when it is imported, in its own small buffer as a .pyc would be: one read of
 # the whole file touched ~90 more pages of fresh memory, at ~3.7 us a page fault here.
 BOOT = '''
@@ -97,19 +98,20 @@ class BundleFinder:
         entry = self.table.get(name)
         if entry is None:
             return None
-        origin, mtime, size, package, _, _ = entry
+        origin, mtime, size, package, offset, _, cached = entry
         try:
             stat = posix.stat(origin)
         except OSError:
             return None
         if int(stat.st_mtime) != mtime or stat.st_size != size:
             return None
-        if entry[4] < 0:  # an extension module: its file, without the walk over sys.path to find it
+        if offset < 0:  # an extension module: its file, without the walk over sys.path to find it
             spec = ModuleSpec(name, ExtensionFileLoader(name, origin), origin=origin)
             spec.has_location = True
             return spec
         spec = ModuleSpec(name, self, origin=origin, is_package=package)
         spec.has_location = True
+        spec.cached = cached
         if package:
             spec.submodule_search_locations = [origin.rpartition("/")[0]]
         return spec
@@ -118,7 +120,7 @@ class BundleFinder:
         return None
 
     def exec_module(self, module):
-        _, _, _, _, offset, length = self.table[module.__spec__.name]
+        _, _, _, _, offset, length, _ = self.table[module.__spec__.name]
         exec(marshal.loads(posix.pread(self.fd, length, offset)), module.__dict__)
 
 
@@ -197,6 +199,12 @@ def bundled_modules() -> list[str]:
     return names
 
 
+def pyc_path(origin: str) -> str:
+    """What importlib sets as a source module's `__cached__` under the launcher (`-IS`: no -O, no pycache prefix)."""
+    head, _, tail = origin.rpartition("/")
+    return f"{head}/__pycache__/{tail.rpartition('.')[0]}.{sys.implementation.cache_tag}.pyc"
+
+
 def compiled(source: bytes, origin: str) -> bytes:
     """A module's code, marshalled, as the launcher's interpreter would compile it (no -O)."""
     import marshal
@@ -231,9 +239,9 @@ def build_bundle(names: list[str]) -> bytes:
         table, offset = {}, start
         for name, origin, mtime, size, package, code in sources:
             if code is None:
-                table[name] = (origin, mtime, size, False, -1, 0)
+                table[name] = (origin, mtime, size, False, -1, 0, None)
             else:
-                table[name] = (origin, mtime, size, package, offset, len(code))
+                table[name] = (origin, mtime, size, package, offset, len(code), pyc_path(origin))
                 offset += len(code)
         return marshal.dumps((boot, table))
 
