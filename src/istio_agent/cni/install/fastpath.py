@@ -277,6 +277,7 @@ class FastPath:
 
     def _serve(self, conn: socket.socket) -> None:
         """One connection, on its own thread: read, check, run, answer, close, then log."""
+        handed = False  # to a `_Call`: from then on only the side that claims it uses or closes the connection
         try:
             try:
                 pid, uid = peer_uid(conn)
@@ -304,9 +305,11 @@ class FastPath:
                             env.get("CNI_CONTAINERID", ""))
                 _send(conn, fastwire.encode_refusal())
                 return
+            handed = True
             self._run(conn, env, stdin)
         finally:
-            _close(conn)
+            if not handed:
+                _close(conn)
 
     def _run(self, conn: socket.socket, env: dict[str, str], stdin: bytes) -> None:
         started = time.monotonic()
@@ -320,7 +323,11 @@ class FastPath:
             except Exception as exc:  # a bug in the plugin's code path: the in-process plugin would crash too
                 log.exception("fast path: %s for container %s failed", command, container)
                 result = _late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
-            if not call.claim():
+            except BaseException:  # SystemExit and the like: no answer (the launcher reports error 11), then on
+                if call.claim():
+                    _close(conn)
+                raise
+            if not call.claim():  # the watch or stop answered and closed it: the connection is theirs
                 log.warning("fast path: %s for container %s finished after its deadline or install-cni's stop with "
                             "status %d (answer dropped)", command, container, result.code)
                 return
