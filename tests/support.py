@@ -277,6 +277,18 @@ def http_request(host: str, port: int, path: str, method: str = "GET", timeout: 
         conn.close()
 
 
+def scrape_metrics(port: int, accept: str, host: str = "127.0.0.1") -> tuple[str, bytes]:
+    """GET /stats/prometheus with `accept`: (content type, body); anything but 200 fails the test."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/stats/prometheus", headers={"Accept": accept})
+        response = conn.getresponse()
+        assert response.status == 200, f"/stats/prometheus answered {response.status}"
+        return response.getheader("Content-Type") or "", response.read()
+    finally:
+        conn.close()
+
+
 def serving_addresses(proc: subprocess.Popen[str], log: LineCollector, timeout: float = 20.0) -> tuple[str, str]:
     """istiod-local's (plaintext, TLS) addresses once it logs them; AssertionError when it exits or stays silent."""
 

@@ -7,14 +7,13 @@ there stops the agent at start with the field named.
 
 from __future__ import annotations
 
-import http.client
 import json
 from pathlib import Path
 
 from fixtures import AgentStarter
 from launchers import agent_environment, pilot_agent_cli
 from needs import need_file
-from support import PILOT_AGENT, free_port
+from support import PILOT_AGENT, free_port, scrape_metrics
 from test_status_metrics_peers import (
     PROMETHEUS_ACCEPT,
     assert_promtool_parses,
@@ -30,24 +29,13 @@ def environment(status_port: int, annotations: str) -> dict[str, str]:
                              DNS_PROXY_ADDR=f"127.0.0.1:{free_port()}", ISTIO_PROMETHEUS_ANNOTATIONS=annotations)
 
 
-def scrape(port: int) -> tuple[str, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/stats/prometheus", headers={"Accept": PROMETHEUS_ACCEPT})
-        response = conn.getresponse()
-        assert response.status == 200
-        return response.getheader("Content-Type") or "", response.read()
-    finally:
-        conn.close()
-
-
 def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path, start_agent: AgentStarter) -> None:
     status_port = free_port()
     with prometheus_client_app() as app_port:
         annotations = json.dumps({"scrape": "true", "port": str(app_port), "path": "/metrics"})
         agent = start_agent(tmp_path, environment(status_port, annotations))
         agent.wait_answering(status_port, "/stats/prometheus")
-        ctype, body = scrape(status_port)
+        ctype, body = scrape_metrics(status_port, PROMETHEUS_ACCEPT)
         assert_promtool_parses(body)
         got = names(parse(body, ctype))  # OpenMetrics: the app speaks it, strict parser
         assert {"istio_agent_scrapes_total", "istio_agent_dns_requests_total",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, echo_registry, host_sidecar_ports
 from needs import need_sidecar_binaries, need_tool
-from support import HTTP_NOT_YET, free_port, http_request, poll
+from support import HTTP_NOT_YET, free_port, http_request, poll, scrape_metrics
 
 FORBIDDEN = ("prometheus_client", "http.server", "wsgiref", "socketserver", "urllib.request")
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
@@ -43,19 +43,6 @@ def promtool(body: bytes) -> None:
     assert done.returncode in (0, 3), f"promtool check metrics exit {done.returncode}: {done.stderr[-2000:]!r}"
 
 
-def scrape(port: int, accept: str) -> tuple[str, bytes]:
-    import http.client
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/stats/prometheus", headers={"Accept": accept})
-        response = conn.getresponse()
-        assert response.status == 200
-        return response.getheader("Content-Type") or "", response.read()
-    finally:
-        conn.close()
-
-
 @pytest.fixture(scope="module")
 def istiod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IstiodLocal, Path]]:
     need_sidecar_binaries()
@@ -74,11 +61,11 @@ def test_sidecar_imports_no_prometheus_client_and_its_page_passes_promtool(
             PYTHONPROFILEIMPORTTIME="1"), log_file=log)
         try:
             sidecar.start().wait_ready(timeout=30)
-            ctype, text = scrape(15020, "text/plain;version=0.0.4")
+            ctype, text = scrape_metrics(15020, "text/plain;version=0.0.4")
             assert ctype.startswith("text/plain") and b"istio_agent_dns_requests_total" in text
             assert b"envoy_server_live" in text and b"istio_agent_process_resident_memory_bytes" in text
             promtool(text)
-            ctype, om = scrape(15020, OPENMETRICS_ACCEPT)
+            ctype, om = scrape_metrics(15020, OPENMETRICS_ACCEPT)
             promtool(om)
         finally:
             sidecar.kill()
@@ -104,7 +91,7 @@ def test_proxyless_agent_imports_no_prometheus_client(istiod: tuple[IstiodLocal,
             return http_request("127.0.0.1", status_port, "/healthz/ready", timeout=1.0)[0] == 200
 
         poll(ready, "the proxyless agent to be ready", 30, agent.output, retry_on=HTTP_NOT_YET)
-        _, body = scrape(status_port, "text/plain;version=0.0.4")
+        _, body = scrape_metrics(status_port, "text/plain;version=0.0.4")
         assert b"istio_agent_process_resident_memory_bytes" in body
         promtool(body)
     finally:
