@@ -17,7 +17,8 @@ the compiled code of every module the tool can import from this installation
 file, and the paths of the extension modules it loads (`_socket`, `_ctypes`).
 A meta-path finder (`BOOT`) serves them in place of the path finder's work per
 module (a walk over `sys.path`, directory listings, several stats, opening
-and checking a `.pyc`), reading each module's code when it is imported. Each
+and checking a `.pyc`), reading each module's code when it is imported:
+~0.7 ms of a ~16 ms run here (paired runs in fresh namespaces). Each
 module is checked as its `.pyc` would be (the source's size and mtime, in
 seconds; an extension's file likewise): a module edited since the bundle was
 written, a bundle from another Python (magic number), of the wrong length, or
@@ -133,7 +134,7 @@ BUNDLED = ("__future__", "istio_agent", "istio_agent.cli", "istio_agent.cli.ipta
            "istio_agent.config.errors", "istio_agent.config.gobool", "istio_agent.capture")
 BUNDLED_PACKAGES = ("istio_agent.capture",)
 # The extension modules it loads (rtnetlink and nfnetlink sockets; setns on Python 3.11): the bundle names their
-# files, which spares a walk over sys.path and a listing of lib-dynload (~0.15 ms each). Absent ones are left out.
+# files, which spares a walk over sys.path and a listing of lib-dynload. Absent or built-in ones are left out.
 BUNDLED_EXTENSIONS = ("_socket", "_ctypes")
 
 
