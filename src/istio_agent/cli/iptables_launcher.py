@@ -237,7 +237,8 @@ def build_bundle(names: list[str]) -> bytes:
     boot = compile(BOOT, "<istio-iptables bundle>", "exec", dont_inherit=True, optimize=0)
 
     def index(start: int) -> bytes:
-        table, offset = {}, start
+        table: dict[str, tuple[str, int, int, bool, int, int, str | None]] = {}
+        offset = start
         for name, origin, mtime, size, package, code in sources:
             if code is None:
                 table[name] = (origin, mtime, size, False, -1, 0, None)
