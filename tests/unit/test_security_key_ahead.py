@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from fakes import FakeSigner
 from test_security_cache import HOUR, in_virtual_time, options
 
-from istio_agent.cli.first_key import first_key_spec
+from istio_agent.cli.first_key import first_key_spec, start_first_key
 from istio_agent.clock import VirtualClock
 from istio_agent.pki import certs, keys
 from istio_agent.security.cache import SecretCache
@@ -134,3 +134,11 @@ def test_a_retry_after_a_failed_first_request_makes_a_new_key(tmp_path: Path) ->
         assert public_der(item) != first_key, "the key of a CSR that failed is not reused"
 
     in_virtual_time(scenario)
+
+
+def test_the_cli_starts_the_key_it_guessed(tmp_path: Path) -> None:
+    ahead = start_first_key({"ECC_SIGNATURE_ALGORITHM": "ECDSA", "ECC_CURVE": "P384"}, tmp_path)
+    assert ahead is not None
+    key = ahead.take(KeySpec.ecdsa("P384"))  # waits for the thread
+    assert isinstance(key, keys.ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert start_first_key({"FILE_MOUNTED_CERTS": "true"}, tmp_path) is None
