@@ -4,11 +4,7 @@
 byte as upstream's Go encoder does; `writer` puts it on disk atomically at
 agent start; `readiness` says when the pod may be ready (bootstrap loads,
 certificate files exist).
+
+The package imports none of them: the options import `bootstrap`'s types in every agent, and a sidecar
+never needs the writer or the probe.
 """
-
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, build_bootstrap, render_bootstrap
-from istio_agent.grpcxds.readiness import BootstrapProbe
-from istio_agent.grpcxds.writer import BootstrapWriter, write_bootstrap_file
-
-__all__ = ["BootstrapProbe", "BootstrapWriter", "GrpcBootstrapFile", "GrpcBootstrapOptions", "build_bootstrap",
-           "render_bootstrap", "write_bootstrap_file"]
