@@ -88,11 +88,13 @@ class AgentAssembly:
 
     def _identity_stage(self) -> list[Component]:
         from istio_agent.metrics import CollectorRegistry
+        from istio_agent.metrics.instruments import set_created_series
         from istio_agent.security.ca_client import CaClient
         from istio_agent.security.identity import FirstCertificateWait, WorkloadIdentity
         from istio_agent.status.agent_metrics import AgentMetrics
 
-        security = self.options.security
+        security, status = self.options.security, self.options.status
+        set_created_series(status.metrics.created_series if status is not None else True)
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
         self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)),
@@ -150,7 +152,8 @@ class AgentAssembly:
 
         probe: BootstrapProbe | None = None
         if options.grpc_bootstrap is not None:
-            from istio_agent.grpcxds import BootstrapProbe, BootstrapWriter
+            from istio_agent.grpcxds.readiness import BootstrapProbe
+            from istio_agent.grpcxds.writer import BootstrapWriter
 
             target = options.grpc_bootstrap
             components.append(BootstrapWriter(target.path, target.content))  # before the status server

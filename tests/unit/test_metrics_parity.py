@@ -282,3 +282,16 @@ def test_the_agents_own_metric_set_renders_as_prometheus_client_renders_it() -> 
     for name in (b"istio_agent_process_cpu_seconds_total", b"istio_agent_dns_requests_total",
                  b'istio_agent_ca_request_duration_seconds_bucket{le="+Inf"} 2.0', b"istio_agent_scrapes_created"):
         assert name in text
+
+
+def test_created_series_can_be_turned_off_process_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROMETHEUS_DISABLE_CREATED_SERIES (through the agent's options): counters and histograms lose `_created`."""
+    from istio_agent.metrics import instruments
+
+    registry = ours.CollectorRegistry()
+    ours.Counter("c_requests", "Requests.", registry=registry).inc()
+    ours.Histogram("h_seconds", "Latency.", buckets=(1.0,), registry=registry).observe(0.5)
+    assert b"_created" in our_text(registry)
+    monkeypatch.setattr(instruments, "USE_CREATED", True)
+    instruments.set_created_series(False)
+    assert b"_created" not in our_text(registry)

@@ -249,6 +249,9 @@ def test_status_switches_and_mutually_exclusive_client_certificates(tmp_path: Pa
     assert tuned.status.metrics.localhost_only and tuned.status.probes.keepalive
     plain = resolve(tmp_path).status
     assert plain is not None and not plain.metrics.localhost_only and not plain.probes.keepalive
+    assert plain.metrics.created_series
+    quiet = resolve(tmp_path, PROMETHEUS_DISABLE_CREATED_SERIES="true").status
+    assert quiet is not None and not quiet.metrics.created_series
     with pytest.raises(ConfigError, match="PROV_CERT and FILE_MOUNTED_CERTS"):
         resolve(tmp_path, PROV_CERT="/prov", FILE_MOUNTED_CERTS="true")
     with pytest.raises(ConfigError, match="CA_PROVIDER='GoogleCA'"):

@@ -208,6 +208,10 @@ ISTIO_PROMETHEUS_ANNOTATIONS = string("ISTIO_PROMETHEUS_ANNOTATIONS", "", "Appli
 PILOT_AGENT_MERGE_ENVOY_STATS = boolean(
     "PILOT_AGENT_MERGE_ENVOY_STATS", True, "Include Envoy's stats in the merged metrics."
 )
+PROMETHEUS_DISABLE_CREATED_SERIES = boolean(
+    "PROMETHEUS_DISABLE_CREATED_SERIES", False,
+    "Not upstream. prometheus_client's variable, honoured as it was: the agent's own counters and histograms "
+    "without their `_created` series.", upstream=False)
 METRICS_LOCALHOST_ACCESS_ONLY = boolean(
     "METRICS_LOCALHOST_ACCESS_ONLY", False, "Serve the merged metrics (and Envoy's stats listener) to localhost only.")
 REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION = boolean(

@@ -442,7 +442,8 @@ def metrics_options(config: AgentConfig) -> MetricsOptions:
         targets = ()  # gateways expose 15020; they scrape no app
     envoy_port = environment.get(env.ENVOY_PROMETHEUS_PORT)  # the bootstrap's Prometheus listener
     return MetricsOptions(envoy_port=envoy_port if merge_envoy else None, app_targets=targets,
-                          localhost_only=environment.get(env.METRICS_LOCALHOST_ACCESS_ONLY))
+                          localhost_only=environment.get(env.METRICS_LOCALHOST_ACCESS_ONLY),
+                          created_series=not environment.get(env.PROMETHEUS_DISABLE_CREATED_SERIES))
 
 
 def probe_options(config: AgentConfig) -> ProbeOptions:

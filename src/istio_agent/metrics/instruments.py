@@ -14,7 +14,6 @@ agent's loop scrapes.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,7 +29,16 @@ from istio_agent.metrics.core import (
 )
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, INF)
-USE_CREATED = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in ("true", "1", "t")
+# Whether counters and histograms carry their `_created` series (prometheus_client's default). Process-wide,
+# as prometheus_client's: the agent sets it once from PROMETHEUS_DISABLE_CREATED_SERIES (its options) before it
+# makes its metrics.
+USE_CREATED = True
+
+
+def set_created_series(enabled: bool) -> None:
+    """Turn the `_created` series of every counter and histogram of this process on or off."""
+    global USE_CREATED
+    USE_CREATED = enabled
 
 # (suffix, extra labels, value) of one child's series
 ChildSample = tuple[str, tuple[tuple[str, str], ...], float]

@@ -127,6 +127,7 @@ class MetricsOptions:
     body_cap: int = MAX_SOURCE_BYTES
     default_timeout: float = DEFAULT_SCRAPE_TIMEOUT
     localhost_only: bool = False  # METRICS_LOCALHOST_ACCESS_ONLY: other callers get 403
+    created_series: bool = True  # not PROMETHEUS_DISABLE_CREATED_SERIES: counters and histograms say when they began
 
 
 def parse_scrape_annotations(raw: str, status_port: int = 15020) -> tuple[ScrapeTarget, ...]:
