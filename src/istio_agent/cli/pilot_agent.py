@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -22,12 +21,6 @@ from istio_agent.cli.logging_setup import LogOptions, configure_logging
 from istio_agent.cli.proxy_argv import merged_log_options
 from istio_agent.cli.proxy_flags import LOG_FLAGS, PROXY_FLAGS, PROXY_TYPE_DEFAULT, Flag
 from istio_agent.cli.proxy_run import run_proxy
-
-# grpcio's core registers fork handlers by default; with its resolver or poller threads busy, a fork for a child
-# that runs code before exec (Envoy's preexec: process group, user, death signal) could abort in those handlers
-# (seen once: Envoy exiting -6 on `ares_resolver ... channel_ != nullptr`). The agent never uses gRPC in a forked
-# child, so they are off unless the operator asks for them. Read by gRPC when it initialises, after this import.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]}
 

@@ -13,8 +13,11 @@ from typing import Any
 
 from istio_agent.cli.logging_setup import LogOptions, configure_logging
 
-# gRPC's fork handlers off, as `cli/pilot_agent.py` sets them for the click path (its comment says why: Envoy's
-# fork could abort in them); the lean path never imports that module, and gRPC reads this when it loads.
+# grpcio's core registers fork handlers by default; with its resolver or poller threads busy, a fork for a child
+# that runs code before exec (Envoy's preexec: process group, user, death signal) could abort in those handlers
+# (seen once: Envoy exiting -6 on `ares_resolver ... channel_ != nullptr`). The agent never uses gRPC in a forked
+# child, so they are off unless the operator asks for them. Read by gRPC when it initialises, after this import
+# (both parsers, click's in cli/pilot_agent.py and the light one, import this module before the agent's).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
