@@ -63,3 +63,15 @@ def test_request_fields_read_from_envoys_bytes() -> None:
     bare = sds_wire.DiscoveryRequest.FromString(discovery_pb2.DiscoveryRequest(resource_names=["x"])
                                                 .SerializeToString())
     assert not bare.HasField("error_detail") and not bare.HasField("node")
+
+
+def test_the_nonce_is_a_random_version_4_uuid() -> None:
+    import uuid
+
+    from istio_agent.security.sds import random_nonce
+
+    nonces = {random_nonce() for _ in range(200)}
+    assert len(nonces) == 200
+    for nonce in nonces:
+        parsed = uuid.UUID(nonce)
+        assert str(parsed) == nonce and parsed.version == 4 and parsed.variant == uuid.RFC_4122
