@@ -62,15 +62,23 @@ HTTP_NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, 
 FREE_PORT_RANGE = (20000, 32000)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that was free on every address a moment ago, chosen at random below the ephemeral range."""
+    """A TCP port that was free on every address a moment ago, chosen at random below the ephemeral range,
+    never one this process was given before (two ports asked for one server, e.g. install-cni's readiness and
+    monitoring ports, must differ: a repeat put both on one port and answered /metrics with 404)."""
     for _ in range(500):
         port = random.randint(*FREE_PORT_RANGE)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("0.0.0.0", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise AssertionError(f"no free TCP port in {FREE_PORT_RANGE}")
 
