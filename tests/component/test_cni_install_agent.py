@@ -102,7 +102,7 @@ class InstallCni:
 
     def metrics(self) -> str:
         status, body = http_request("127.0.0.1", self.monitoring_port, "/metrics")
-        assert status == 200
+        assert status == 200, f"/metrics on {self.monitoring_port}: {status} {body!r}\n{self.output()}"
         return body.decode()
 
     def has_entry(self, name: str) -> bool:
