@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
 from launchers import IstiodLocal, PilotAgent, agent_environment
-from support import free_port, poll
+from support import compile_sources, free_port, poll
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
@@ -72,6 +72,7 @@ def time_minimal(pod: Path, address: str, algorithm: str, out: Path) -> float:
 def main() -> None:
     from bench_ca_throughput import measure_ca_throughput
 
+    compile_sources()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         with IstiodLocal(base / "state") as server:

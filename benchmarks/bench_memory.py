@@ -54,7 +54,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_xds: its arm, registries and push
 from bench_xds import PORTS, SERVICES, Arm, RssSampler, push_once
 from launchers import PilotAgent, agent_environment, pod_files
-from support import HTTP_NOT_YET, poll, rss_mb
+from support import HTTP_NOT_YET, compile_sources, poll, rss_mb
 
 STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "30"))
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "5"))
@@ -274,6 +274,7 @@ def main() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         print("bench_memory needs root and iproute2 (network namespaces)", file=sys.stderr)
         sys.exit(2)
+    compile_sources()
     base_figures = floor()
     print(beside("floor process", base_figures, base_figures), flush=True)
     base = Path(tempfile.mkdtemp(prefix="bench-memory-"))

@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
 from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, pod_files
-from support import HTTP_NOT_YET, poll, rss_mb, stop_process
+from support import HTTP_NOT_YET, compile_sources, poll, rss_mb, stop_process
 
 from istio_agent.capture import netns as capture_netns
 
@@ -270,6 +270,7 @@ def main() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         print("bench_xds needs root and iproute2 (network namespaces)", file=sys.stderr)
         sys.exit(2)
+    compile_sources()
     base = Path(tempfile.mkdtemp(prefix="bench-xds-"))
     state = base / "state"
     agent_arm, direct_arm = Arm("agent", base, state), Arm("direct", base, state)
