@@ -100,3 +100,13 @@ def test_readiness_and_metrics_count_local_answers(agent: tuple[PilotAgent, int]
     assert status == 200
     lines = [line for line in body.decode().splitlines() if line.startswith("istio_agent_dns_queries_total")]
     assert any('outcome="local"' in line and not line.endswith(" 0.0") for line in lines), lines
+
+
+def test_the_forwarder_starts_no_libuv_thread_pool(agent: tuple[PilotAgent, int]) -> None:
+    """Its upstream sockets are connected by the proxy itself: uvloop's remote_addr= would resolve the numeric
+    address on libuv's thread pool, whose four threads would then stay for the agent's life."""
+    from pathlib import Path
+
+    sidecar, _ = agent
+    names = [(task / "comm").read_text().strip() for task in Path(f"/proc/{sidecar.pid}/task").iterdir()]
+    assert [n for n in names if n.startswith("libuv")] == [], names

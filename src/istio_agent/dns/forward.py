@@ -32,6 +32,19 @@ from istio_agent.dns import wire
 MAX_PENDING_PER_SOCKET = 20_000  # of 65,536 ids: leave room for random picks to succeed fast
 
 
+def _connected_udp_socket(server: tuple[str, int]) -> socket.socket:
+    """A non-blocking UDP socket connected to `server` (a numeric address: connect(2) sends nothing)."""
+    family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        sock.connect(server)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 @dataclass(frozen=True, slots=True)
 class ResolvConf:
     servers: tuple[str, ...]
@@ -207,11 +220,12 @@ class Forwarder:
             endpoints = []
             for _ in range(self._sockets_per_server):
                 try:
-                    family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
-                    _, proto = await loop.create_datagram_endpoint(
-                        lambda: _UdpUpstream(self._rng), remote_addr=server, family=family)
+                    sock = _connected_udp_socket(server)
                 except OSError:
                     continue  # unroutable server: every query to it fails and moves on
+                # A socket of ours, not remote_addr=: uvloop resolves a remote_addr with getaddrinfo on libuv's
+                # thread pool, whose four threads then stay (~0.4 MB) for an address that is already numeric.
+                _, proto = await loop.create_datagram_endpoint(lambda: _UdpUpstream(self._rng), sock=sock)
                 endpoints.append(proto)
             self._udp[server] = endpoints
         self._sweeper = loop.create_task(self._sweep())
