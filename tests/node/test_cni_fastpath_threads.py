@@ -196,3 +196,50 @@ def test_stop_closes_calls_still_running_after_the_grace(serve: Callable[[CallFn
     assert replies == [b""]  # no answer: the launcher reports the agent's failure (error 11), never retries
     release.set()
     assert not Path(served.path).exists()
+
+
+def test_a_thread_that_cannot_be_started_is_tried_again(serve: Callable[[CallFn, int], Served],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed thread start (a pids limit) must not leave the socket with no thread in accept(2) for good."""
+    served = serve(lambda env, stdin, get: ANSWER, 1)
+    real = fastpath._thread.start_new_thread
+    failures = [1]
+
+    def flaky(function: Callable[..., object], args: tuple[object, ...]) -> int:
+        if failures[0]:
+            failures[0] -= 1
+            raise RuntimeError("can't start new thread")
+        return real(function, args)
+
+    monkeypatch.setattr(fastpath._thread, "start_new_thread", flaky)
+    # The first call's thread fails to start the next waiter; the loop tries again a second later.
+    assert fastwire.decode_reply(call(served.path, "first")) == (0, ANSWER.stdout, b"")
+    assert fastwire.decode_reply(call(served.path, "second")) == (0, ANSWER.stdout, b"")
+    served.close()
+
+
+def test_a_retry_never_adds_a_second_waiting_thread(serve: Callable[[CallFn, int], Served]) -> None:
+    """`_wait_again` (after a failed accept) when a waiter already exists: still one call at a time."""
+    running, peak = [0], [0]
+    lock = threading.Lock()
+
+    def slow(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        threading.Event().wait(0.3)
+        with lock:
+            running[0] -= 1
+        return ANSWER
+
+    served = serve(slow, 1)
+    served.loop.call_soon_threadsafe(served.fp._wait_again)
+    replies: list[bytes] = []
+    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"c{i}"))) for i in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 3
+    assert peak[0] == 1
+    served.close()

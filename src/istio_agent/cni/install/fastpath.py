@@ -78,7 +78,7 @@ def call_deadline(env: dict[str, str]) -> float:
 
     try:
         retries, interval = retry_settings(env)
-    except CniError:
+    except (CniError, ValueError):
         return DEADLINE_SLACK  # the plugin fails at once with code 4
     return retries * (interval + GET_TIMEOUT) + DEADLINE_SLACK
 
@@ -199,7 +199,7 @@ class FastPath:
                 self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept(2)
             self._sock.close()
         end = time.monotonic() + grace
-        while self._in_flight() and time.monotonic() < end:
+        while (self._in_flight() or self._busy()) and time.monotonic() < end:  # taken calls, handed over or not
             await asyncio.sleep(0.01)
         for call in self._in_flight():
             if call.claim():  # never answered: the launcher reports that the agent gave no answer (error 11)
@@ -212,6 +212,10 @@ class FastPath:
             os.unlink(self.path)
         self.client.close()
 
+    def _busy(self) -> bool:
+        with self._lock:
+            return self._running > 0
+
     def _in_flight(self) -> list[_Call]:
         with self._lock:
             return list(self._calls)
@@ -219,7 +223,13 @@ class FastPath:
     def _start_waiting_thread(self) -> None:
         # `_thread` rather than `threading.Thread.start`, which waits until the new thread runs: the thread
         # that starts the next one is on its own call's path.
-        _thread.start_new_thread(self._wait_for_call, ())
+        try:
+            _thread.start_new_thread(self._wait_for_call, ())
+        except RuntimeError as exc:  # no thread to be had (a pids limit on a busy node): try again, never give up
+            with self._lock:
+                self._waiting = False
+            log.error("fast path: cannot start a thread to wait for calls (%s); trying again in 1 s", exc)
+            self._loop_call(self._wait_again_later)
 
     def _wait_for_call(self) -> None:
         """A waiting thread: take one connection, start the next waiting thread, serve the call, end."""
@@ -260,8 +270,9 @@ class FastPath:
     def _wait_again(self) -> None:
         """On the event loop: a waiting thread again, unless one is waiting or the path is stopping."""
         with self._lock:
+            if self._waiting:  # another path started one meanwhile (a call that ended): one waiter at a time
+                return
             if self._stopping or self._running >= self.max_concurrent:
-                self._waiting = False
                 return
             self._waiting = True
         self._start_waiting_thread()

@@ -57,7 +57,7 @@ def retry_settings(env: Mapping[str, str]) -> tuple[int, float]:
     retries, interval = POD_RETRIEVAL_MAX_RETRIES, POD_RETRIEVAL_INTERVAL
     text = env.get(RETRIES_ENV, "")
     if text:
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:  # isdigit alone takes '²'
             raise CniError(ERR_INVALID_ENVIRONMENT, f"{RETRIES_ENV}={text!r}: expected a whole number of at least 1")
         retries = int(text)
     text = env.get(INTERVAL_ENV, "")
