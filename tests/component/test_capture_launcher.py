@@ -212,3 +212,11 @@ def test_bundled_modules_carry_the_attributes_the_path_finder_gives(launcher: Pa
     answers = [subprocess.run([sys.executable, "-IS", "-c", probe], capture_output=True, text=True, timeout=60,
                               check=True).stdout for probe in (plain, bundled)]
     assert "istio_agent.capture.apply" in answers[0] and answers[0] == answers[1]
+
+
+def test_a_launcher_for_another_interpreter_gets_no_bundle(tmp_path: Path) -> None:
+    """The bundle holds this Python's code and extension paths: another build of 3.11 would pass its check."""
+    launcher = tmp_path / "istio-iptables"
+    assert main(["--interpreter", "/opt/another-python/bin/python3", str(launcher)]) == 0
+    assert launcher.read_text().startswith("#!/opt/another-python/bin/python3 -IS")
+    assert "__pycache__" not in launcher.read_text() and not bundle_path(launcher).exists()

@@ -271,6 +271,10 @@ def write_launcher(dest: Path, interpreter: str = sys.executable, warn: Callable
     bundle = bundle_path(dest.absolute())
     named: str | None = str(bundle)
     try:
+        if os.path.realpath(interpreter) != os.path.realpath(sys.executable):
+            # The bundle holds this interpreter's code and extension paths; another build of the same version
+            # would pass its magic-number check and load them.
+            raise LauncherError(f"{interpreter} is not the Python writing the bundle ({sys.executable})")
         data = build_bundle(bundled_modules())
         bundle.parent.mkdir(exist_ok=True)
         write(bundle, data, 0o644)
