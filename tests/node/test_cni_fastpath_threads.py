@@ -64,6 +64,17 @@ def call(path: str, container: str = "c1") -> bytes:
     return data
 
 
+def call_in_parallel(path: str, containers: list[str]) -> list[bytes]:
+    """One launcher-like call per container, all at once; their answers, in the order they came."""
+    replies: list[bytes] = []
+    callers = [threading.Thread(target=lambda c=c: replies.append(call(path, c))) for c in containers]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    return replies
+
+
 @pytest.fixture
 def scratch_netns() -> Iterator[str]:
     need_root()
@@ -104,12 +115,7 @@ def test_a_thread_that_entered_a_pods_netns_never_serves_another_call(
     served = serve(enter_and_answer, 2)
     for i in range(5):
         assert fastwire.decode_reply(call(served.path, f"seq{i}")) == (0, ANSWER.stdout, b"")
-    replies: list[bytes] = []
-    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"par{i}"))) for i in range(6)]
-    for caller in callers:
-        caller.start()
-    for caller in callers:
-        caller.join(30)
+    replies = call_in_parallel(served.path, [f"par{i}" for i in range(6)])
     assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 6
     own = fastpath.thread_netns()  # this test's thread, like install-cni's loop, never left the node's namespace
     assert len(seen) == 11
@@ -234,12 +240,7 @@ def test_a_retry_never_adds_a_second_waiting_thread(serve: Callable[[CallFn, int
 
     served = serve(slow, 1)
     served.loop.call_soon_threadsafe(served.fp._wait_again)
-    replies: list[bytes] = []
-    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"c{i}"))) for i in range(3)]
-    for caller in callers:
-        caller.start()
-    for caller in callers:
-        caller.join(30)
+    replies = call_in_parallel(served.path, [f"c{i}" for i in range(3)])
     assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 3
     assert peak[0] == 1
     served.close()
