@@ -32,7 +32,6 @@ from istio_agent.metrics.core import (
     go_float,
 )
 from istio_agent.metrics.exposition import (
-    OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     generate_latest,
     generate_openmetrics,
@@ -41,7 +40,6 @@ from istio_agent.metrics.instruments import Counter, Gauge, Histogram
 from istio_agent.metrics.process import ProcessCollector
 
 __all__ = [
-    "OPENMETRICS_CONTENT_TYPE",
     "TEXT_CONTENT_TYPE",
     "CollectorRegistry",
     "Counter",

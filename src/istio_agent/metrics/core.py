@@ -55,6 +55,13 @@ def go_float(value: float) -> str:
     return text
 
 
+def family_name(name: str, unit: str = "") -> str:
+    """`name` with `_<unit>` appended unless it ends so already, checked (what families and instruments are named)."""
+    if unit and not name.endswith("_" + unit):
+        name += "_" + unit
+    return check_metric_name(name)
+
+
 def check_metric_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise ValueError(f"invalid metric name {name!r} (want [a-zA-Z_][a-zA-Z0-9_]*)")
@@ -84,9 +91,7 @@ class Metric:
     """One metric family: its name (without `_total` for a counter), help, type, unit and samples."""
 
     def __init__(self, name: str, documentation: str, typ: str, unit: str = "") -> None:
-        if unit and not name.endswith("_" + unit):
-            name += "_" + unit
-        self.name = check_metric_name(name)
+        self.name = family_name(name, unit)
         self.documentation = documentation
         self.unit = unit
         typ = "unknown" if typ == "untyped" else typ

@@ -19,7 +19,6 @@ from __future__ import annotations
 from istio_agent.metrics.core import Collector, Metric, Sample, go_float
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _TEXT_RENAMES = {"counter": ("_total", "counter"), "info": ("_info", "gauge"), "stateset": ("", "gauge"),
                  "gaugehistogram": ("", "histogram"), "unknown": ("", "untyped")}
 _SPLIT_OFF = ("_created", "_gsum", "_gcount")  # OpenMetrics-only series: gauges of their own in text

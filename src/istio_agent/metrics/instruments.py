@@ -24,7 +24,7 @@ from istio_agent.metrics.core import (
     CollectorRegistry,
     Metric,
     check_label_names,
-    check_metric_name,
+    family_name,
     go_float,
 )
 
@@ -130,9 +130,7 @@ class _Instrument(Generic[Child]):
                  registry: CollectorRegistry | None = None) -> None:
         if self._type == "counter" and name.endswith("_total"):
             name = name[:-6]
-        if unit and not name.endswith("_" + unit):
-            name += "_" + unit
-        self.name = check_metric_name(name)
+        self.name = family_name(name, unit)
         self.documentation = documentation
         self.unit = unit
         self.labelnames = check_label_names(labelnames, self._reserved)

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.metrics import CollectorRegistry, generate_latest, generate_openmetrics
+from istio_agent.metrics import TEXT_CONTENT_TYPE, CollectorRegistry, generate_latest, generate_openmetrics
 
 MAX_SOURCE_BYTES = 10 * 1024 * 1024  # upstream's per-target cap
 ENVOY_PROMETHEUS_PORT = 15090  # upstream's EnvoyPrometheusPort: the bootstrap's 15090 listener
@@ -47,7 +47,6 @@ RESERVED_PORTS: dict[int, str] = {
     15090: "Envoy Prometheus (already merged)",
 }
 
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text"
 PROTOBUF_TYPE = "application/vnd.google.protobuf"
 EOF_LINE = b"# EOF\n"
