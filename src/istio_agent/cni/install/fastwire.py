@@ -91,22 +91,11 @@ def decode_env(block: bytes) -> dict[str, str]:
 
 def decode_request(data: bytes) -> tuple[dict[str, str], bytes]:
     """A whole request: the environment and stdin (FrameError when it is not exactly one request)."""
-    if not data.startswith(MAGIC):
-        raise FrameError("not a fast-path request (bad magic)")
-    pos = len(MAGIC)
-    env_len = int.from_bytes(data[pos:pos + 4], "big")
-    if env_len > MAX_ENV:
-        raise FrameError(f"environment block of {env_len} bytes exceeds {MAX_ENV}")
-    pos += 4
-    block = data[pos:pos + env_len]
-    pos += env_len
-    stdin_len = int.from_bytes(data[pos:pos + 4], "big")
-    if stdin_len > MAX_STDIN:
-        raise FrameError(f"stdin of {stdin_len} bytes exceeds {MAX_STDIN}")
-    pos += 4
-    if len(block) != env_len or len(data) != pos + stdin_len:
+    if request_size(data) != len(data):  # bad magic and lengths over the limits raise there
         raise FrameError("truncated or oversized fast-path request")
-    return decode_env(block), data[pos:]
+    head = len(MAGIC) + 4
+    env_end = head + int.from_bytes(data[len(MAGIC):head], "big")
+    return decode_env(data[head:env_end]), data[env_end + 4:]
 
 
 def encode_answer(code: int, stdout: bytes, stderr: bytes) -> bytes:
