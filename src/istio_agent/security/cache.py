@@ -340,9 +340,10 @@ class SecretCache:
     def _new_key_and_csr(self) -> tuple[keys.PrivateKey, bytes, bytes]:
         opts = self.options
         first, self._first_key = self._first_key, None  # once: whether used or not, the key made ahead goes
-        key = first.take(KeySpec.of(opts)) if first is not None else None
+        spec = KeySpec.of(opts)
+        key = first.take(spec) if first is not None else None
         if key is None:
-            key = keys.generate_key(opts.key_algorithm, rsa_bits=opts.rsa_key_size, curve=opts.ecc_curve)
+            key = spec.generate()
         return key, keys.key_to_pem(key, pkcs8=opts.pkcs8_keys), certs.build_csr(key, [opts.spiffe_id])
 
     async def _issue(self) -> SecretItem:
