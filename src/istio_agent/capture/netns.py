@@ -3,7 +3,7 @@
 The whole process moves: every later socket (the validation probe) and every
 child (`iptables-restore`, `nft`, `ip`) then lives in the target namespace, so
 no `nsenter` wrapper is needed per command. Python 3.12 has `os.setns` (`posix.setns`); on
-3.11 libc's `setns(2)` is called through the `_ctypes` extension, imported only here.
+3.11 libc's `setns(2)` is called through `istio_agent.libc` (the `_ctypes` extension, imported only then).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import posix  # not `os`: see procs.py (under `python -S` nothing else imports it)
 
 CLONE_NEWNET = 0x40000000
-_RTLD_NOW = 2
 
 
 def enter_netns(path: str) -> None:
@@ -22,11 +21,9 @@ def enter_netns(path: str) -> None:
         if setns is not None:
             setns(fd, CLONE_NEWNET)
             return
-        # `_ctypes` directly: the `ctypes` package costs ~2.5 ms to import, this ~0.3 ms.
-        import _ctypes
+        from istio_agent import libc  # `_ctypes` directly: the `ctypes` package costs ~2.5 ms to import
 
-        setns_addr = _ctypes.dlsym(_ctypes.dlopen(None, _RTLD_NOW), "setns")  # type: ignore[arg-type]  # NULL: this process
-        if _ctypes.call_function(setns_addr, (fd, CLONE_NEWNET)) != 0:
+        if libc.call(libc.function("setns"), fd, CLONE_NEWNET) != 0:
             raise OSError(f"setns({path}) failed: not a network namespace, or not permitted")
     finally:
         posix.close(fd)
