@@ -12,10 +12,11 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# istio-iptables is installed as the lean launcher (python -IS, no site; cli/iptables_launcher.py) in place of
-# pip's console script: istio-init runs it for every pod.
-$(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[test]'
+# The two packages, editable: the product (this directory) and the local environment (istiod-local/), which
+# depends on the product. istio-iptables is installed as the lean launcher (python -IS, no site;
+# cli/iptables_launcher.py) in place of pip's console script: istio-init runs it for every pod.
+$(STAMP): pyproject.toml istiod-local/pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test]' -e ./istiod-local
 	$(PY) -m istio_agent.cli.iptables_launcher $(VENV)/bin/istio-iptables
 	touch $(STAMP)
 
@@ -32,7 +33,7 @@ debs:
 setup: $(STAMP) debs
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src istiod-local/src tests benchmarks
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -64,7 +65,7 @@ vm-package: setup
 	packaging/vm/build-deb.sh $(PY) $(VM_PACKAGE_DIR)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info istiod-local/src/*.egg-info
 
 # Container images (packaging/images/, as root; not part of `make test`): a Debian bookworm base from
 # mmdebstrap, localhost/istio-agent/proxyv2 and localhost/istio-agent/install-cni, built from git HEAD.

@@ -89,10 +89,10 @@ async def _drive(address: str, root_pem: bytes, token: str, csrs: list[str], con
 
 def measure_ca_throughput(concurrency: int, algorithm: str, seconds: float) -> float:
     """CSRs per second istiod-local (on one core, over TLS) signs for `concurrency` callers in flight."""
-    from istio_agent.controlplane.podfiles import pod_token
-    from istio_agent.controlplane.state import load_or_create_state
     from istio_agent.pki.certs import build_csr
     from istio_agent.pki.keys import generate_key
+    from istiod_local.controlplane.podfiles import pod_token
+    from istiod_local.controlplane.state import load_or_create_state
 
     if algorithm not in CSR_POOL:
         raise ValueError(f"algorithm must be ECDSA or RSA, not {algorithm!r}")

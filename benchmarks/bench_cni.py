@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helper
 import yaml
 from launchers import RegistryFile, local_node
 
-from istio_agent.node.cni_plan import container_id, loopback_attachment, pod_attachment
-from istio_agent.node.cni_runtime import NetworkList, loopback_network
-from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
+from istiod_local.node.cni_plan import container_id, loopback_attachment, pod_attachment
+from istiod_local.node.cni_runtime import NetworkList, loopback_network
+from istiod_local.node.plan import PodPlan, PodSpec, registry_workloads
 
 PODS = int(os.environ.get("BENCH_PODS", "60"))
 WRITES = int(os.environ.get("BENCH_WRITES", "25"))
@@ -88,7 +88,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def time_add(node: object, network: NetworkList, plan: PodPlan, generation: int) -> float:
     """One pod's sandbox through the chain, timed from the first ADD to the last result; then torn down."""
-    from istio_agent.node.local_node import LocalNode
+    from istiod_local.node.local_node import LocalNode
 
     assert isinstance(node, LocalNode) and node.cni is not None
     runtime = node.cni.runtime
@@ -163,8 +163,8 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
         list[float], list[float], list[float], list[str]]:
     """(istio-cni exec to answer, bare iptables-restore of the same rules, the launcher's interpreter doing
     nothing) in ms, one pod netns each, and the container ids the ADDs were for."""
-    from istio_agent.node.cni_runtime import plugin_environment, plugin_stdin
-    from istio_agent.node.local_node import LocalNode
+    from istiod_local.node.cni_runtime import plugin_environment, plugin_stdin
+    from istiod_local.node.local_node import LocalNode
 
     assert isinstance(node, LocalNode) and node.cni is not None
     runtime = node.cni.runtime

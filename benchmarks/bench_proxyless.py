@@ -1,6 +1,6 @@
 """Proxyless gRPC against the same RPCs through two Envoy sidecars, on one local node (needs root).
 
-One node (`istio_agent.node`), istiod-local on its gateway, the `default`
+One node (`istiod_local.node`), istiod-local on its gateway, the `default`
 namespace STRICT, so both arms speak mTLS between the pods:
 
 - **proxyless**: `pl-server` runs the greeter with `grpc.server(..., xds=True)`
@@ -39,10 +39,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from istio_agent.localmesh import registry_yaml, ssl_handshakes
-from istio_agent.node import proxyless
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodSpec
+from istiod_local.node import proxyless
+from istiod_local.node.demo import registry_yaml, ssl_handshakes
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
 from launchers import RegistryFile, local_node
@@ -52,7 +52,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 PY = sys.executable
-APPS = [PY, "-m", "istio_agent.node.grpc_apps"]
+APPS = [PY, "-m", "istiod_local.node.grpc_apps"]
 PROXYLESS_TARGET = "xds:///greeter.default.svc.cluster.local:7070"
 SIDECAR_VIP = "10.96.0.40"
 SIDECAR_TARGET = f"{SIDECAR_VIP}:7072"

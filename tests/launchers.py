@@ -15,7 +15,7 @@
   a file and reports a parse error the test did not cause.
 - `host_sidecar_ports()`: the cross-process lock an agent must hold while its
   Envoy uses the fixed sidecar ports (15000, 15001, ...) of the host network.
-- `local_node()`: a created `istio_agent.node.LocalNode` (network namespaces,
+- `local_node()`: a created `istiod_local.node.LocalNode` (network namespaces,
   istiod-local on its gateway, pods) in a fresh work directory, closed after.
 
 Everything here kills what it started. Like `support.py`, it imports no pytest:
@@ -53,7 +53,7 @@ from support import (
 )
 
 if TYPE_CHECKING:
-    from istio_agent.node.local_node import LocalNode
+    from istiod_local.node.local_node import LocalNode
 
 # The agent's ports on its pod's network: Envoy admin, outbound, inbound, status, readiness, Prometheus.
 SIDECAR_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
@@ -508,7 +508,7 @@ def local_node(prefix: str, **options: Any) -> Iterator[LocalNode]:
     `node.registry`; its pods' directories are under `node.runtime.path` (where the agent and Envoy,
     uid 1337, reach them). `ISTIO_AGENT_TEST_NODE_CAPTURE=init` runs the node in init-container capture mode
     (NodeOptions.capture) unless the test chooses; the default is the node's own ("cni")."""
-    from istio_agent.node.local_node import LocalNode, NodeOptions
+    from istiod_local.node.local_node import LocalNode, NodeOptions
 
     if os.environ.get("ISTIO_AGENT_TEST_NODE_CAPTURE"):
         options.setdefault("capture", os.environ["ISTIO_AGENT_TEST_NODE_CAPTURE"])

@@ -302,7 +302,7 @@ class Check:
 
     def traffic(self) -> bool:
         url = f"http://{self.vip}/"
-        get = [VENV_PYTHON, "-m", "istio_agent.node.echo_app", "get", url]
+        get = [VENV_PYTHON, "-m", "istiod_local.node.echo_app", "get", url]
         answer: dict[str, Any] = {}
 
         def answered() -> bool:
@@ -474,7 +474,7 @@ class Check:
         self.network_up()
         self.istiod_up()
         self.play("echo-1", self.echo_ip,
-                  [VENV_PYTHON, "-m", "istio_agent.node.echo_app", "serve", "--port", str(ECHO_PORT)])
+                  [VENV_PYTHON, "-m", "istiod_local.node.echo_app", "serve", "--port", str(ECHO_PORT)])
         self.play("sleep-1", self.client_ip, ["sleep", "infinity"])
         for name in ("echo-1", "sleep-1"):
             self.check_init(name)

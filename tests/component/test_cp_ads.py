@@ -20,9 +20,9 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
 
-from istio_agent.controlplane.xds.ads import AdsServer
-from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import nds_pb2, typeurls
+from istiod_local.controlplane.xds.ads import AdsServer
+from istiod_local.controlplane.xds.registry import parse_registry
 
 REGISTRY = """
 services:

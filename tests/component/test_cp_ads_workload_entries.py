@@ -27,10 +27,10 @@ from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from needs import need_file
 from support import ISTIOD_LOCAL, eventually
 
-from istio_agent.controlplane.xds.ads import AdsServer
-from istio_agent.controlplane.xds.autoregistration import AutoRegistration, WorkloadEntryOptions
-from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import typeurls
+from istiod_local.controlplane.xds.ads import AdsServer
+from istiod_local.controlplane.xds.autoregistration import AutoRegistration, WorkloadEntryOptions
+from istiod_local.controlplane.xds.registry import parse_registry
 
 REGISTRY = """\
 services:

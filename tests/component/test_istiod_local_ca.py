@@ -11,10 +11,10 @@ import grpc
 import pytest
 from cryptography import x509
 
-from istio_agent.controlplane.server import ControlPlane, ControlPlaneOptions
 from istio_agent.pki.certs import build_csr, load_pem_chain, not_after, uri_sans, verify_signed_by
 from istio_agent.pki.keys import generate_key
 from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
+from istiod_local.controlplane.server import ControlPlane, ControlPlaneOptions
 
 SLEEP_ID = "spiffe://cluster.local/ns/default/sa/sleep"
 SERVER_NAME = "istiod.istio-system.svc"
@@ -92,7 +92,7 @@ async def test_plaintext_success(plane: ControlPlane) -> None:
 async def test_another_service_accounts_token_is_permission_denied(
     plane: ControlPlane, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "istio_agent.controlplane.ca")
+    caplog.set_level(logging.WARNING, "istiod_local.controlplane.ca")
     async with _tls_channel(plane) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await _call(channel, _csr(SLEEP_ID), plane.mint_token("default", "other"))
@@ -105,7 +105,7 @@ async def test_another_service_accounts_token_is_permission_denied(
 async def test_bad_tokens_are_unauthenticated(
     plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
-    caplog.set_level(logging.WARNING, "istio_agent.controlplane.ca")
+    caplog.set_level(logging.WARNING, "istiod_local.controlplane.ca")
     good = plane.mint_token("default", "sleep")
     token: str | None
     if case == "missing":
@@ -148,7 +148,7 @@ async def test_ttl_is_capped_by_max_cert_ttl(plane: ControlPlane, requested: int
 
 
 async def test_cluster_id_is_logged(plane: ControlPlane, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "istio_agent.controlplane.ca")
+    caplog.set_level(logging.INFO, "istiod_local.controlplane.ca")
     async with grpc.aio.insecure_channel(plane.plain_address) as channel:
         await _call(channel, _csr(SLEEP_ID), plane.mint_token("default", "sleep", pod="sleep-1"), cluster="Kube-7")
     lines = [r.getMessage() for r in caplog.records if "issued" in r.getMessage()]

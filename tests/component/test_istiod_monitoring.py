@@ -26,9 +26,9 @@ from launchers import IstiodLocal, RegistryFile, echo_registry
 from needs import need_file
 from support import ISTIOD_LOCAL, poll
 
-from istio_agent.meshview.collector import Collector
-from istio_agent.meshview.stats import prometheus_samples
 from istio_agent.protos import typeurls
+from istiod_local.meshview.collector import Collector
+from istiod_local.meshview.stats import prometheus_samples
 
 MONITORING_LINE = re.compile(r"monitoring serving on (\S+)")
 NODE_ID = "sidecar~127.0.0.9~client-1.default~default.svc.cluster.local"

@@ -27,9 +27,9 @@ import pytest
 from needs import need_file
 from support import ENVOY, poll
 
-from istio_agent.meshview import MeshEvent, MeshWatcher, ViewTarget, run_view
-from istio_agent.meshview.collector import ENVOY_STATS_QUERY
-from istio_agent.meshview.render import render_text
+from istiod_local.meshview import MeshEvent, MeshWatcher, ViewTarget, run_view
+from istiod_local.meshview.collector import ENVOY_STATS_QUERY
+from istiod_local.meshview.render import render_text
 
 CLUSTER = "outbound|80||echo.default.svc.cluster.local"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from istio_agent.node.cni_runtime import (
+from istiod_local.node.cni_runtime import (
     CniConfigError,
     CniExecError,
     CniRuntime,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from istio_agent.node import proxyless
+from istiod_local.node import proxyless
 
 
 def test_container_wrapper_binds_then_execs_from_root(tmp_path: Path) -> None:

@@ -25,13 +25,13 @@ from envoy.service.discovery.v3 import discovery_pb2
 from support import eventually
 from test_xds_proxy_ads import AdsClient
 
-from istio_agent.controlplane.server import ControlPlane, ControlPlaneOptions
-from istio_agent.controlplane.xds.ads import AdsServer
-from istio_agent.controlplane.xds.auth import TokenAuthenticator
-from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
+from istiod_local.controlplane.server import ControlPlane, ControlPlaneOptions
+from istiod_local.controlplane.xds.ads import AdsServer
+from istiod_local.controlplane.xds.auth import TokenAuthenticator
+from istiod_local.controlplane.xds.registry import parse_registry
 
 NODE = "sidecar~10.244.0.5~echo-1.default~default.svc.cluster.local"
 METADATA = {"NAMESPACE": "default", "NAME": "echo-1", "SERVICE_ACCOUNT": "echo", "LABELS": {"app": "echo"}}

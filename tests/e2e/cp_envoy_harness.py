@@ -30,10 +30,10 @@ from google.protobuf import any_pb2
 from needs import need, need_root
 from support import ENVOY, eventually, stop_process
 
-from istio_agent.controlplane.xds.ads import AdsServer
-from istio_agent.controlplane.xds.registry import Registry
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
+from istiod_local.controlplane.xds.ads import AdsServer
+from istiod_local.controlplane.xds.registry import Registry
 
 NODE = "sidecar~10.244.0.5~echo-1.default~default.svc.cluster.local"
 SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"

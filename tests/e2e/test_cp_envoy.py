@@ -12,7 +12,7 @@ import pytest
 from cp_envoy_harness import envoy_with_istiod, nothing_rejected
 from support import HTTP_NOT_YET, eventually
 
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.xds.registry import parse_registry
 
 REGISTRY = """
 services:

@@ -23,7 +23,7 @@ from cp_envoy_harness import EnvoyUnderTest, envoy_with_istiod, nothing_rejected
 from needs import need_tool
 from support import HTTP_NOT_YET, eventually
 
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.xds.registry import parse_registry
 
 POD_IP = "127.0.0.2"
 VIP = "127.0.0.20"

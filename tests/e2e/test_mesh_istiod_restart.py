@@ -18,9 +18,9 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
-from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_URL, registry_yaml
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodSpec
+from istiod_local.node.demo import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_URL, registry_yaml
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodSpec
 
 PY = sys.executable
 EXTRA_VIP = "10.96.0.30"
@@ -32,7 +32,7 @@ EXTRA_CLUSTER = "outbound|80||extra.default.svc.cluster.local"
 
 
 def _get(node: LocalNode, pod: Pod, url: str) -> dict[str, Any]:
-    done = node.exec(pod, [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout", "5"])
+    done = node.exec(pod, [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "5"])
     answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
     return answer
 
@@ -51,7 +51,7 @@ def test_traffic_survives_an_istiod_restart_and_a_later_registry_change_reaches_
         plans = node.plan_pods([
             PodSpec("client-1", service_account="sleep", labels={"app": "sleep"}),
             PodSpec("echo-1", service_account="echo", labels={"app": "echo"},
-                    app=[PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]),
+                    app=[PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]),
         ])
         registry = RegistryFile(node.registry, registry_yaml(plans, [ECHO_SERVICE]))
         node.start_istiod()

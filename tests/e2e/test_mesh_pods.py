@@ -18,12 +18,12 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
-from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodPlan, PodSpec
+from istiod_local.node.demo import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodPlan, PodSpec
 
 PY = sys.executable
-ECHO_APP = [PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO_APP = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 STATS = {"proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]}}
 
 
@@ -32,7 +32,7 @@ class Mesh:
         self.node, self.pods, self.plans = node, pods, plans
 
     def get(self, pod: str, url: str, timeout: float = 5.0) -> dict[str, Any]:
-        argv = [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout", str(timeout)]
+        argv = [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", str(timeout)]
         done = self.node.exec(self.pods[pod], argv)
         answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
         return answer

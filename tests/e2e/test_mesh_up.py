@@ -1,6 +1,6 @@
 """`istiod-local up` as a user runs it (root, real pods, Envoys, capture and CNI chain).
 
-- `--check` on the default example (through `python -m istio_agent.localmesh`, which `make run` shares):
+- `--check` on the default example (`istiod-local up --check`, the command `make run` runs):
   every expectation holds, exit 0, the table and the JSON line; nothing of the run is left.
 - A mesh file declaring a plaintext client into a STRICT namespace allowed: the check sees the refusal, exit 1.
 - A running `up` of a small mesh: a second `up` on its directory is refused naming the holder; an edit of
@@ -24,9 +24,9 @@ import pytest
 from needs import need_root, need_tool
 from support import ISTIOD_LOCAL, ROOT, LineCollector, open_workdir, poll, stop_process
 
-from istio_agent.mesh.lock import LOCK_NAME
-from istio_agent.node.processes import netns_pids, pid_alive
-from istio_agent.node.runtime import RUNTIME_ROOT
+from istiod_local.mesh.lock import LOCK_NAME
+from istiod_local.node.processes import netns_pids, pid_alive
+from istiod_local.node.runtime import RUNTIME_ROOT
 
 SMALL = """\
 namespaces:
@@ -98,7 +98,8 @@ def _pids(pid: int) -> list[int]:
 
 
 def test_check_on_the_default_mesh_holds_every_expectation_and_leaves_nothing(work: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "istio_agent.localmesh", "--check", "--dir", str(work / "run")],
+    istiod_local = str(Path(sys.executable).parent / "istiod-local")
+    done = subprocess.run([istiod_local, "up", "--check", "--dir", str(work / "run")],
                           capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     out = done.stdout

@@ -32,9 +32,9 @@ import pytest
 from launchers import IstiodLocal, RegistryFile
 from support import LineCollector, free_port, stop_process
 
-from istio_agent.controlplane.state import load_or_create_state
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, sign_workload_csr
 from istio_agent.pki.keys import generate_key, key_to_pem
+from istiod_local.controlplane.state import load_or_create_state
 
 SERVICE_PORT = 50051
 TARGET = f"xds:///greeter.default.svc.cluster.local:{SERVICE_PORT}"

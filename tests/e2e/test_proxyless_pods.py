@@ -38,12 +38,12 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import PILOT_AGENT, poll
 
-from istio_agent.localmesh import registry_yaml
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodSpec
+from istiod_local.node.demo import registry_yaml
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodSpec
 
 PY = sys.executable
-APPS = [PY, "-m", "istio_agent.node.grpc_apps"]
+APPS = [PY, "-m", "istiod_local.node.grpc_apps"]
 GRPC_PORT = 50051
 CONTROL_PORT = 8081
 GREETER = "xds:///greeter.default.svc.cluster.local:7070"
@@ -82,7 +82,7 @@ class Mesh:
     def call(self, pod: str, target: str, fresh: bool = True) -> dict[str, Any]:
         """One RPC made by the long-running client app of `pod` (through its control port)."""
         url = f"http://127.0.0.1:{CONTROL_PORT}/call?target={target}&fresh={int(fresh)}"
-        done = self.node.exec(self.pods[pod], [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout", "30"])
+        done = self.node.exec(self.pods[pod], [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "30"])
         answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
         assert answer.get("status") == 200, answer
         result: dict[str, Any] = answer["body"]

@@ -27,14 +27,14 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import poll
 
-from istio_agent.controlplane.xds.autoregistration import entry_name
-from istio_agent.localmesh import ECHO_SERVICE
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodSpec, registry_workloads
-from istio_agent.node.vm import Vm, VmSpec
+from istiod_local.controlplane.xds.autoregistration import entry_name
+from istiod_local.node.demo import ECHO_SERVICE
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodSpec, registry_workloads
+from istiod_local.node.vm import Vm, VmSpec
 
 PY = sys.executable
-ECHO_APP = [PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO_APP = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 VM_VIP = "10.96.0.30"
 VM_HOST = "vm.vmns.svc.cluster.local"
 VM_SPIFFE = "spiffe://cluster.local/ns/vmns/sa/vm-sa"
@@ -57,12 +57,12 @@ class Mesh:
         self.node, self.pod, self.vms = node, pod, vms
 
     def from_pod(self, url: str, timeout: float = 3.0) -> dict[str, Any]:
-        done = self.node.exec(self.pod, [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout",
+        done = self.node.exec(self.pod, [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout",
                                          str(timeout)])
         return _answer(done.stdout, done.stderr)
 
     def from_vm(self, name: str, url: str, timeout: float = 3.0) -> dict[str, Any]:
-        done = self.node.vm_exec(name, [PY, "-m", "istio_agent.node.echo_app", "get", url, "--timeout",
+        done = self.node.vm_exec(name, [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout",
                                         str(timeout)])
         return _answer(done.stdout, done.stderr)
 

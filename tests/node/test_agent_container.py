@@ -19,7 +19,7 @@ import pytest
 from needs import need_root, need_tool
 from support import VENV_BIN
 
-from istio_agent.node.container import (
+from istiod_local.node.container import (
     IMAGE_FS,
     WRITABLE_VOLUMES,
     AgentImage,
@@ -30,7 +30,7 @@ from istio_agent.node.container import (
     script_interpreter,
     unreadable,
 )
-from istio_agent.node.plan import PROXY_UID, as_user, in_netns
+from istiod_local.node.plan import PROXY_UID, as_user, in_netns
 
 TOOL = "#!/bin/sh\necho ran as $(id -u)\n"
 

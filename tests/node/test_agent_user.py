@@ -21,13 +21,13 @@ import pytest
 from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 
-from istio_agent.localmesh import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml, request
-from istio_agent.node.container import WRITABLE_VOLUMES
-from istio_agent.node.local_node import LocalNode, Pod
-from istio_agent.node.plan import PodSpec, as_user
-from istio_agent.node.processes import netns_pids
+from istiod_local.node.container import WRITABLE_VOLUMES
+from istiod_local.node.demo import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, ECHO_URL, registry_yaml, request
+from istiod_local.node.local_node import LocalNode, Pod
+from istiod_local.node.plan import PodSpec, as_user
+from istiod_local.node.processes import netns_pids
 
-ECHO_APP = [sys.executable, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO_APP = [sys.executable, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 OTHER_UID = 4242  # another non-root user in the pod, e.g. an app container's
 NO_CAPABILITIES = "0" * 16
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from needs import need, need_root, need_tool
 
-from istio_agent.node.cni_runtime import (
+from istiod_local.node.cni_runtime import (
     CniRuntime,
     NetworkList,
     PluginError,

@@ -19,13 +19,13 @@ from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
 from support import open_workdir, poll
 
-from istio_agent.node.local_node import LocalNode, NodeOptions, sweep_stale_namespaces
-from istio_agent.node.plan import PodPlan, PodSpec, registry_workloads
-from istio_agent.node.processes import NodeError, netns_pids, pid_alive
+from istiod_local.node.local_node import LocalNode, NodeOptions, sweep_stale_namespaces
+from istiod_local.node.plan import PodPlan, PodSpec, registry_workloads
+from istiod_local.node.processes import NodeError, netns_pids, pid_alive
 
 PY = sys.executable
 SLEEPER = [PY, "-c", "import time; time.sleep(3600)"]
-ECHO = [PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 REACH = """
 import socket, sys
 try:

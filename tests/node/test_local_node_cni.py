@@ -24,10 +24,10 @@ from launchers import RegistryFile, local_node
 from needs import need, need_root, need_tool
 from support import poll
 
-from istio_agent.node.cni_plan import NETWORK_NAME
-from istio_agent.node.local_node import LocalNode, Pod, PodInitError
-from istio_agent.node.plan import PodSpec, registry_workloads
-from istio_agent.node.processes import NodeError, pid_alive
+from istiod_local.node.cni_plan import NETWORK_NAME
+from istiod_local.node.local_node import LocalNode, Pod, PodInitError
+from istiod_local.node.plan import PodSpec, registry_workloads
+from istiod_local.node.processes import NodeError, pid_alive
 
 PY = sys.executable
 SLEEPER = [PY, "-c", "import time; time.sleep(3600)"]

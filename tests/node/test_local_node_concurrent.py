@@ -20,14 +20,14 @@ import yaml
 from launchers import RegistryFile, local_node
 from needs import need, need_root, need_tool
 
-from istio_agent.node.cni_plan import NETWORK_NAME
-from istio_agent.node.local_node import LocalNode, PodInitError
-from istio_agent.node.plan import PodSpec, registry_workloads
-from istio_agent.node.processes import pid_alive
+from istiod_local.node.cni_plan import NETWORK_NAME
+from istiod_local.node.local_node import LocalNode, PodInitError
+from istiod_local.node.plan import PodSpec, registry_workloads
+from istiod_local.node.processes import pid_alive
 
 PY = sys.executable
 SLEEPER = [PY, "-c", "import time; time.sleep(3600)"]
-ECHO = [PY, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 
 
 def _needs() -> None:

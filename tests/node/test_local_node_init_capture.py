@@ -14,8 +14,8 @@ from pathlib import Path
 from launchers import local_node
 from needs import need_root, need_tool
 
-from istio_agent.node.plan import PodSpec
-from istio_agent.node.processes import netns_pids
+from istiod_local.node.plan import PodSpec
+from istiod_local.node.processes import netns_pids
 
 
 def _cmdline(pid: int) -> str:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from istio_agent.controlplane.xds.registry import parse_registry
-from istio_agent.node.plan import (
+from istiod_local.controlplane.xds.registry import parse_registry
+from istiod_local.node.plan import (
     PlanError,
     PodSpec,
     agent_argv,

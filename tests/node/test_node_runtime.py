@@ -24,12 +24,12 @@ import yaml
 from launchers import RegistryFile
 from needs import need_root, need_tool
 
-from istio_agent.node.local_node import LocalNode, NodeOptions, sweep_stale_runs
-from istio_agent.node.plan import PROXY_UID, PodSpec, registry_workloads
-from istio_agent.node.processes import netns_pids, pid_alive
-from istio_agent.node.runtime import NodeRuntime, envoy_binary, stale_runtime_dirs, sweep_stale_runtime
+from istiod_local.node.local_node import LocalNode, NodeOptions, sweep_stale_runs
+from istiod_local.node.plan import PROXY_UID, PodSpec, registry_workloads
+from istiod_local.node.processes import netns_pids, pid_alive
+from istiod_local.node.runtime import NodeRuntime, envoy_binary, stale_runtime_dirs, sweep_stale_runtime
 
-ECHO = [sys.executable, "-m", "istio_agent.node.echo_app", "serve", "--port", "8080"]
+ECHO = [sys.executable, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 TOOL = "#!/bin/sh\necho ran as $(id -u)\n"
 
 

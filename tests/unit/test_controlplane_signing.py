@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.controlplane.signing import (
-    CaRefusal,
-    Refusal,
-    WorkloadSigner,
-    bearer_token,
-    effective_ttl,
-)
-from istio_agent.controlplane.tokens import TokenIdentity, TokenVerifier, issue_token
 from istio_agent.pki.certs import (
     build_csr,
     load_pem_chain,
@@ -22,6 +14,14 @@ from istio_agent.pki.certs import (
     verify_signed_by,
 )
 from istio_agent.pki.keys import PrivateKey, generate_key
+from istiod_local.controlplane.signing import (
+    CaRefusal,
+    Refusal,
+    WorkloadSigner,
+    bearer_token,
+    effective_ttl,
+)
+from istiod_local.controlplane.tokens import TokenIdentity, TokenVerifier, issue_token
 
 NOW = 1_800_000_000.0
 SLEEP_ID = "spiffe://cluster.local/ns/default/sa/sleep"

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.controlplane.podfiles import ROOT_CERT_PATH, TOKEN_PATH, write_pod_files
-from istio_agent.controlplane.state import (
+from istio_agent.pki.certs import issue_server_cert, load_pem_chain, verify_signed_by
+from istio_agent.pki.keys import generate_key
+from istiod_local.controlplane.podfiles import ROOT_CERT_PATH, TOKEN_PATH, write_pod_files
+from istiod_local.controlplane.state import (
     ROOT_CERT,
     ROOT_KEY,
     SERVING_CERT,
@@ -17,9 +19,7 @@ from istio_agent.controlplane.state import (
     StateError,
     load_or_create_state,
 )
-from istio_agent.controlplane.tokens import decode_and_verify
-from istio_agent.pki.certs import issue_server_cert, load_pem_chain, verify_signed_by
-from istio_agent.pki.keys import generate_key
+from istiod_local.controlplane.tokens import decode_and_verify
 
 NOW = 1_800_000_000.0
 

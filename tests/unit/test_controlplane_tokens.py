@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.utils import der_to_raw_signature
 
-from istio_agent.controlplane.tokens import (
+from istio_agent.pki.keys import generate_key
+from istiod_local.controlplane.tokens import (
     DEFAULT_ISSUER,
     TokenError,
     TokenIdentity,
@@ -22,7 +23,6 @@ from istio_agent.controlplane.tokens import (
     issue_token,
     key_id,
 )
-from istio_agent.pki.keys import generate_key
 
 NOW = 1_800_000_000.0
 SLEEP = TokenIdentity("default", "sleep", "sleep-1")

@@ -13,13 +13,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
-from istio_agent.controlplane.xds.ads import AdsServer
-from istio_agent.controlplane.xds.generators import GeneratorSet, ProxyContext, SidecarGenerator, default_generators
-from istio_agent.controlplane.xds.generators.waypoint import WaypointGenerator
-from istio_agent.controlplane.xds.mesh import ConnectedPod, build_snapshot
-from istio_agent.controlplane.xds.proxy import ProxyError, parse_node_id
-from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.protos import nds_pb2, typeurls
+from istiod_local.controlplane.xds.ads import AdsServer
+from istiod_local.controlplane.xds.generators import GeneratorSet, ProxyContext, SidecarGenerator, default_generators
+from istiod_local.controlplane.xds.generators.waypoint import WaypointGenerator
+from istiod_local.controlplane.xds.mesh import ConnectedPod, build_snapshot
+from istiod_local.controlplane.xds.proxy import ProxyError, parse_node_id
+from istiod_local.controlplane.xds.registry import parse_registry
 
 REGISTRY = """
 services:

@@ -12,19 +12,19 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
-from istio_agent.controlplane.xds.generators import ProxyContext, default_generators
-from istio_agent.controlplane.xds.generators.grpc_generator import GrpcGenerator
-from istio_agent.controlplane.xds.generators.grpc_names import (
+from istio_agent.netaddr import split_host_optional_port
+from istio_agent.protos import typeurls
+from istiod_local.controlplane.xds.generators import ProxyContext, default_generators
+from istiod_local.controlplane.xds.generators.grpc_generator import GrpcGenerator
+from istiod_local.controlplane.xds.generators.grpc_names import (
     expand_short_name,
     listener_requests,
     parse_cluster_key,
     parse_server_listener,
 )
-from istio_agent.controlplane.xds.mesh import build_snapshot
-from istio_agent.controlplane.xds.proxy import parse_node_id
-from istio_agent.controlplane.xds.registry import parse_registry
-from istio_agent.netaddr import split_host_optional_port
-from istio_agent.protos import typeurls
+from istiod_local.controlplane.xds.mesh import build_snapshot
+from istiod_local.controlplane.xds.proxy import parse_node_id
+from istiod_local.controlplane.xds.registry import parse_registry
 
 REGISTRY = """
 services:

@@ -12,14 +12,14 @@ import re
 import pytest
 import yaml
 
-from istio_agent.controlplane.onboarding import (
+from istiod_local.controlplane.onboarding import (
     OnboardingOptions,
     canonical_service,
     render_onboarding,
     shell_quote,
 )
-from istio_agent.controlplane.xds.registry import RegistryError, parse_registry
-from istio_agent.controlplane.xds.workloadgroups import WorkloadGroup, parse_workload_group_object
+from istiod_local.controlplane.xds.registry import RegistryError, parse_registry
+from istiod_local.controlplane.xds.workloadgroups import WorkloadGroup, parse_workload_group_object
 
 UPSTREAM_FILES = {"cluster.env", "mesh.yaml", "root-cert.pem", "istio-token", "hosts"}
 # Keys istioctl writes into cluster.env for every group (proxyMetadata plus its overrides).

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips, fnv1a32
-from istio_agent.controlplane.xds.registry import Registry, RegistryError, parse_registry
-from istio_agent.controlplane.xds.watcher import RegistryWatcher
+from istiod_local.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips, fnv1a32
+from istiod_local.controlplane.xds.registry import Registry, RegistryError, parse_registry
+from istiod_local.controlplane.xds.watcher import RegistryWatcher
 
 ISSUE_EXAMPLE = """\
 trustDomain: cluster.local            # optional

@@ -9,9 +9,9 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, wrappers_pb2
 from google.rpc import status_pb2
 
-from istio_agent.controlplane.xds.generators.base import Resources
-from istio_agent.controlplane.xds.sessions import DeltaSession, SotwSession
 from istio_agent.protos import typeurls
+from istiod_local.controlplane.xds.generators.base import Resources
+from istiod_local.controlplane.xds.sessions import DeltaSession, SotwSession
 
 SERVED = (typeurls.CLUSTER, typeurls.ENDPOINT, typeurls.LISTENER, typeurls.ROUTE, typeurls.NAME_TABLE)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.controlplane.tokens import TokenIdentity
-from istio_agent.controlplane.xds.autoregistration import (
+from istiod_local.controlplane.tokens import TokenIdentity
+from istiod_local.controlplane.xds.autoregistration import (
     AutoRegistration,
     RegistrationRefused,
     VmProxy,
@@ -16,11 +16,11 @@ from istio_agent.controlplane.xds.autoregistration import (
     entry_name,
     format_time,
 )
-from istio_agent.controlplane.xds.generators import ProxyContext
-from istio_agent.controlplane.xds.generators.endpoints import build_endpoints
-from istio_agent.controlplane.xds.mesh import MeshSnapshot, effective_workloads, service_views
-from istio_agent.controlplane.xds.proxy import parse_node_id
-from istio_agent.controlplane.xds.registry import Registry, RegistryError, parse_registry
+from istiod_local.controlplane.xds.generators import ProxyContext
+from istiod_local.controlplane.xds.generators.endpoints import build_endpoints
+from istiod_local.controlplane.xds.mesh import MeshSnapshot, effective_workloads, service_views
+from istiod_local.controlplane.xds.proxy import parse_node_id
+from istiod_local.controlplane.xds.registry import Registry, RegistryError, parse_registry
 
 REGISTRY = """\
 services:

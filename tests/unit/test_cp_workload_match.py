@@ -12,12 +12,12 @@ from typing import Any
 
 from envoy.config.listener.v3 import listener_pb2
 
-from istio_agent.controlplane.xds.generators import ProxyContext
-from istio_agent.controlplane.xds.generators.grpc_generator import GrpcGenerator
-from istio_agent.controlplane.xds.mesh import ConnectedPod, WorkloadIndex, build_snapshot
-from istio_agent.controlplane.xds.proxy import parse_node_id
-from istio_agent.controlplane.xds.registry import Workload, parse_registry
 from istio_agent.protos import typeurls
+from istiod_local.controlplane.xds.generators import ProxyContext
+from istiod_local.controlplane.xds.generators.grpc_generator import GrpcGenerator
+from istiod_local.controlplane.xds.mesh import ConnectedPod, WorkloadIndex, build_snapshot
+from istiod_local.controlplane.xds.proxy import parse_node_id
+from istiod_local.controlplane.xds.registry import Workload, parse_registry
 
 SHARED = """
 services:

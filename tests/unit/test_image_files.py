@@ -15,9 +15,9 @@ import pytest
 
 from istio_agent.cni.install.options import InstallOptions
 from istio_agent.config.proxyconfig import DEFAULTS
-from istio_agent.controlplane.kubeapi.pods import PodMeta, render_pod
-from istio_agent.controlplane.xds.registry import parse_registry
 from istio_agent.envoy.bootstrap import DEFAULT_TEMPLATE_PATH
+from istiod_local.controlplane.kubeapi.pods import PodMeta, render_pod
+from istiod_local.controlplane.xds.registry import parse_registry
 
 IMAGES = Path(__file__).resolve().parents[2] / "packaging" / "images"
 PROXY = (IMAGES / "Containerfile.proxyv2").read_text()

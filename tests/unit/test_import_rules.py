@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "istio_agent"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "istio_agent"
+LOCAL_SRC = ROOT / "istiod-local" / "src" / "istiod_local"
 AGENT_RUNTIME = ("istio_agent.agent", "istio_agent.assembly", "istio_agent.security", "istio_agent.xds",
                  "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds",
                  "istio_agent.health")
@@ -18,7 +20,8 @@ ENVIRONMENT_READERS = ("istio_agent.config.env", "istio_agent.config.envvar", "i
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    base = LOCAL_SRC.parent if path.is_relative_to(LOCAL_SRC) else SRC.parent
+    parts = path.relative_to(base).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -30,12 +33,18 @@ def imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in names if name.startswith("istio_agent")}
+    return {name for name in names if name.startswith(("istio_agent", "istiod_local"))}
 
 
-def sources(package: str = "") -> list[Path]:
-    root = SRC / package if package else SRC
-    return sorted(p for p in root.rglob("*.py") if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")))
+def sources(package: str = "", root: Path = SRC) -> list[Path]:
+    base = root / package if package else root
+    found = sorted(p for p in base.rglob("*.py") if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")))
+    assert found, f"no sources under {base}"
+    return found
+
+
+def test_the_product_never_imports_the_local_environment() -> None:
+    assert offending(sources(), ("istiod_local",)) == []
 
 
 def offending(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
@@ -52,9 +61,14 @@ def test_nothing_imports_the_clis() -> None:
     assert offending(outside, ("istio_agent.cli",)) == []
 
 
-@pytest.mark.parametrize("package", ["controlplane", "capture", "cni", "node", "pki", "protos", "meshview"])
+@pytest.mark.parametrize("package", ["capture", "cni", "pki", "protos"])
 def test_separate_programs_and_plain_libraries_never_import_the_agent_runtime(package: str) -> None:
     assert offending(sources(package), AGENT_RUNTIME) == []
+
+
+def test_the_local_environment_never_imports_the_agent_runtime() -> None:
+    """istiod-local and the node run the agent as a program (`pilot-agent` in a pod), never in-process."""
+    assert offending(sources(root=LOCAL_SRC), AGENT_RUNTIME) == []
 
 
 @pytest.mark.parametrize("package", COMPONENTS)

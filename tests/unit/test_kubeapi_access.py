@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.controlplane.kubeapi import errors, rbac
-from istio_agent.controlplane.kubeapi.credentials import kubeconfig, parse_identity, serving_names
-from istio_agent.controlplane.kubeapi.server import ResourcePath, parse_path, request_verb, resource_path
-from istio_agent.controlplane.tokens import TokenIdentity
+from istiod_local.controlplane.kubeapi import errors, rbac
+from istiod_local.controlplane.kubeapi.credentials import kubeconfig, parse_identity, serving_names
+from istiod_local.controlplane.kubeapi.server import ResourcePath, parse_path, request_verb, resource_path
+from istiod_local.controlplane.tokens import TokenIdentity
 
 
 @pytest.mark.parametrize(("user", "verb", "resource", "allowed"), [

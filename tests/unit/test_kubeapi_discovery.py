@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
-from istio_agent.controlplane.kubeapi.discovery import api_resource_list, human_duration, table, wants_table
-from istio_agent.controlplane.kubeapi.pods import PodMeta, render_pod
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.kubeapi.discovery import api_resource_list, human_duration, table, wants_table
+from istiod_local.controlplane.kubeapi.pods import PodMeta, render_pod
+from istiod_local.controlplane.xds.registry import parse_registry
 
 KUBECTL_ACCEPT = ("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,"
                   "application/json")

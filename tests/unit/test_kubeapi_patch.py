@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from istio_agent.controlplane.kubeapi.patch import (
+from istiod_local.controlplane.kubeapi.patch import (
     JSON_PATCH,
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from istio_agent.controlplane.kubeapi.pods import PodMeta, render_namespace, render_pod
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.kubeapi.pods import PodMeta, render_namespace, render_pod
+from istiod_local.controlplane.xds.registry import parse_registry
 
 META = PodMeta("11111111-2222-3333-4444-555555555555", "2026-12-01T12:00:00Z", "node-default", "192.0.2.1")
 MESH = """

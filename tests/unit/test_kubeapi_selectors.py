@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.controlplane.kubeapi.selectors import (
+from istiod_local.controlplane.kubeapi.selectors import (
     NAMESPACE_FIELDS,
     POD_FIELDS,
     SelectorError,

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from istio_agent.controlplane.kubeapi.errors import ApiError
-from istio_agent.controlplane.kubeapi.patch import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
-from istio_agent.controlplane.kubeapi.selectors import POD_FIELDS, parse_field_selector, parse_label_selector
-from istio_agent.controlplane.kubeapi.store import NAMESPACES, PODS, KubeStore, WatchEvent, bookmark, filter_event
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.kubeapi.errors import ApiError
+from istiod_local.controlplane.kubeapi.patch import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from istiod_local.controlplane.kubeapi.selectors import POD_FIELDS, parse_field_selector, parse_label_selector
+from istiod_local.controlplane.kubeapi.store import NAMESPACES, PODS, KubeStore, WatchEvent, bookmark, filter_event
+from istiod_local.controlplane.xds.registry import parse_registry
 
 NOW = "2026-12-01T12:00:00Z"
 LATER = "2026-12-01T13:00:00Z"

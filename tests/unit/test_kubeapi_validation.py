@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from istio_agent.controlplane.kubeapi import validation
-from istio_agent.controlplane.kubeapi.errors import ApiError
-from istio_agent.controlplane.kubeapi.patch import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
-from istio_agent.controlplane.kubeapi.store import PODS, KubeStore
-from istio_agent.controlplane.xds.registry import parse_registry
+from istiod_local.controlplane.kubeapi import validation
+from istiod_local.controlplane.kubeapi.errors import ApiError
+from istiod_local.controlplane.kubeapi.patch import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH
+from istiod_local.controlplane.kubeapi.store import PODS, KubeStore
+from istiod_local.controlplane.xds.registry import parse_registry
 
 NAME_PART = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
              "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.mesh import expect
-from istio_agent.mesh.expect import MTLS, PLAINTEXT, REFUSED, Outcome, Probe, Row
-from istio_agent.mesh.parser import parse_mesh
-from istio_agent.mesh.planner import MeshPlan, plan_mesh
+from istiod_local.mesh import expect
+from istiod_local.mesh.expect import MTLS, PLAINTEXT, REFUSED, Outcome, Probe, Row
+from istiod_local.mesh.parser import parse_mesh
+from istiod_local.mesh.planner import MeshPlan, plan_mesh
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
 SLEEP = "spiffe://cluster.local/ns/default/sa/sleep"
@@ -134,7 +134,7 @@ def test_a_declared_expectation_replaces_the_policies_verdict() -> None:
 
 
 def test_a_declared_expectation_must_name_what_exists() -> None:
-    from istio_agent.controlplane.xds.yamlfields import RegistryError
+    from istiod_local.controlplane.xds.yamlfields import RegistryError
 
     for bad, field in (("{from: nobody, to: web}", "expectations[0].from"), ("{from: out, to: nothing}",
                                                                              "expectations[0].to"),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.mesh.lock import LOCK_NAME, LockedError, RunLock
-from istio_agent.mesh.runner import cidr_problem
+from istiod_local.mesh.lock import LOCK_NAME, LockedError, RunLock
+from istiod_local.mesh.runner import cidr_problem
 
 
 def test_a_second_holder_is_refused_with_the_owners_pid_and_the_lock_is_free_after_release(tmp_path: Path) -> None:

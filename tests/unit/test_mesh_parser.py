@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.controlplane.xds.yamlfields import RegistryError
-from istio_agent.mesh.model import App, Target
-from istio_agent.mesh.parser import parse_mesh
+from istiod_local.controlplane.xds.yamlfields import RegistryError
+from istiod_local.mesh.model import App, Target
+from istiod_local.mesh.parser import parse_mesh
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from istio_agent.controlplane.xds.registry import parse_registry
-from istio_agent.mesh.parser import parse_mesh
-from istio_agent.mesh.planner import plan_mesh, registry_document
-from istio_agent.node.plan import PodPlan, PodSpec, plan_node, plan_pod
+from istiod_local.controlplane.xds.registry import parse_registry
+from istiod_local.mesh.parser import parse_mesh
+from istiod_local.mesh.planner import plan_mesh, registry_document
+from istiod_local.node.plan import PodPlan, PodSpec, plan_node, plan_pod
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
 
@@ -51,7 +51,7 @@ def test_apps_call_by_name_with_dns_capture_and_by_cluster_ip_without() -> None:
     plan = plan_mesh(parse_mesh(EXAMPLE), python="py")
     specs = {p.name: p for p in plan.pods}
     ratings_ip = plan.cluster_ips["secure/ratings"]
-    assert list(specs["reviews-v1-1"].app) == ["py", "-m", "istio_agent.mesh.apps", "--pod", "reviews-v1-1",
+    assert list(specs["reviews-v1-1"].app) == ["py", "-m", "istiod_local.mesh.apps", "--pod", "reviews-v1-1",
                                                "http-echo", "--port", "8080",
                                                "--next", "http://ratings.secure.svc.cluster.local:9080/"]
     assert list(specs["reviews-v2-1"].app)[-1] == f"http://{ratings_ip}:9080/"
@@ -59,7 +59,7 @@ def test_apps_call_by_name_with_dns_capture_and_by_cluster_ip_without() -> None:
     assert "tcp://tcp-echo.secure.svc.cluster.local:9000" in sleep
     assert "http://legacy.example.internal:80/" in sleep
     assert list(specs["greeter-client-1"].app)[-2:] == ["--call", "xds:///greeter.default.svc.cluster.local:7070"]
-    assert list(specs["greeter-1"].app) == ["py", "-m", "istio_agent.node.grpc_apps", "serve", "--port", "50051"]
+    assert list(specs["greeter-1"].app) == ["py", "-m", "istiod_local.node.grpc_apps", "serve", "--port", "50051"]
     assert specs["legacy-1"].app[5] == "http-echo"
 
 

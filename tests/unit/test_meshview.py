@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from istio_agent.meshview.collector import parse_certs, parse_istiod_metrics, split_address
-from istio_agent.meshview.model import (
+from istiod_local.meshview.collector import parse_certs, parse_istiod_metrics, split_address
+from istiod_local.meshview.model import (
     History,
     IstiodSample,
     MeshEvent,
@@ -18,8 +18,8 @@ from istio_agent.meshview.model import (
     changes,
     outbound_host,
 )
-from istio_agent.meshview.render import log_lines, render_text
-from istio_agent.meshview.stats import (
+from istiod_local.meshview.render import log_lines, render_text
+from istiod_local.meshview.stats import (
     ENVOY_STATS_FILTER,
     AgentStats,
     ClusterStats,
@@ -371,8 +371,8 @@ def test_a_short_terminal_keeps_the_failing_pods_services_and_events_and_counts_
 
 
 def test_a_pem_workload_certificate_gives_identity_expiry_and_serial() -> None:
-    from istio_agent.meshview.collector import parse_pem_certificate
     from istio_agent.pki import certs, keys
+    from istiod_local.meshview.collector import parse_pem_certificate
 
     key = keys.generate_key("ECDSA")
     ca = certs.new_root_ca(key, "cluster.local", 1_700_000_000.0, 86400.0 * 10)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from istio_agent.controlplane.monitoring import XdsMonitor, metric_type
-from istio_agent.meshview.collector import parse_istiod_metrics
-from istio_agent.meshview.stats import prometheus_samples
 from istio_agent.protos import typeurls
+from istiod_local.controlplane.monitoring import XdsMonitor, metric_type
+from istiod_local.meshview.collector import parse_istiod_metrics
+from istiod_local.meshview.stats import prometheus_samples
 
 ECHO = "outbound|80||echo.default.svc.cluster.local"
 NODE = "sidecar~10.244.0.2~client-1.default~default.svc.cluster.local"

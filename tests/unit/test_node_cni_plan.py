@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.controlplane.xds.registry import parse_registry
-from istio_agent.node.cni_plan import (
+from istiod_local.controlplane.xds.registry import parse_registry
+from istiod_local.node.cni_plan import (
     CniPaths,
     container_id,
     host_veth,
@@ -23,8 +23,8 @@ from istio_agent.node.cni_plan import (
     result_address,
     validation_status,
 )
-from istio_agent.node.cni_runtime import parse_network
-from istio_agent.node.plan import (
+from istiod_local.node.cni_runtime import parse_network
+from istiod_local.node.plan import (
     PlanError,
     PodSpec,
     capture_args,

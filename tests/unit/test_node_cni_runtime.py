@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from istio_agent.node.cni_runtime import (
+from istiod_local.node.cni_runtime import (
     CACHE_KIND,
     CniConfigError,
     CniExecError,

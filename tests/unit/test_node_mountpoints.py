@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from istio_agent.node.mountpoints import MountPoints, missing_ancestors
+from istiod_local.node.mountpoints import MountPoints, missing_ancestors
 
 
 def _points(root: Path, owner: str, alive: set[int]) -> MountPoints:

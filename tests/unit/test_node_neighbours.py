@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from istio_agent.node.neighbours import HARD, SOFT, raise_limits, read_limits, wanted_limits
+from istiod_local.node.neighbours import HARD, SOFT, raise_limits, read_limits, wanted_limits
 
 
 def test_a_slash_24_node_needs_more_than_the_kernel_default() -> None:

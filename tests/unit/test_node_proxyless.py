@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from istio_agent.node import proxyless
-from istio_agent.node.plan import NodePlan, PodPlan, PodSpec, bridge_mac, plan_node, plan_pod
+from istiod_local.node import proxyless
+from istiod_local.node.plan import NodePlan, PodPlan, PodSpec, bridge_mac, plan_node, plan_pod
 
 
 def _pod(**fields: Any) -> tuple[NodePlan, PodPlan]:

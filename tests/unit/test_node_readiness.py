@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from istio_agent.node.readiness import ROUND_INTERVAL, ReadinessRounds, Target, wait_all
+from istiod_local.node.readiness import ROUND_INTERVAL, ReadinessRounds, Target, wait_all
 
 
 def _target(name: str) -> Target:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.node.plan import PodSpec, plan_node, plan_pod
-from istio_agent.node.vm import (
+from istiod_local.node.plan import PodSpec, plan_node, plan_pod
+from istiod_local.node.vm import (
     VmSpec,
     configure_argv,
     enter_argv,

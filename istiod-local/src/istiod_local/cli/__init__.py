@@ -1,0 +1,1 @@
+"""`istiod-local`'s command line: `serve` and its helpers (`main.py`), `up` (`up.py`)."""

@@ -1,0 +1,391 @@
+"""The objects istiod-local's Kubernetes API serves, with resourceVersions and a watch log (sans-IO).
+
+One counter numbers every change, as etcd's revision does: each object
+carries the `resourceVersion` of its last change, a list reports the
+counter, and the log keeps the last `history` changes so a watch from a
+resourceVersion replays what came after it. A resourceVersion older than
+the log's start is `410 Expired` (the client lists again), as the
+apiserver's watch cache answers.
+
+Pods come from the registry (`apply_registry`, on every reload): a new
+workload is ADDED, a changed one MODIFIED, a removed one DELETED. What
+clients changed through the API survives a reload of a pod that is still
+there: the status the node reported with PATCH .../status and the labels
+and annotations patched in. A pod deleted through the API stays deleted
+until its registry entry changes (or leaves and comes back), as a pod
+without a controller to recreate it would.
+
+Nothing here does I/O or reads a clock: `now` is an RFC 3339 string given
+by the caller; listeners are plain callables the server registers.
+
+Objects are never changed in place once stored: a change makes a new object
+(sharing what did not change), so `get`, `list_objects` and events hand out
+the stored objects themselves, without copying; callers must not change them.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from istiod_local.controlplane.kubeapi import errors, validation
+from istiod_local.controlplane.kubeapi.patch import PatchError, apply_patch
+from istiod_local.controlplane.kubeapi.pods import (
+    DEFAULT_HOST_IP,
+    PodMeta,
+    render_inputs,
+    render_namespace,
+    render_pod,
+)
+from istiod_local.controlplane.kubeapi.selectors import FieldSelector, LabelSelector
+from istiod_local.controlplane.xds.registry import Registry, Workload
+
+PODS = "pods"
+NAMESPACES = "namespaces"
+KINDS = {PODS: "Pod", NAMESPACES: "Namespace"}
+# Namespaces every cluster has, whether or not the registry names them.
+BUILTIN_NAMESPACES = ("default", "istio-system", "kube-system")
+DEFAULT_HISTORY = 1000
+
+Key = tuple[str, str]  # (namespace, name); namespace "" for namespaces
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED | MODIFIED | DELETED
+    resource: str  # pods | namespaces
+    object: dict[str, Any]
+    resource_version: int
+    # The object before this change (MODIFIED), so a filtered watch can turn it into ADDED/DELETED.
+    previous: dict[str, Any] | None = None
+
+
+@dataclass
+class _Entry:
+    rendered: dict[str, Any]  # what the registry says, without resourceVersion
+    current: dict[str, Any]  # what is served
+    workload: Workload | None = None
+    inputs: Any = None  # what `rendered` was rendered from (the same inputs need no new rendering)
+    status_override: dict[str, Any] | None = None
+    label_overrides: dict[str, str | None] = field(default_factory=dict)
+    annotation_overrides: dict[str, str | None] = field(default_factory=dict)
+
+
+def _diff_map(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {k: v for k, v in after.items() if before.get(k) != v}
+    out.update({k: None for k in before if k not in after})
+    return out
+
+
+def _apply_overrides(base: dict[str, str] | None, overrides: dict[str, str | None]) -> dict[str, str]:
+    out = dict(base or {})
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def _spec_without_images(spec: Any) -> Any:
+    """A pod's spec with what the apiserver lets an update change (images, activeDeadlineSeconds) blanked."""
+    out = copy.deepcopy(spec) if isinstance(spec, dict) else spec
+    if isinstance(out, dict):
+        out.pop("activeDeadlineSeconds", None)
+        out.pop("tolerations", None)
+        for key in ("containers", "initContainers", "ephemeralContainers"):
+            for container in out.get(key) or []:
+                if isinstance(container, dict):
+                    container.pop("image", None)
+    return out
+
+
+class KubeStore:
+    """Pods and namespaces, their resourceVersions and the change log."""
+
+    def __init__(self, default_node: str, host_ip: str = DEFAULT_HOST_IP, history: int = DEFAULT_HISTORY,
+                 first_version: int = 1) -> None:
+        """`first_version`: where resourceVersions start. The server starts them from the clock (in
+        microseconds), so that they never go back across a restart: a watch resuming from a version of
+        an earlier run is older than anything here and gets 410 Expired (its client lists again),
+        instead of silently waiting for versions it has already seen."""
+        if history < 1:
+            raise ValueError(f"watch history must be at least 1 event, got {history}")
+        if first_version < 1:
+            raise ValueError(f"resourceVersions start at 1 or later, got {first_version}")
+        self.default_node = default_node
+        self.host_ip = host_ip
+        self._rv = first_version
+        self._entries: dict[str, dict[Key, _Entry]] = {PODS: {}, NAMESPACES: {}}
+        self._log: deque[WatchEvent] = deque()
+        self._history = history
+        # The newest resourceVersion no longer in the log (at first: all before this store existed).
+        self._compacted = first_version - 1
+        self._incarnations: dict[Key, int] = {}
+        self._tombstones: dict[Key, Workload] = {}
+        self._listeners: list[Callable[[WatchEvent], None]] = []
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        entry = self._entries[resource].get((namespace if resource == PODS else "", name))
+        if entry is None:
+            raise errors.not_found(resource, name)
+        return entry.current
+
+    def list_objects(self, resource: str, namespace: str = "", labels: LabelSelector | None = None,
+             fields: FieldSelector | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Matching objects, sorted by namespace and name, and the collection's resourceVersion."""
+        out = []
+        for (ns, _), entry in sorted(self._entries[resource].items()):
+            if namespace and resource == PODS and ns != namespace:
+                continue
+            if matches(entry.current, labels, fields):
+                out.append(entry.current)
+        return out, self._rv
+
+    def watch_start(self, resource: str, resource_version: str) -> list[WatchEvent]:
+        """The events a new watch begins with: synthetic ADDED for "" and "0", else the log after that RV.
+
+        Raises ApiError 410 when the RV is older than the log keeps, 400 when it is not a number.
+        """
+        if resource_version in ("", "0"):
+            return [WatchEvent("ADDED", resource, e.current, int(e.current["metadata"]["resourceVersion"]))
+                    for _, e in sorted(self._entries[resource].items())]
+        try:
+            since = int(resource_version)
+        except ValueError:
+            raise errors.bad_request(f'invalid resource version "{resource_version}"') from None
+        if since < self._compacted:
+            raise errors.expired(since, self._compacted + 1)
+        return [e for e in self._log if e.resource == resource and e.resource_version > since]
+
+    def subscribe(self, listener: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        """Call `listener` with every change from now on; returns the unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    # ---- changes --------------------------------------------------------------------------------
+
+    def _emit(self, kind: str, resource: str, obj: dict[str, Any], previous: dict[str, Any] | None = None) -> None:
+        event = WatchEvent(kind, resource, obj, self._rv, previous)
+        self._log.append(event)
+        while len(self._log) > self._history:
+            self._compacted = self._log.popleft().resource_version
+        for listener in list(self._listeners):
+            listener(event)
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A new version of `obj` (shallow: what it shares with `obj` is never changed in place)."""
+        self._rv += 1
+        out = dict(obj)
+        out["metadata"] = {**obj["metadata"], "resourceVersion": str(self._rv)}
+        return out
+
+    def _uid(self, resource: str, key: Key) -> str:
+        incarnation = self._incarnations.get(key if resource == PODS else ("#ns", key[1]), 0)
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"istiod-local:{resource}/{key[0]}/{key[1]}/{incarnation}"))
+
+    def apply_registry(self, registry: Registry, now: str) -> list[WatchEvent]:
+        """Bring pods and namespaces in line with a (re)loaded registry; the events it caused."""
+        first_rv = self._rv
+        names = set(BUILTIN_NAMESPACES) | {w.namespace for w in registry.workloads} \
+            | {s.namespace for s in registry.services} | set(registry.namespaces)
+        namespaces: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
+        for name in names:
+            existing = self._entries[NAMESPACES].get(("", name))
+            uid, created = ((existing.current["metadata"]["uid"], existing.current["metadata"]["creationTimestamp"])
+                            if existing is not None else (self._uid(NAMESPACES, ("", name)), now))
+            namespaces["", name] = (render_namespace(name, registry.namespaces.get(name, {}), uid, created), None,
+                                    None)
+        self._sync(NAMESPACES, namespaces)
+        pods: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
+        for workload in registry.workloads:
+            key = (workload.namespace, workload.name)
+            entry = self._entries[PODS].get(key)
+            if entry is None and self._tombstones.get(key) == workload:
+                continue  # deleted through the API and unchanged since
+            self._tombstones.pop(key, None)
+            inputs = render_inputs(registry, workload)
+            if entry is not None and entry.inputs == inputs:
+                pods[key] = (entry.rendered, workload, inputs)
+                continue
+            if entry is not None:
+                meta = PodMeta(entry.current["metadata"]["uid"], entry.current["metadata"]["creationTimestamp"],
+                               self.default_node, self.host_ip)
+            else:
+                meta = PodMeta(self._uid(PODS, key), now, self.default_node, self.host_ip)
+            pods[key] = (render_pod(registry, workload, meta), workload, inputs)
+        wanted = {(w.namespace, w.name) for w in registry.workloads}
+        self._tombstones = {k: w for k, w in self._tombstones.items() if k in wanted}
+        self._sync(PODS, pods)
+        return [e for e in self._log if e.resource_version > first_rv]
+
+    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]]) -> None:
+        entries = self._entries[resource]
+        for key in sorted(set(entries) - set(desired)):
+            entry = entries.pop(key)
+            self._forget(resource, key)
+            self._emit("DELETED", resource, self._stamp(entry.current))
+        for key in sorted(desired):
+            rendered, workload, inputs = desired[key]
+            found = entries.get(key)
+            if found is None:
+                entries[key] = _Entry(rendered, self._stamp(rendered), workload, inputs)
+                self._emit("ADDED", resource, entries[key].current)
+                continue
+            entry = found
+            entry.workload, entry.inputs = workload, inputs
+            if rendered == entry.rendered:
+                continue
+            entry.rendered = rendered
+            served = dict(rendered)
+            meta = served["metadata"] = dict(rendered["metadata"])
+            if entry.label_overrides:
+                meta["labels"] = _apply_overrides(meta.get("labels"), entry.label_overrides)
+            if entry.annotation_overrides:
+                meta["annotations"] = _apply_overrides(meta.get("annotations"), entry.annotation_overrides)
+            if entry.status_override is not None:
+                served["status"] = entry.status_override
+            previous = entry.current
+            if _without_rv(served) == _without_rv(previous):
+                continue
+            entry.current = self._stamp(served)
+            self._emit("MODIFIED", resource, entry.current, previous)
+
+    def _forget(self, resource: str, key: Key) -> None:
+        ident = key if resource == PODS else ("#ns", key[1])
+        self._incarnations[ident] = self._incarnations.get(ident, 0) + 1
+
+    def patch_pod(self, namespace: str, name: str, content_type: str, body: Any,
+                  subresource: str = "") -> dict[str, Any]:
+        """PATCH pods/{name} or pods/{name}/status; the new object (unchanged RV when nothing changed)."""
+        entry = self._entries[PODS].get((namespace, name))
+        if entry is None:
+            raise errors.not_found(PODS, name)
+        old = entry.current
+        try:
+            result = apply_patch(content_type, old, body)
+        except PatchError as exc:
+            if str(exc).startswith("the body of the request was in an unknown format"):
+                raise errors.ApiError(415, str(exc)) from None
+            raise errors.invalid("Pod", name, str(exc)) from None
+        if not isinstance(result, dict) or not isinstance(result.get("metadata", {}), dict):
+            raise errors.invalid("Pod", name, "the patched object is not a Pod")
+        # The patch shares untouched parts with `old`: copy what is changed here.
+        result = dict(result)
+        meta = result["metadata"] = dict(result.get("metadata") or {})
+        wanted_rv = meta.get("resourceVersion")
+        if wanted_rv not in (None, "") and str(wanted_rv) != old["metadata"]["resourceVersion"]:
+            raise errors.modified_conflict(PODS, name)
+        for key in ("name", "namespace", "uid", "creationTimestamp"):
+            if meta.get(key) != old["metadata"].get(key):
+                raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: field is immutable")
+        result["apiVersion"], result["kind"] = "v1", "Pod"
+        for key in ("labels", "annotations"):
+            value = meta.get(key)
+            if value is not None and (not isinstance(value, dict) or
+                                      not all(isinstance(v, str) for v in value.values())):
+                raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: must map strings to strings")
+        found = (validation.check_labels(meta.get("labels") or {})
+                 + validation.check_annotations(meta.get("annotations") or {}))
+        if found:
+            raise errors.invalid_fields("Pod", name, found)
+        if subresource == "status":
+            result["spec"] = old.get("spec")
+        else:
+            result["status"] = old.get("status")
+            if _spec_without_images(result.get("spec")) != _spec_without_images(old.get("spec")):
+                raise errors.invalid("Pod", name, "spec: Forbidden: pod updates may not change fields other than "
+                                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+                                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to "
+                                     "existing tolerations)")
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if result == old:
+            return old
+        old_meta = old["metadata"]
+        entry.label_overrides.update(_diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
+        entry.annotation_overrides.update(_diff_map(old_meta.get("annotations") or {},
+                                                    meta.get("annotations") or {}))
+        if subresource == "status" and result.get("status") != old.get("status"):
+            entry.status_override = result.get("status")
+        entry.current = self._stamp(result)
+        self._emit("MODIFIED", PODS, entry.current, old)
+        return entry.current
+
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None,
+                   resource_version: str | None = None) -> dict[str, Any]:
+        """DELETE with DeleteOptions' preconditions; the object as deleted."""
+        key = (namespace, name)
+        entry = self._entries[PODS].get(key)
+        if entry is None:
+            raise errors.not_found(PODS, name)
+        meta = entry.current["metadata"]
+        if uid and uid != meta["uid"]:
+            raise errors.conflict(PODS, name, f"Precondition failed: UID in precondition: {uid}, "
+                                              f"UID in object meta: {meta['uid']}")
+        if resource_version and resource_version != meta["resourceVersion"]:
+            raise errors.conflict(PODS, name, f"Precondition failed: ResourceVersion in precondition: "
+                                              f"{resource_version}, ResourceVersion in object meta: "
+                                              f"{meta['resourceVersion']}")
+        del self._entries[PODS][key]
+        self._forget(PODS, key)
+        if entry.workload is not None:
+            self._tombstones[key] = entry.workload
+        final = self._stamp(entry.current)
+        self._emit("DELETED", PODS, final)
+        return final
+
+
+def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:
+    out = dict(obj)
+    out["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return out
+
+
+def matches(obj: dict[str, Any], labels: LabelSelector | None, fields: FieldSelector | None) -> bool:
+    if labels is not None and not labels.matches(obj.get("metadata", {}).get("labels") or {}):
+        return False
+    return fields is None or fields.matches(obj)
+
+
+def filter_event(event: WatchEvent, labels: LabelSelector | None, fields: FieldSelector | None,
+                 namespace: str = "") -> WatchEvent | None:
+    """What a watcher with these selectors sees of `event`: as is, as ADDED/DELETED, or nothing.
+
+    A MODIFIED object that starts matching is ADDED to that watcher, one that stops matching is
+    DELETED from it, as the apiserver's watch cache reports them.
+    """
+    def visible(obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        if namespace and obj.get("metadata", {}).get("namespace") != namespace:
+            return False
+        return matches(obj, labels, fields)
+
+    now = visible(event.object)
+    if event.type != "MODIFIED":
+        return event if now else None
+    before = visible(event.previous)
+    if now and before:
+        return event
+    if now:
+        return WatchEvent("ADDED", event.resource, event.object, event.resource_version)
+    if before:
+        return WatchEvent("DELETED", event.resource, event.object, event.resource_version)
+    return None
+
+
+def bookmark(resource: str, resource_version: int) -> dict[str, Any]:
+    """A BOOKMARK event's object: only the kind and the resourceVersion the watcher has seen up to."""
+    return {"kind": KINDS[resource], "apiVersion": "v1", "metadata": {"resourceVersion": str(resource_version)}}
+
+

@@ -1,0 +1,273 @@
+"""`up --check`'s logic without I/O: which probes to make, what the mesh file says each must give, and
+how an answer is read.
+
+Probes: each deployment's first pod is a client. A sidecar pod calls every
+service port by clusterIP and, with DNS capture, by name, and every service
+entry by name; a proxyless `grpc-client` pod calls every GRPC port over
+xDS (`xds:///host:port`, through its app's control port); a pod outside the
+mesh calls each service's first backend pod directly on its target port, in
+plaintext (it has no capture, so a clusterIP leads nowhere).
+
+Expectations: an entry of the mesh file's `expectations:` that matches the
+probe (client deployment, service or entry, optionally port) says it;
+otherwise the policies do, as upstream Istio decides them:
+
+- through the mesh (sidecar or proxyless client): mTLS presenting the
+  client's SPIFFE id, unless the server pods are outside the mesh or their
+  namespace's PeerAuthentication is DISABLE (then plaintext: auto mTLS
+  sends TLS only where it will be accepted); refused when the service has
+  no endpoints; a service entry's endpoint gets plaintext (unless it is a
+  sidecar pod of a STRICT namespace, which refuses it);
+- plaintext from outside the mesh: a sidecar in a STRICT namespace refuses
+  it, PERMISSIVE and DISABLE accept it; a proxyless gRPC server refuses it
+  under STRICT and PERMISSIVE too (gRPC cannot serve TLS and plaintext on
+  one port, so upstream's PERMISSIVE means mTLS for mesh pods); a pod
+  outside the mesh accepts it.
+
+Observations: an HTTP answer's `x-forwarded-client-cert` (`URI=` is the
+client identity the server-side Envoy verified); a gRPC reply's peer
+identities (the proxyless server's view); otherwise the client Envoy's
+`ssl.handshake` counter of the target's outbound cluster (TCP, gRPC behind a
+server sidecar), which proves mTLS but not the identity it carried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from istiod_local.mesh.model import GRPC_CONTROL_PORT, Deployment, Mesh, Service
+from istiod_local.mesh.planner import MeshPlan, pod_name
+
+MTLS, PLAINTEXT, REFUSED = "mtls", "plaintext", "refused"
+_KIND = {"HTTP": "http", "HTTP2": "http", "GRPC": "grpc", "TCP": "tcp"}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One call the check makes from `pod` (the first pod of `client`)."""
+
+    client: str  # "<namespace>/<deployment>"
+    pod: str
+    kind: str  # http | tcp | grpc | grpc-xds
+    address: str  # URL, host:port or xds target, as the probe app takes it
+    target: str  # what the table shows: "<host>:<port>" or "<pod>:<port>"
+    via: str  # "clusterIP" | "DNS" | "xDS" | "pod IP"
+    service: str = ""  # "<namespace>/<service>"
+    entry: str = ""  # service entry name
+    backend: str = ""  # "<namespace>/<deployment>" a pod-IP probe goes to
+    cluster: str = ""  # the client Envoy's outbound cluster ("outbound|port||host"), "" without a sidecar
+    port: int = 0  # the service (or entry) port the probe is for
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "address": self.address}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # mtls | plaintext | refused
+    identity: str = ""  # the client SPIFFE id the server saw ("" when not observable or not mTLS)
+    detail: str = ""
+
+    def show(self) -> str:
+        if self.kind == MTLS:
+            return f"mtls {self.identity}" if self.identity else "mtls (TLS stats)"
+        return self.kind
+
+
+def _address(protocol: str, host: str, port: int) -> str:
+    kind = _KIND[protocol]
+    return f"http://{host}:{port}/" if kind == "http" else f"{host}:{port}"
+
+
+def probes(plan: MeshPlan, pod_ips: Mapping[str, str]) -> list[Probe]:
+    """Every probe of the check, given the pods' addresses (for the probes from outside the mesh)."""
+    mesh = plan.mesh
+    out: list[Probe] = []
+    for client in mesh.deployments:
+        pod = plan.first_pod(client)
+        if pod is None:
+            continue
+        if client.mode == "sidecar":
+            out += _sidecar_probes(plan, client, pod)
+        elif client.mode == "proxyless" and client.app.kind == "grpc-client":
+            for service in mesh.services:
+                for port in service.ports:
+                    if port.protocol == "GRPC":
+                        host = service.hostname()
+                        out.append(Probe(client.key, pod, "grpc-xds", f"xds:///{host}:{port.port}",
+                                         f"{host}:{port.port}", "xDS", service=service.key, port=port.port))
+        elif client.mode == "none":
+            out += _plaintext_probes(plan, client, pod, pod_ips)
+    return out
+
+
+def _sidecar_probes(plan: MeshPlan, client: Deployment, pod: str) -> list[Probe]:
+    mesh, out = plan.mesh, []
+    for service in mesh.services:
+        for port in service.ports:
+            host = service.hostname()
+            cluster = f"outbound|{port.port}||{host}"
+            kind = _KIND[port.protocol]
+            ways = [("clusterIP", plan.cluster_ips[service.key])] + ([("DNS", host)] if client.dns_capture else [])
+            for via, address in ways:
+                out.append(Probe(client.key, pod, kind, _address(port.protocol, address, port.port),
+                                 f"{host}:{port.port}", via, service=service.key, cluster=cluster, port=port.port))
+    if client.dns_capture:
+        for entry in mesh.service_entries:
+            for port in entry.ports:
+                host = entry.hosts[0]
+                out.append(Probe(client.key, pod, _KIND[port.protocol], _address(port.protocol, host, port.port),
+                                 f"{host}:{port.port}", "DNS", entry=entry.name,
+                                 cluster=f"outbound|{port.port}||{host}", port=port.port))
+    return out
+
+
+def _plaintext_probes(plan: MeshPlan, client: Deployment, pod: str, pod_ips: Mapping[str, str]) -> list[Probe]:
+    mesh, out = plan.mesh, []
+    for service in mesh.services:
+        backend = next((b for b in mesh.backends(service) if plan.first_pod(b) is not None), None)
+        if backend is None or backend.key == client.key:
+            continue
+        server_pod = pod_name(backend, 1)
+        ip = pod_ips.get(server_pod)
+        if not ip:
+            continue
+        for port in service.ports:
+            out.append(Probe(client.key, pod, _KIND[port.protocol], _address(port.protocol, ip, port.target_port),
+                             f"{server_pod}:{port.target_port}", "pod IP", service=service.key,
+                             backend=backend.key, port=port.port))
+    return out
+
+
+def _live_backends(plan: MeshPlan, service: Service) -> list[Deployment]:
+    return [b for b in plan.mesh.backends(service) if plan.first_pod(b) is not None]
+
+
+def _plaintext_accepted(mesh: Mesh, server: Deployment) -> Outcome:
+    mode = mesh.mtls_mode(server.namespace)
+    if server.mode == "none":
+        return Outcome(PLAINTEXT, detail="the server is outside the mesh")
+    if server.mode == "proxyless" and mode != "DISABLE":
+        return Outcome(REFUSED, detail=f"proxyless gRPC server under {mode}: mTLS only")
+    if mode == "STRICT":
+        return Outcome(REFUSED, detail="STRICT refuses plaintext")
+    return Outcome(PLAINTEXT, detail=f"{mode} accepts plaintext")
+
+
+def declared(mesh: Mesh, probe: Probe) -> Outcome | None:
+    """The mesh file's own `expectations:` entry for this probe, if one matches (the last one wins)."""
+    found = None
+    for wanted in mesh.expectations:
+        if wanted.client != probe.client or (wanted.port and wanted.port != probe.port):
+            continue
+        if (wanted.service and wanted.service == probe.service) or (wanted.entry and wanted.entry == probe.entry):
+            client = mesh.deployment(probe.client)
+            identity = mesh.spiffe_id(client) if client is not None and wanted.outcome == MTLS else ""
+            found = Outcome(wanted.outcome, identity, "declared in the mesh file")
+    return found
+
+
+def expect(plan: MeshPlan, probe: Probe) -> Outcome:
+    """What the mesh file says `probe` must give: its declared expectation, else what its policies say."""
+    mesh = plan.mesh
+    client = mesh.deployment(probe.client)
+    assert client is not None
+    stated = declared(mesh, probe)
+    if stated is not None:
+        return stated
+    if probe.backend:  # from outside the mesh, straight to a pod
+        backend = mesh.deployment(probe.backend)
+        assert backend is not None
+        return _plaintext_accepted(mesh, backend)
+    if probe.entry:
+        entry = mesh.entry(probe.entry)
+        assert entry is not None
+        servers = [d for e in entry.endpoints if e.deployment
+                   for d in [mesh.deployment(e.deployment)] if d is not None and plan.first_pod(d) is not None]
+        if not servers and not any(e.address for e in entry.endpoints):
+            return Outcome(REFUSED, detail="the service entry has no endpoints")
+        return _plaintext_accepted(mesh, servers[0]) if servers else Outcome(PLAINTEXT, detail="external endpoint")
+    service = mesh.service(probe.service)
+    assert service is not None
+    backends = _live_backends(plan, service)
+    if not backends:
+        return Outcome(REFUSED, detail="the service has no endpoints")
+    server = backends[0]
+    if server.mode == "none":
+        return Outcome(PLAINTEXT, detail="the server is outside the mesh: no mTLS")
+    if mesh.mtls_mode(server.namespace) == "DISABLE":
+        return Outcome(PLAINTEXT, detail="DISABLE: auto mTLS sends plaintext")
+    return Outcome(MTLS, mesh.spiffe_id(client), detail=f"{mesh.mtls_mode(server.namespace)} namespace")
+
+
+def _identity_from_xfcc(xfcc: str) -> str:
+    """The client's `URI=` of the last element (the hop that reached this server)."""
+    last = xfcc.split(",")[-1]
+    for part in last.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip() == "URI":
+            return value.strip().strip('"')
+    return ""
+
+
+def observe(probe: Probe, raw: Mapping[str, Any], tls_handshakes: int | None) -> Outcome:
+    """Read one probe's answer (`apps.probe_one`'s JSON) and the client Envoy's TLS handshakes on its cluster
+    during the probes (None: no sidecar to ask)."""
+    if not raw.get("answered"):
+        return Outcome(REFUSED, detail=str(raw.get("error", "no answer")))
+    tls = bool(tls_handshakes)
+    if probe.kind == "http":
+        status = raw.get("status")
+        if status != 200:
+            return Outcome(REFUSED, detail=f"HTTP {status}")
+        identity = _identity_from_xfcc(str(raw.get("xfcc", "")))
+        return Outcome(MTLS, identity) if identity else Outcome(PLAINTEXT, detail="no client certificate seen")
+    if probe.kind in ("grpc", "grpc-xds"):
+        identities = list(raw.get("identities") or [])
+        if identities:
+            return Outcome(MTLS, str(identities[0]))
+        return Outcome(MTLS, detail="client TLS handshakes") if tls else Outcome(PLAINTEXT)
+    return Outcome(MTLS, detail="client TLS handshakes") if tls else Outcome(PLAINTEXT)
+
+
+def holds(expected: Outcome, observed: Outcome) -> bool:
+    """The expectation held: same outcome, and the same identity wherever the server could show one."""
+    if expected.kind != observed.kind:
+        return False
+    return not (expected.identity and observed.identity) or expected.identity == observed.identity
+
+
+@dataclass(frozen=True)
+class Row:
+    probe: Probe
+    expected: Outcome
+    observed: Outcome
+
+    @property
+    def ok(self) -> bool:
+        return holds(self.expected, self.observed)
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def table(rows: Sequence[Row]) -> str:
+    """One table: client, target, via, expected, observed, ok."""
+    head = ("client", "target", "via", "expected", "observed", "ok")
+    cells = [head] + [(r.probe.pod, r.probe.target, r.probe.via, r.expected.show(),
+                       r.observed.show() + (f" ({_short(r.observed.detail)})" if r.observed.kind == REFUSED
+                                            and r.observed.detail else ""),
+                       "ok" if r.ok else "FAIL") for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
+    passed = sum(r.ok for r in rows)
+    lines.append(f"{passed}/{len(rows)} expectations held")
+    return "\n".join(lines)
+
+
+def control_port() -> int:
+    """Where a proxyless grpc-client takes the check's calls (its app's control port)."""
+    return GRPC_CONTROL_PORT

@@ -1,0 +1,441 @@
+"""`istiod-local up`: bring a mesh file up on a local node, keep it in step with the file, check it.
+
+The I/O edge of the package: `parser`, `planner` and `expect` decide, this
+runs. Start: the run lock (`lock.py`), a `LocalNode` (CNI or istio-init
+capture; `create()` sweeps what killed runs left), the registry from the
+plan, istiod-local, every pod through `LocalNode.add_pods`, then waiting for
+every sidecar's `/healthz/ready` and every server app's port. While running
+it polls the mesh file once a second: a good new version is re-planned and
+applied (pods whose spec changed or that are gone are removed, the registry
+rewritten without them, new pods placed, the registry rewritten with them,
+then they are started: what a Deployment controller and kubelet do in
+turn); a bad one is reported with its line and field and the last good mesh
+keeps running. Every 10 s it logs the background traffic the client apps
+report. Ctrl-C/SIGTERM (raised as KeyboardInterrupt by the command) tears
+everything down through `LocalNode.close()`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from istiod_local.controlplane.xds.yamlfields import RegistryError
+from istiod_local.mesh import expect
+from istiod_local.mesh.lock import RunLock
+from istiod_local.mesh.model import Mesh
+from istiod_local.mesh.parser import parse_mesh
+from istiod_local.mesh.planner import APPS_MODULE, MeshPlan, plan_mesh, registry_document
+from istiod_local.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
+from istiod_local.node.local_node import LocalNode, NodeOptions, Pod
+from istiod_local.node.plan import PlanError, PodPlan, PodSpec
+from istiod_local.node.processes import NodeError
+from istiod_local.node.proxyless import OUTPUT_CERTS
+
+# Istio's default stats inclusion list leaves out what the check and the live view read: TLS handshakes,
+# and the per-cluster request counters and latency histograms the request rates come from.
+MESH_PROXY_CONFIG: dict[str, Any] = {"proxyStatsMatcher": {"inclusionSuffixes": [
+    "ssl.handshake", *STATS_INCLUSION_SUFFIXES]}}
+MONITORING_PORT = 15014  # istiod's monitoring port, where the live view reads istiod-local
+TRAFFIC_LOG_EVERY = 10.0
+CHECK_ATTEMPTS = 3
+
+
+class MeshFileError(RuntimeError):
+    """The mesh file cannot be read or parsed (the message names the line and field)."""
+
+
+def load_mesh(path: Path) -> Mesh:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MeshFileError(f"{path}: {exc}") from None
+    try:
+        return parse_mesh(text, str(path))
+    except RegistryError as exc:
+        raise MeshFileError(str(exc)) from None
+
+
+class EventLog:
+    """One line per event on stdout (what a non-terminal gets, and the default without the live view).
+
+    Once the live view runs (`to_view`), events go to it instead: on a terminal it shows them under
+    "recent events" (a print would tear its screen), otherwise its plain log prints them.
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.view_queue: queue.Queue[MeshEvent | str] | None = None
+        self.print_lines = True
+
+    def to_view(self, events: queue.Queue[MeshEvent | str], print_lines: bool) -> None:
+        self.view_queue, self.print_lines = events, print_lines
+
+    def event(self, text: str) -> None:
+        if self.view_queue is not None:
+            self.view_queue.put(MeshEvent(time.time(), text))
+        if self.print_lines:
+            print(f"{time.strftime('%H:%M:%S')} {text}", file=self.stream, flush=True)
+
+
+@dataclass
+class UpOptions:
+    mesh_file: Path
+    directory: Path
+    capture: str = "cni"
+    scale: int = 1
+    timeout: float = 120.0
+    pod_cidr: str = "10.244.0.0/24"
+    python: str = sys.executable
+    proxy_config: Mapping[str, Any] = field(default_factory=lambda: dict(MESH_PROXY_CONFIG))
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def process_tree_rss_kb(root: int, tree: Mapping[int, list[int]]) -> int:
+    """VmRSS of `root` and all its descendants (the agent's wrappers, the agent, its Envoy)."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += _rss_kb(pid)
+        todo += tree.get(pid, [])
+    return total
+
+
+class MeshRun:
+    """A mesh file brought up on one local node; see the module docstring."""
+
+    def __init__(self, options: UpOptions, log: EventLog | None = None) -> None:
+        self.options = options
+        self.log = log or EventLog()
+        self.directory = options.directory.resolve()
+        self.lock = RunLock(self.directory)
+        self.node: LocalNode | None = None
+        self.plan: MeshPlan | None = None
+        self.pods: dict[str, Pod] = {}
+        self.started = time.monotonic()
+        self.ready_s: float | None = None
+        self._signature: tuple[int, int, int] | None = None
+        self._last_error = ""
+        self._reported_exits: set[str] = set()
+        self._next_traffic = 0.0
+
+    # ---- start and stop
+
+    def start(self, before_pods: Callable[[], None] | None = None) -> None:
+        """Lock, build the node, start istiod-local and every pod, wait until all are ready.
+
+        `before_pods` runs once istiod-local is up and before the first pod is made (the live view starts
+        there, so it shows the pods coming up)."""
+        mesh = load_mesh(self.options.mesh_file)  # a broken file fails before anything is built
+        self._signature = self._stat()
+        self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
+        problem = cidr_problem(len(self.plan.pods), self.options.pod_cidr)
+        if problem:
+            raise MeshFileError(problem)
+        self.lock.acquire()
+        self.node = node = LocalNode(NodeOptions(
+            workdir=self.directory / "node", istiod_state=self.directory / "istiod",
+            registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
+            ready_timeout=self.options.timeout, proxy_config=self.options.proxy_config,
+            capture=self.options.capture, python=self.options.python))
+        node.create()
+        self.log.event(f"node {node.plan.netns}: bridge {node.plan.bridge} {node.plan.gateway}/"
+                       f"{node.plan.network.prefixlen}, capture {self.options.capture}, logs in {node.logs}")
+        plans = node.plan_pods(self.plan.pods)
+        self._write_registry(plans)
+        node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])
+        self.log.event(f"istiod-local on {node.plan.istiod_tls_addr}, registry {node.registry}")
+        if before_pods is not None:
+            before_pods()
+        self._start_pods(plans)
+        self.ready_s = time.monotonic() - self.started
+        self.log.event(f"mesh ready: {len(self.pods)} pods in {self.ready_s:.1f} s")
+
+    @property
+    def monitoring_addr(self) -> str:
+        assert self.node is not None
+        return f"{self.node.plan.gateway}:{MONITORING_PORT}"
+
+    def view_targets(self) -> list[ViewTarget]:
+        """The running pods as the live view watches them (called from its thread once a second)."""
+        out = []
+        for pod in list(self.pods.values()):
+            spec = pod.plan.spec
+            mode = "proxyless" if spec.proxyless else "sidecar" if spec.sidecar else "none"
+            # A proxyless pod has no Envoy to ask for its certificate: read the one its agent writes.
+            cert = str(pod.dir / OUTPUT_CERTS.lstrip("/") / "cert-chain.pem") if spec.proxyless else ""
+            out.append(ViewTarget(name=pod.name, namespace=spec.namespace, ip=pod.ip, netns=pod.netns, mode=mode,
+                                  service_account=spec.service_account, cert_file=cert))
+        return out
+
+    def close(self) -> None:
+        try:
+            if self.node is not None:
+                self.node.close()
+        finally:
+            self.lock.release()
+
+    # ---- pods and registry
+
+    def _write_registry(self, plans: list[PodPlan]) -> None:
+        assert self.node is not None and self.plan is not None
+        text = yaml.safe_dump(registry_document(self.plan, plans), sort_keys=False)
+        partial = self.node.registry.with_name(f".{self.node.registry.name}.partial")
+        partial.write_text(text)
+        partial.replace(self.node.registry)  # istiod-local polls it and pushes the change
+
+    def _start_pods(self, plans: list[PodPlan]) -> None:
+        assert self.node is not None and self.plan is not None
+        if not plans:
+            return
+        started = self.node.add_pods(plans)
+        for pod in started:
+            self.pods[pod.name] = pod
+        ports = {p.name: self.plan.ready_ports[p.name] for p in started if p.name in self.plan.ready_ports}
+        self.node.wait_ready(started, ports)
+        for pod in started:
+            self.log.event(f"pod {pod.plan.spec.namespace}/{pod.name} ready: {pod.ip}, {self._mode(pod.plan.spec)}")
+
+    @staticmethod
+    def _mode(spec: PodSpec) -> str:
+        return "proxyless" if spec.proxyless else "sidecar" if spec.sidecar else "no mesh"
+
+    def _remove_pod(self, name: str) -> None:
+        assert self.node is not None
+        self.node.remove_pod(name)
+        self.pods.pop(name, None)
+
+    def apply(self, mesh: Mesh) -> None:
+        """Bring the running mesh to `mesh`: remove, re-register, add (see the module docstring)."""
+        assert self.node is not None and self.plan is not None
+        new = plan_mesh(mesh, self.options.scale, self.options.python)
+        wanted = {spec.name: spec for spec in new.pods}
+        gone = [name for name, pod in self.pods.items() if wanted.get(name) != pod.plan.spec]
+        kept = [pod.plan for name, pod in self.pods.items() if name not in gone]
+        old, self.plan = self.plan, new
+        if gone:
+            self._write_registry(kept)
+            for name in gone:
+                self._remove_pod(name)
+                self.log.event(f"pod {name} removed")
+        added = self.node.plan_pods([spec for spec in new.pods if spec.name not in self.pods])
+        self._write_registry(kept + added)
+        self._start_pods(added)
+        changes = [f"{len(gone)} pods removed"] if gone else []
+        changes += [f"{len(added)} pods added"] if added else []
+        if old.mesh.namespaces != mesh.namespaces:
+            changes.append("namespaces/PeerAuthentication: " + ", ".join(
+                f"{n.name} {n.peer_authentication}" for n in mesh.namespaces))
+        if old.mesh.services != mesh.services or old.mesh.service_entries != mesh.service_entries:
+            changes.append("services updated")
+        self.log.event(f"mesh file change applied: {'; '.join(changes) or 'registry rewritten'}")
+
+    # ---- running
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.options.mesh_file)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def poll_mesh_file(self) -> None:
+        """Apply the mesh file if it changed; a bad version is reported once and the last good one kept."""
+        signature = self._stat()
+        if signature == self._signature:
+            return
+        self._signature = signature
+        try:
+            mesh = load_mesh(self.options.mesh_file)
+        except MeshFileError as exc:
+            if str(exc) != self._last_error:
+                self.log.event(f"mesh file refused, keeping the last good mesh: {exc}")
+            self._last_error = str(exc)
+            return
+        self._last_error = ""
+        assert self.plan is not None
+        if mesh == self.plan.mesh:
+            return
+        try:
+            self.apply(mesh)
+        except (NodeError, PlanError) as exc:  # e.g. a pod that never got ready, a pod CIDR too small
+            self.log.event(f"applying the mesh file failed: {exc}")
+
+    def watch_processes(self) -> None:
+        for pod in list(self.pods.values()):
+            for proc in pod.processes():
+                if not proc.running() and proc.name not in self._reported_exits:
+                    self._reported_exits.add(proc.name)
+                    self.log.event(proc.describe_exit())
+
+    def traffic_report(self) -> list[str]:
+        """What each client app last reported (its cumulative call counts), one line per pod."""
+        assert self.node is not None
+        lines = []
+        for name in sorted(self.pods):
+            summary = _last_traffic(self.node.logs / f"{name}-app.log")
+            if summary:
+                parts = [f"{url} {c.get('ok', 0)} ok/{c.get('failed', 0)} failed" for url, c in sorted(summary.items())]
+                lines.append(f"traffic {name}: " + "; ".join(parts))
+        return lines
+
+    def tick(self) -> None:
+        """One second of running: the mesh file, dead processes, and now and then the traffic."""
+        self.poll_mesh_file()
+        self.watch_processes()
+        now = time.monotonic()
+        if now >= self._next_traffic:
+            if self._next_traffic:
+                for line in self.traffic_report():
+                    self.log.event(line)
+            self._next_traffic = now + TRAFFIC_LOG_EVERY
+
+    def run_forever(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.log.event(f"running; edit {self.options.mesh_file} to change the mesh; Ctrl-C stops everything")
+        while True:
+            self.tick()
+            sleep(1.0)
+
+    # ---- measuring and checking
+
+    def rss_per_pod_mb(self) -> float | None:
+        """Mean VmRSS of each sidecar pod's agent process tree (agent + Envoy), in MB."""
+        tree = _children()
+        sizes = [process_tree_rss_kb(pod.agent.pid, tree) for pod in self.pods.values()
+                 if pod.agent is not None and pod.plan.spec.sidecar and not pod.plan.spec.proxyless]
+        return round(sum(sizes) / len(sizes) / 1024, 1) if sizes else None
+
+    def _tls_handshakes(self, pod: Pod) -> dict[str, int]:
+        assert self.node is not None
+        out: dict[str, int] = {}
+        try:
+            text = self.node.envoy_admin(pod, "stats?filter=ssl.handshake")
+        except NodeError:
+            return out
+        for line in text.splitlines():
+            name, _, value = line.partition(": ")
+            if value.strip().isdigit():
+                out[name] = int(value)
+        return out
+
+    def _run_probes(self, probes: list[expect.Probe]) -> list[expect.Row]:
+        assert self.node is not None and self.plan is not None
+        by_pod: dict[str, list[expect.Probe]] = {}
+        for probe in probes:
+            by_pod.setdefault(probe.pod, []).append(probe)
+        sidecars = {name: self.pods[name] for name in by_pod
+                    if self.pods[name].agent is not None and not self.pods[name].proxyless}
+        before = {name: self._tls_handshakes(pod) for name, pod in sidecars.items()}
+        running = {}
+        for name, group in by_pod.items():
+            argv = [self.options.python, "-m", APPS_MODULE, "probe", json.dumps([p.as_json() for p in group]),
+                    "--control-port", str(expect.control_port())]
+            running[name] = subprocess.Popen(self.node.in_pod(self.pods[name], argv), stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        answers: dict[str, list[dict[str, Any]]] = {}
+        for name, proc in running.items():
+            try:
+                out, _ = proc.communicate(timeout=120)
+                answers[name] = json.loads(out)
+            except (subprocess.TimeoutExpired, ValueError) as exc:
+                proc.kill()
+                proc.communicate()
+                answers[name] = [{"answered": False, "error": f"probe run failed: {exc}"}] * len(by_pod[name])
+        after = {name: self._tls_handshakes(pod) for name, pod in sidecars.items()}
+        rows = []
+        for name, group in by_pod.items():
+            for probe, raw in zip(group, answers[name], strict=False):
+                handshakes = None
+                if name in sidecars and probe.cluster:
+                    handshakes = sum(v - before[name].get(k, 0) for k, v in after[name].items()
+                                     if probe.cluster in k)
+                rows.append(expect.Row(probe, expect.expect(self.plan, probe),
+                                       expect.observe(probe, raw, handshakes)))
+        return rows
+
+    def check(self) -> tuple[list[expect.Row], bool]:
+        """Every probe, retrying the ones that did not hold (a config push may still be on its way)."""
+        assert self.plan is not None
+        probes = expect.probes(self.plan, {name: pod.ip for name, pod in self.pods.items()})
+        rows = {row.probe: row for row in self._run_probes(probes)}
+        for _ in range(CHECK_ATTEMPTS - 1):
+            failing = [probe for probe, row in rows.items() if not row.ok]
+            if not failing:
+                break
+            time.sleep(2.0)
+            rows.update({row.probe: row for row in self._run_probes(failing)})
+        ordered = [rows[p] for p in probes]
+        return ordered, all(r.ok for r in ordered)
+
+
+def cidr_problem(pods: int, pod_cidr: str) -> str:
+    """Why `pods` pods do not fit the pod CIDR (its gateway takes one address), or ""."""
+    try:
+        network = ipaddress.IPv4Network(pod_cidr, strict=True)
+    except ValueError as exc:
+        return f"--pod-cidr {pod_cidr!r}: {exc}"
+    room = max(0, network.num_addresses - 3)  # network, broadcast and gateway addresses
+    if pods <= room:
+        return ""
+    prefix = max(8, 32 - (pods + 3 - 1).bit_length())
+    return (f"the mesh has {pods} pods but --pod-cidr {pod_cidr} holds {room}: "
+            f"use a larger one, such as --pod-cidr {network.network_address}/{prefix}")
+
+
+def monitoring_supported() -> bool:
+    """Whether istiod-local has its monitoring port (`serve --monitoring-addr`, read by the live view's istiod
+    line); asked of the module that serves it, since nothing outside cli/ may import the command lines."""
+    return importlib.util.find_spec("istiod_local.controlplane.monitoring") is not None
+
+
+def _last_traffic(log: Path) -> dict[str, dict[str, Any]]:
+    try:
+        with log.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    for line in reversed(tail.splitlines()):
+        if line.startswith('{"traffic"'):
+            try:
+                traffic: dict[str, dict[str, Any]] = json.loads(line)["traffic"]
+                return traffic
+            except (ValueError, KeyError):
+                return {}
+    return {}
