@@ -39,13 +39,18 @@ CONFORMANCE = Path(os.environ.get("ISTIO_AGENT_CONFORMANCE_DIR") or SHARED / "co
 
 
 def conformance_cases(kit: str) -> list[dict[str, Any]]:
-    """The `cases` of `<conformance>/<kit>/cases.json`, or none when the kit is absent (the tests then say so
+    """The scored `cases` of `<conformance>/<kit>/cases.json`, or none when the kit is absent (the tests then say so
     through `needs.need_conformance`)."""
     path = CONFORMANCE / kit / "cases.json"
     if not path.exists():
         return []
-    cases: list[dict[str, Any]] = json.loads(path.read_text())["cases"]
-    return cases
+    return scored_cases(json.loads(path.read_text())["cases"])
+
+
+def scored_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cases that count: the kit's README says a case with `"score": false` is reference material only and
+    must not affect the result, so it is never run (it may lack a pod, a golden or anything else)."""
+    return [case for case in cases if case.get("score", True) is not False]
 VENV_BIN = ROOT / ".venv" / "bin"
 ISTIOD_LOCAL = VENV_BIN / "istiod-local"
 PILOT_AGENT = VENV_BIN / "pilot-agent"
@@ -325,3 +330,15 @@ def loaded_after(code: str) -> set[str]:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
+
+
+def netns_names() -> set[str]:
+    """The named network namespaces (`ip netns list`), to check that a test left none of its own behind."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def host_links() -> set[str]:
+    """The links of this (the host's) network namespace, to check that a test created or left none there."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines()}

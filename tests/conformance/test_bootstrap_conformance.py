@@ -27,7 +27,7 @@ import pytest
 from envoy_types import as_envoy_bootstrap
 from google.protobuf import json_format, text_format
 from needs import need_conformance
-from support import CONFORMANCE
+from support import CONFORMANCE, scored_cases
 
 from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_metadata
@@ -48,7 +48,7 @@ def _cases() -> list[str]:
     manifest = CONFORMANCE / "bootstrap" / "manifest.json"
     if not manifest.exists():
         return ["kit-missing"]
-    return [case["name"] for case in json.loads(manifest.read_text())["cases"] if case.get("score", True)]
+    return [case["name"] for case in scored_cases(json.loads(manifest.read_text())["cases"])]
 
 
 def _override_path(text: str, scratch: Path) -> str:

@@ -98,8 +98,7 @@ def istiod() -> Iterator[tuple[IstiodLocal, Path]]:
 
 
 def test_kit_is_complete() -> None:
-    assert len(CASES) == 5
-    assert all((KIT / c["golden"]).exists() and c["score"] for c in CASES)
+    assert all((KIT / c["golden"]).exists() for c in CASES)
     assert all(golden(c) for c in CASES)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from needs import need, need_root, need_tool
+from support import host_links, netns_names
 
 from istiod_local.node.cni_runtime import (
     CniRuntime,
@@ -43,12 +44,8 @@ def _ip(*argv: str) -> str:
     return subprocess.run(["ip", *argv], capture_output=True, text=True, check=True).stdout
 
 
-def _netns() -> set[str]:
-    return {line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()}
 
 
-def _host_links() -> set[str]:
-    return {line.split(":")[1].strip() for line in _ip("-o", "link", "show").splitlines()}
 
 
 def _conflist(ipam: Path) -> str:
@@ -64,7 +61,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     for plugin in ("bridge", "host-local", "loopback"):
         need((CNI_BIN / plugin).is_file(), f"needs containernetworking-plugins' {plugin} in {CNI_BIN}")
     prefix = f"iacni-{os.getpid()}-"
-    links_before = _host_links()
+    links_before = host_links()
     names = [f"{prefix}node"] + [f"{prefix}p{i}" for i in range(3)]
     try:
         for name in names:
@@ -77,8 +74,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
     finally:
         for name in reversed(names):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-    assert not {n for n in _netns() if n.startswith(prefix)}
-    assert _host_links() == links_before
+    assert not {n for n in netns_names() if n.startswith(prefix)}
+    assert host_links() == links_before
 
 
 def _rt(node: Node, index: int, *args: tuple[str, str], **capabilities: object) -> RuntimeConf:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from launchers import RegistryFile, local_node
 from needs import need_root, need_tool
-from support import open_workdir, poll
+from support import host_links, netns_names, open_workdir, poll
 
 from istiod_local.node.local_node import LocalNode, NodeOptions, sweep_stale_namespaces
 from istiod_local.node.plan import PodPlan, PodSpec, registry_workloads
@@ -45,14 +45,8 @@ def _tools() -> None:
         need_tool(tool)
 
 
-def _netns() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _host_links() -> set[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-    return {line.split(":")[1].strip() for line in out.splitlines()}
 
 
 def _in(netns: str, *argv: str) -> str:
@@ -73,31 +67,31 @@ def node() -> Iterator[LocalNode]:
 
 
 def test_node_and_plain_pod_are_built_and_removed_without_leftovers(workdir: Path) -> None:
-    links_before = _host_links()
+    links_before = host_links()
     local = LocalNode(NodeOptions(workdir=workdir))
     local.create()
     try:
-        assert local.plan.netns in _netns()
+        assert local.plan.netns in netns_names()
         assert "br0" in _in(local.plan.netns, "ip", "-o", "addr", "show")
         pod = local.add_pod(PodSpec("plain-1", sidecar=False, app=SLEEPER))
-        assert pod.netns in _netns()
+        assert pod.netns in netns_names()
         addresses = _in(pod.netns, "ip", "-o", "-4", "addr", "show", "dev", "eth0")
         assert f"inet {pod.ip}/24" in addresses
         assert "default via 10.244.0.1 dev eth0" in _in(pod.netns, "ip", "route")
         assert "master br0" in _in(local.plan.netns, "ip", "-o", "link", "show", pod.node_veth)
         # The pod reaches the node's gateway over the veth and bridge: a closed port answers "refused".
         assert _in(pod.netns, PY, "-c", REACH, "10.244.0.1", "9").strip() == "refused"
-        assert _host_links() == links_before  # nothing was created in the host's namespace
+        assert host_links() == links_before  # nothing was created in the host's namespace
         assert pod.app is not None
         app_pid = pod.app.pid
         assert app_pid in netns_pids(pod.netns)
         pod_dir = pod.dir
     finally:
         local.close()
-    assert not {name for name in _netns() if name.startswith(local.plan.prefix)}
+    assert not {name for name in netns_names() if name.startswith(local.plan.prefix)}
     assert not pid_alive(app_pid)
     assert not pod_dir.exists()
-    assert _host_links() == links_before
+    assert host_links() == links_before
     assert (local.logs / "plain-1-app.log").exists()  # logs stay in a caller-given workdir
 
 
@@ -162,7 +156,7 @@ def test_a_pod_whose_agent_fails_is_reported_and_everything_is_still_removed(wor
     finally:
         local.close()
     assert not pid_alive(istiod_pid)
-    assert not {name for name in _netns() if name.startswith(local.plan.prefix)}
+    assert not {name for name in netns_names() if name.startswith(local.plan.prefix)}
 
 
 def test_close_is_idempotent_and_a_closed_node_refuses_pods(workdir: Path) -> None:
@@ -185,7 +179,7 @@ def test_namespaces_of_a_dead_owner_are_swept_with_their_processes() -> None:
     try:
         poll(lambda: orphan.pid in netns_pids(names[1]), "the orphan to run in its namespace", 10)
         sweep_stale_namespaces()  # (another test run on this machine may sweep them first: same end state)
-        assert not set(names) & _netns()
+        assert not set(names) & netns_names()
         assert orphan.wait(10) != 0  # killed by the sweep
     finally:
         if orphan.poll() is None:
@@ -200,6 +194,6 @@ def test_a_live_owners_namespaces_are_not_swept() -> None:
     subprocess.run(["ip", "netns", "add", live], check=True)
     try:
         assert live not in sweep_stale_namespaces()
-        assert live in _netns()
+        assert live in netns_names()
     finally:
         subprocess.run(["ip", "netns", "delete", live], check=True)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from launchers import RegistryFile, local_node
 from needs import need, need_root, need_tool
-from support import poll
+from support import netns_names, poll
 
 from istiod_local.node.cni_plan import NETWORK_NAME
 from istiod_local.node.local_node import LocalNode, Pod, PodInitError
@@ -104,7 +104,7 @@ def node() -> Iterator[LocalNode]:
         prefix, runtime = local.plan.prefix, local.runtime.path
     # What close() must leave: no namespace of the node, no runtime directory (net.d, bin, leases, cache),
     # install-cni stopped by SIGTERM and exiting cleanly (its cleanup ran).
-    assert not [name for name in _netns() if name.startswith(prefix)]
+    assert not [name for name in netns_names() if name.startswith(prefix)]
     assert not runtime.exists()
     assert not pid_alive(installer)
     assert local.cni is not None and local.cni.agent_exit == 0
@@ -112,9 +112,6 @@ def node() -> Iterator[LocalNode]:
     assert not local.cni.plugin_left_at_stop
 
 
-def _netns() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def _rules(netns: str) -> str:
@@ -223,7 +220,7 @@ def test_an_injection_attempt_fails_add_naming_the_annotation_with_nothing_appli
     assert "ISTIO" not in _rules(pod.netns)
     assert _leases(node) == before  # the failed ADD's address was released by its DEL
     node.remove_pod(pod)
-    assert pod.netns not in _netns()
+    assert pod.netns not in netns_names()
 
 
 def test_del_through_the_chain_releases_the_address_and_leaves_nothing_of_the_pod(node: LocalNode) -> None:
@@ -238,7 +235,7 @@ def test_del_through_the_chain_releases_the_address_and_leaves_nothing_of_the_po
     node.remove_pod(pod)
     assert pod.ip not in _leases(node)
     assert not any(path.exists() for path in caches)
-    assert pod.netns not in _netns()
+    assert pod.netns not in netns_names()
     links = subprocess.run(["ip", "-n", node.plan.netns, "-o", "link", "show"], capture_output=True, text=True,
                            check=True).stdout
     assert attachment.node_veth not in links

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from launchers import RegistryFile, local_node
 from needs import need, need_root, need_tool
+from support import netns_names
 
 from istiod_local.node.cni_plan import NETWORK_NAME
 from istiod_local.node.local_node import LocalNode, PodInitError
@@ -38,9 +39,6 @@ def _needs() -> None:
         need(Path(f"/usr/lib/cni/{plugin}").is_file(), f"needs containernetworking-plugins' {plugin}")
 
 
-def _netns() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def _eth0_addresses(netns: str) -> list[str]:
@@ -88,7 +86,7 @@ def test_pods_added_at_once_each_get_their_own_network_capture_and_agent_and_clo
         pids = [proc.pid for pod in pods for proc in pod.processes()]
         prefix, runtime = node.plan.prefix, node.runtime.path
     assert not [pid for pid in pids if pid_alive(pid)]
-    assert not [name for name in _netns() if name.startswith(prefix)]
+    assert not [name for name in netns_names() if name.startswith(prefix)]
     assert not runtime.exists()
 
 
@@ -112,4 +110,4 @@ def test_a_pod_failing_among_others_is_raised_and_the_others_still_start() -> No
             assert app is not None and app.running(), name
         assert _leases(node) == {plan.ip for plan in plans}  # the failed pod keeps its sandbox, as on a node
         prefix = node.plan.prefix
-    assert not [name for name in _netns() if name.startswith(prefix)]
+    assert not [name for name in netns_names() if name.startswith(prefix)]

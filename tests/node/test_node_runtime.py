@@ -23,6 +23,7 @@ import pytest
 import yaml
 from launchers import RegistryFile
 from needs import need_root, need_tool
+from support import host_links, netns_names
 
 from istiod_local.node.local_node import LocalNode, NodeOptions, sweep_stale_runs
 from istiod_local.node.plan import PROXY_UID, PodSpec, registry_workloads
@@ -132,14 +133,8 @@ def test_a_dead_owners_runtime_directory_is_swept_and_a_live_ones_kept(runtime_r
 # ---- a whole node from a 0700 work directory ---------------------------------------------------
 
 
-def _netns() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _host_links() -> set[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-    return {line.split(":")[1].strip() for line in out.splitlines()}
 
 
 def _mounts_under(*paths: Path) -> list[str]:
@@ -175,7 +170,7 @@ def test_a_node_working_in_a_0700_directory_runs_envoy_as_1337_and_teardown_leav
         os.link(envoy_binary(), envoy)
     except OSError:
         shutil.copy2(envoy_binary(), envoy)
-    links_before = _host_links()
+    links_before = host_links()
     node = LocalNode(NodeOptions(workdir=checkout / "run" / "node", envoy_binary=str(envoy), ready_timeout=30))
     node.create()
     try:
@@ -206,8 +201,8 @@ def test_a_node_working_in_a_0700_directory_runs_envoy_as_1337_and_teardown_leav
         node.close()
     assert not runtime.exists()
     assert not [pid for pid in pids if pid_alive(pid)]
-    assert not {name for name in _netns() if name.startswith(node.plan.prefix)}
-    assert _host_links() == links_before
+    assert not {name for name in netns_names() if name.startswith(node.plan.prefix)}
+    assert host_links() == links_before
     assert _mounts_under(runtime, private_dir) == []
     assert envoy.exists()  # the source is the user's: never touched
     # What stays is the user's, in the work directory: istiod-local's state, the registry, the logs.
