@@ -46,7 +46,7 @@ def test_http2_client_is_not_imported_with_the_prober() -> None:
     assert not loaded & heavy, loaded & heavy
 
 
-@pytest.mark.parametrize("entry", ["istio_agent.config.options", "istio_agent.agent"])
+@pytest.mark.parametrize("entry", ["istio_agent.agent.loader", "istio_agent.agent.run"])
 def test_resolving_options_loads_no_component(entry: str) -> None:
     """Options are resolved before anything starts; the components (and aiohttp, Envoy's protos, the DNS
     proxy, the XDS server) load only when the agent starts them, so the first CSR is not kept waiting."""
@@ -61,8 +61,8 @@ SIDECAR_START = (
     "import tempfile\n"
     "from pathlib import Path\n"
     "from istio_agent.config import env\n"
-    "from istio_agent.config.loader import load_agent_config\n"
-    "from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options\n"
+    "from istio_agent.agent.loader import load_agent_config\n"
+    "from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options\n"
     "from istio_agent.envoy.bootstrap import render_bootstrap\n"
     "environ = dict(POD_NAME='app-1', POD_NAMESPACE='default', SERVICE_ACCOUNT='app', INSTANCE_IP='10.1.1.5',\n"
     "               ISTIO_META_DNS_CAPTURE='true', PROXY_CONFIG=PROXY_CONFIG_VALUE)\n"

@@ -33,7 +33,7 @@ def aiohttp_family(modules: set[str]) -> set[str]:
 
 def test_the_status_server_its_routes_and_clients_load_no_aiohttp() -> None:
     loaded = loaded_after(
-        "import istio_agent.assembly, istio_agent.status.server, istio_agent.status.metrics_handler\n"
+        "import istio_agent.agent.assembly, istio_agent.status.server, istio_agent.status.metrics_handler\n"
         "import istio_agent.status.probes_prober, istio_agent.status.probes_https, istio_agent.status.ndsz\n"
         "import istio_agent.status.secrets_debug, istio_agent.health.probers, istio_agent.health.runner\n"
         "import istio_agent.envoy.admin, istio_agent.envoy.supervisor\n")

@@ -11,12 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "istio_agent"
 LOCAL_SRC = ROOT / "istiod-local" / "src" / "istiod_local"
-AGENT_RUNTIME = ("istio_agent.agent", "istio_agent.assembly", "istio_agent.security", "istio_agent.xds",
+AGENT_RUNTIME = ("istio_agent.agent", "istio_agent.security", "istio_agent.xds",
                  "istio_agent.envoy", "istio_agent.dns", "istio_agent.status", "istio_agent.grpcxds",
                  "istio_agent.health")
 COMPONENTS = ("security", "xds", "envoy", "dns", "status", "grpcxds", "health")
-ENVIRONMENT_READERS = ("istio_agent.config.env", "istio_agent.config.envvar", "istio_agent.config.loader",
-                       "istio_agent.config.options")
+ENVIRONMENT_READERS = ("istio_agent.config.env", "istio_agent.config.envvar")
 
 
 def module_name(path: Path) -> str:
@@ -74,7 +73,7 @@ def test_the_local_environment_never_imports_the_agent_runtime() -> None:
 @pytest.mark.parametrize("package", COMPONENTS)
 def test_components_never_read_the_environment_nor_resolve_options(package: str) -> None:
     """Components get their options passed in; only config/ (the resolver) and cli/ read the environment."""
-    assert offending(sources(package), (*ENVIRONMENT_READERS, "istio_agent.agent", "istio_agent.assembly")) == []
+    assert offending(sources(package), (*ENVIRONMENT_READERS, "istio_agent.agent")) == []
 
 
 def test_config_imports_only_option_modules_of_the_components() -> None:
@@ -83,12 +82,12 @@ def test_config_imports_only_option_modules_of_the_components() -> None:
                "istio_agent.security.ca_client", "istio_agent.xds.proxy", "istio_agent.dns.proxy",
                "istio_agent.status.server", "istio_agent.status.metrics_handler", "istio_agent.envoy.supervisor",
                "istio_agent.envoy.process", "istio_agent.health.runner", "istio_agent.health.probers",
-               "istio_agent.agent", "istio_agent.assembly")
+               "istio_agent.agent")
     assert offending(sources("config"), runtime) == []
 
 
-def test_only_the_resolver_and_the_table_look_outside_config() -> None:
-    others = [p for p in sources("config") if p.name not in ("options.py", "envtable.py")]
+def test_config_looks_only_inside_config() -> None:
+    others = sources("config")
     inside = ("istio_agent.config", "istio_agent.version")
     out = [f"{module_name(p)} imports {n}" for p in others for n in imports(p)
            if not any(n == i or n.startswith(i + ".") for i in inside)]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import probe_options
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import probe_options
 from istio_agent.status.probes import (
     MAX_REQUESTS,
     PROBE_USER_AGENT,

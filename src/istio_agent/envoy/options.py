@@ -1,6 +1,6 @@
 """How one Envoy is started, supervised and drained, resolved once at agent start.
 
-The options resolver (`config/options.py`) builds `EnvoyOptions` from the
+The options resolver (`agent/options.py`) builds `EnvoyOptions` from the
 environment, flags and ProxyConfig; `EnvoySupervisor` (`envoy/supervisor.py`)
 runs it. Light on purpose: the resolver imports this before it knows whether
 there is an Envoy at all.

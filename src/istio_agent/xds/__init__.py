@@ -1,7 +1,7 @@
 """The XDS proxy between Envoy and istiod (ADS on `<configPath>/XDS`, raw-bytes relay).
 
 Public API: `XdsProxy(options, hooks)` with `start()` / `stop()` / `set_health()`,
-`XdsProxyOptions` (built by the options resolver, `config/options.py`) and
+`XdsProxyOptions` (built by the options resolver, `agent/options.py`) and
 `XdsProxyHooks` (the callbacks the agent's assembly wires). They load on
 first use, so that importing a small module of this package (say `routing` or
 `messages`) does not pull in the gRPC server.

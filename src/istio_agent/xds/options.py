@@ -1,6 +1,6 @@
 """What the XDS proxy is (options) and whom it tells about what it consumes (hooks).
 
-`XdsProxyOptions` is resolved once by the options resolver (`config/options.py`)
+`XdsProxyOptions` is resolved once by the options resolver (`agent/options.py`)
 from the environment and ProxyConfig, so the proxy never reads the environment;
 tests construct it directly with plain values. `XdsProxyHooks` is wiring, not
 configuration: the agent's assembly passes the DNS proxy's and the secret

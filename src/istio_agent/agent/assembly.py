@@ -25,8 +25,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from istio_agent.agent import Agent, Component
-from istio_agent.config.options import AgentOptions
+from istio_agent.agent.options import AgentOptions
+from istio_agent.lifecycle import Component, Lifecycle
 
 if TYPE_CHECKING:
     from istio_agent.dns.proxy import DnsProxy
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)
+
+Agent = Lifecycle  # the agent is its components on the lifecycle
 
 
 class NameTableFeed:
