@@ -63,7 +63,7 @@ SIDECAR_START = (
     "from istio_agent.config import env\n"
     "from istio_agent.agent.loader import load_agent_config\n"
     "from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options\n"
-    "from istio_agent.envoy.bootstrap import render_bootstrap\n"
+    "from istio_agent.envoy.bootstrap.render import render_bootstrap\n"
     "environ = dict(POD_NAME='app-1', POD_NAMESPACE='default', SERVICE_ACCOUNT='app', INSTANCE_IP='10.1.1.5',\n"
     "               ISTIO_META_DNS_CAPTURE='true', PROXY_CONFIG=PROXY_CONFIG_VALUE)\n"
     "with tempfile.TemporaryDirectory() as tmp:\n"
@@ -85,7 +85,7 @@ def test_sidecar_options_and_bootstrap_load_no_yaml_metadata_or_envoy_protos() -
     version`, decimal (gojson's) only for a gRPC bootstrap; the bootstrap is rendered from plain dicts, with
     none of Envoy's or Istio's message classes."""
     loaded = loaded_after(SIDECAR_START.replace("PROXY_CONFIG_VALUE", repr(PROXY_CONFIG_JSON)))
-    assert "istio_agent.envoy.bootstrap" in loaded
+    assert "istio_agent.envoy.bootstrap.render" in loaded
     heavy = {"yaml", "importlib.metadata", "decimal"}
     # (The CA client's istioca_pb2 and protobuf's well-known types come with the resolver's upstream settings.)
     protos = {m for m in loaded if m.startswith("istio_agent.protos.") and ".istioca" not in m}

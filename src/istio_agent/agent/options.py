@@ -37,7 +37,7 @@ from istio_agent.config.platform import Platform, discover, platform_locality
 from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality, locality_label
+from istio_agent.envoy.bootstrap.options import BootstrapOptions, locality, locality_label
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats

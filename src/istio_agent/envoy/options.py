@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
 from istio_agent.envoy.drain import DrainPolicy
 
 

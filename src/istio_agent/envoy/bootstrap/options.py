@@ -8,7 +8,7 @@ its environment (delta xDS, dual stack, PROXY protocol on the status port,
 resolver (`agent/options.py`) builds it; tests build it directly. The pure
 functions below are upstream's rules for the service cluster, the locality, the
 address family, the runtime flags and the downstream connection limit;
-`bootstrap_values.derive()` applies them once for both rendering paths.
+`values.derive()` applies them once for both rendering paths.
 """
 
 from __future__ import annotations
