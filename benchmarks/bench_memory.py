@@ -81,8 +81,9 @@ AGENT_GROUPS: list[tuple[str, str]] = [
     ("DNS proxy", "import istio_agent.dns.proxy"),
     ("XDS proxy", "import istio_agent.xds.proxy"),
     ("Envoy admin + supervisor", "import istio_agent.envoy.admin, istio_agent.envoy.supervisor"),
-    ("status server", "import istio_agent.status.server, istio_agent.status.probes_prober,"
-                      " istio_agent.status.metrics_handler, istio_agent.status.ndsz, istio_agent.status.secrets_debug"),
+    ("status server", "import istio_agent.status.server, istio_agent.status.probes.prober,"
+                      " istio_agent.status.merged_metrics.handler, istio_agent.status.ndsz,"
+                      " istio_agent.status.secrets_debug"),
     ("gRPC bootstrap (proxyless)", "import istio_agent.grpcxds"),
 ]
 STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile")

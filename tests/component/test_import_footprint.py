@@ -34,15 +34,15 @@ def test_dns_options_module_imports_nothing_heavy() -> None:
 
 def test_health_messages_are_not_imported_with_the_prober() -> None:
     # (`import grpc` itself imports the empty top-level `grpc_health` package when it is installed.)
-    loaded = loaded_after("import istio_agent.status.probes_prober")
+    loaded = loaded_after("import istio_agent.status.probes.prober")
     assert not {m for m in loaded if m.startswith("grpc_health.")}
 
 
 def test_http2_client_is_not_imported_with_the_prober() -> None:
     """h2 (ISTIO_ENABLE_HTTP2_PROBING's HTTPS client) loads when an app selects it, the probes' HTTP client on
     the first HTTP probe, not at start (h11 itself is the status server's HTTP)."""
-    loaded = loaded_after("import istio_agent.status.probes_prober, istio_agent.status.server")
-    heavy = {"h2", "hpack", "hyperframe", "istio_agent.status.probes_https"}
+    loaded = loaded_after("import istio_agent.status.probes.prober, istio_agent.status.server")
+    heavy = {"h2", "hpack", "hyperframe", "istio_agent.status.probes.https"}
     assert not loaded & heavy, loaded & heavy
 
 

@@ -14,7 +14,7 @@ from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_optio
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.health.options import ExecAction, HealthCheckOptions, parse_readiness_probe
-from istio_agent.status.probes import GrpcAction, HttpGetAction, TcpSocketAction
+from istio_agent.status.probes.rules import GrpcAction, HttpGetAction, TcpSocketAction
 
 POD = {"POD_NAME": "vm-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "vm", "INSTANCE_IP": "10.1.1.5"}
 

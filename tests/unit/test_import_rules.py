@@ -80,7 +80,7 @@ def test_config_imports_only_option_modules_of_the_components() -> None:
     """The resolver may import what components take (their options and the pure rules those need), no runtime."""
     runtime = ("istio_agent.security.cache", "istio_agent.security.identity", "istio_agent.security.sds",
                "istio_agent.security.ca_client", "istio_agent.xds.proxy", "istio_agent.dns.proxy",
-               "istio_agent.status.server", "istio_agent.status.metrics_handler", "istio_agent.envoy.supervisor",
+               "istio_agent.status.server", "istio_agent.status.merged_metrics.handler", "istio_agent.envoy.supervisor",
                "istio_agent.envoy.process", "istio_agent.health.runner", "istio_agent.health.probers",
                "istio_agent.agent")
     assert offending(sources("config"), runtime) == []

@@ -187,9 +187,9 @@ class AgentAssembly:
 
     def _status_server(self, readiness: ReadinessState, admin: EnvoyAdmin | None, probe: BootstrapProbe | None,
                        dns: DnsProxy | None, envoy: EnvoySupervisor | None) -> Component:
-        from istio_agent.status.metrics_handler import add_metrics_routes
+        from istio_agent.status.merged_metrics.handler import add_metrics_routes
         from istio_agent.status.ndsz import add_ndsz_route
-        from istio_agent.status.probes_prober import add_probe_routes
+        from istio_agent.status.probes.prober import add_probe_routes
         from istio_agent.status.secrets_debug import add_secrets_debug_route
         from istio_agent.status.server import StatusServer
 

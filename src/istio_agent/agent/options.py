@@ -52,9 +52,9 @@ from istio_agent.security.options import (
     WORKLOAD_SDS_DIR,
     SecurityOptions,
 )
-from istio_agent.status.metrics_merge import MetricsOptions, parse_scrape_annotations
+from istio_agent.status.merged_metrics.merge import MetricsOptions, parse_scrape_annotations
 from istio_agent.status.options import StatusOptions
-from istio_agent.status.probes import ProbeOptions, parse_app_probers
+from istio_agent.status.probes.rules import ProbeOptions, parse_app_probers
 from istio_agent.version import ISTIO_COMPAT_VERSION
 from istio_agent.xds.options import XDS_SOCKET_NAME, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
