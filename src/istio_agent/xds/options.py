@@ -18,7 +18,7 @@ from istio_agent.xds.upstream import UpstreamSettings
 
 if TYPE_CHECKING:
     from istio_agent.protos import nds_pb2
-    from istio_agent.xds.session import NodeHook
+    from istio_agent.xds.core.session import NodeHook
 
 XDS_SOCKET_NAME = "XDS"
 MOUNTED_CERTS_DIR = "./etc/certs"
