@@ -32,8 +32,10 @@ debs:
 
 setup: $(STAMP) debs
 
+# ruff, then the import rules between and inside the two packages ([tool.importlinter] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check src istiod-local/src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 typecheck: setup
 	$(VENV)/bin/mypy

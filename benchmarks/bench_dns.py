@@ -164,7 +164,7 @@ async def _serve(port: int, resolv_conf: str, upstream_port: int, names: int, bu
 
 
 async def _same_loop_endpoint(proxy: object, port: int) -> None:
-    from istio_agent.dns.responder import Responder
+    from istio_agent.dns.core.responder import Responder
 
     responder: Responder = proxy.responder  # type: ignore[attr-defined]
     counts = [0] * 5

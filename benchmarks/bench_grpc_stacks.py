@@ -179,7 +179,7 @@ async def relay_until_first_ends(*directions: Coroutine[Any, Any, None]) -> None
 
 async def child_relay(stack: str, socket: Path, port: int) -> None:
     """A pass-through ADS relay: one upstream stream per downstream stream, raw bytes both ways."""
-    from istio_agent.xds import routing
+    from istio_agent.xds.core import routing
 
     if stack == "xdsproxy":
         # As in the agent: malloc arenas capped before any thread starts, the heap trimmer running (every
@@ -516,7 +516,7 @@ async def rss_with_stream_open(target: str, pid: int) -> tuple[float, float]:
     import grpc.aio
     from bench_xds_proxy_overhead import CDS, SOTW
 
-    from istio_agent.xds import messages
+    from istio_agent.xds.core import messages
 
     async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
         call: Any = channel.stream_stream(SOTW)()

@@ -73,16 +73,17 @@ FLOOR_GROUPS: list[tuple[str, str]] = [
 # The agent's own modules, in the order a sidecar agent loads them (cli, options, stage 1, stage 2).
 AGENT_GROUPS: list[tuple[str, str]] = [
     ("cli (click, logging)", "import istio_agent.cli.pilot_agent"),
-    ("options", "import istio_agent.agent"),
+    ("options", "import istio_agent.agent.run"),
     ("metrics (istio_agent.metrics)", "import istio_agent.metrics, istio_agent.status.agent_metrics"),
     ("identity + SDS", "import istio_agent.security.ca_client, istio_agent.security.identity,"
                        " istio_agent.security.sds"),
-    ("assembly + trimmer", "import istio_agent.assembly, istio_agent.memory"),
+    ("assembly + trimmer", "import istio_agent.agent.assembly, istio_agent.memory"),
     ("DNS proxy", "import istio_agent.dns.proxy"),
     ("XDS proxy", "import istio_agent.xds.proxy"),
     ("Envoy admin + supervisor", "import istio_agent.envoy.admin, istio_agent.envoy.supervisor"),
-    ("status server", "import istio_agent.status.server, istio_agent.status.probes_prober,"
-                      " istio_agent.status.metrics_handler, istio_agent.status.ndsz, istio_agent.status.secrets_debug"),
+    ("status server", "import istio_agent.status.server, istio_agent.status.probes.prober,"
+                      " istio_agent.status.merged_metrics.handler, istio_agent.status.ndsz,"
+                      " istio_agent.status.secrets_debug"),
     ("gRPC bootstrap (proxyless)", "import istio_agent.grpcxds"),
 ]
 STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile")

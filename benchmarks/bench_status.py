@@ -80,8 +80,8 @@ def serve_merged(envoy_port: int, app_port: int, port_file: Path) -> None:
     from istio_agent.httpio.server import HttpServer
     from istio_agent.metrics import CollectorRegistry
     from istio_agent.status.agent_metrics import AgentMetrics
-    from istio_agent.status.metrics_handler import MetricsOptions, add_metrics_routes
-    from istio_agent.status.metrics_merge import ScrapeTarget
+    from istio_agent.status.merged_metrics.handler import MetricsOptions, add_metrics_routes
+    from istio_agent.status.merged_metrics.merge import ScrapeTarget
 
     async def main() -> None:
         ports = []

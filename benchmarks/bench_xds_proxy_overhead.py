@@ -8,7 +8,7 @@ server and once through the proxy, alternating rounds, and the medians are
 compared. The proxy's RSS is sampled during the pushes (peak = VmHWM) and
 after them.
 
-Also re-measures the decoding choice of `istio_agent/xds/messages.py` on the
+Also re-measures the decoding choice of `istio_agent/xds/core/messages.py` on the
 same response: a pure-Python wire scanner, a full `discovery_pb2` parse, and
 the head-only parse the proxy uses.
 
@@ -64,7 +64,7 @@ async def serve_ads(port_file: Path) -> None:
     import grpc
     import grpc.aio
 
-    from istio_agent.xds import messages
+    from istio_agent.xds.core import messages
 
     body = cds_response(CLUSTERS)
     counter = 0
@@ -111,7 +111,7 @@ async def push_times(target: str, rounds: int) -> list[float]:
     """Seconds per full push on one stream: each ACK makes the server push again."""
     import grpc.aio
 
-    from istio_agent.xds import messages
+    from istio_agent.xds.core import messages
 
     options = [("grpc.max_receive_message_length", -1)]
     async with grpc.aio.insecure_channel(target, options=options) as channel:
@@ -133,7 +133,7 @@ async def push_times(target: str, rounds: int) -> list[float]:
 def decode_figures(data: bytes) -> dict[str, float]:
     from envoy.service.discovery.v3 import discovery_pb2
 
-    from istio_agent.xds import messages
+    from istio_agent.xds.core import messages
 
     def scan() -> str:
         """Pure-Python wire scan of the top-level fields (the alternative not taken)."""

@@ -30,7 +30,7 @@ from test_dns_peers import (
 )
 
 from istio_agent.dns import DnsProxy, DnsProxyOptions, name_table_json
-from istio_agent.dns.tcp_framing import frame
+from istio_agent.dns.core.tcp_framing import frame
 from istio_agent.metrics import CollectorRegistry, generate_latest
 
 

@@ -32,7 +32,7 @@ from support import free_udp_tcp_port
 from test_dns_peers import running_proxy, write_resolv_conf
 
 from istio_agent.dns import DnsProxy
-from istio_agent.dns.tcp_framing import frame
+from istio_agent.dns.core.tcp_framing import frame
 
 CLIENT_TIMEOUT = 3.0  # as upstream's test clients
 

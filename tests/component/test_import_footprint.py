@@ -34,19 +34,19 @@ def test_dns_options_module_imports_nothing_heavy() -> None:
 
 def test_health_messages_are_not_imported_with_the_prober() -> None:
     # (`import grpc` itself imports the empty top-level `grpc_health` package when it is installed.)
-    loaded = loaded_after("import istio_agent.status.probes_prober")
+    loaded = loaded_after("import istio_agent.status.probes.prober")
     assert not {m for m in loaded if m.startswith("grpc_health.")}
 
 
 def test_http2_client_is_not_imported_with_the_prober() -> None:
     """h2 (ISTIO_ENABLE_HTTP2_PROBING's HTTPS client) loads when an app selects it, the probes' HTTP client on
     the first HTTP probe, not at start (h11 itself is the status server's HTTP)."""
-    loaded = loaded_after("import istio_agent.status.probes_prober, istio_agent.status.server")
-    heavy = {"h2", "hpack", "hyperframe", "istio_agent.status.probes_https"}
+    loaded = loaded_after("import istio_agent.status.probes.prober, istio_agent.status.server")
+    heavy = {"h2", "hpack", "hyperframe", "istio_agent.status.probes.https"}
     assert not loaded & heavy, loaded & heavy
 
 
-@pytest.mark.parametrize("entry", ["istio_agent.config.options", "istio_agent.agent"])
+@pytest.mark.parametrize("entry", ["istio_agent.agent.loader", "istio_agent.agent.run"])
 def test_resolving_options_loads_no_component(entry: str) -> None:
     """Options are resolved before anything starts; the components (and aiohttp, Envoy's protos, the DNS
     proxy, the XDS server) load only when the agent starts them, so the first CSR is not kept waiting."""
@@ -61,9 +61,9 @@ SIDECAR_START = (
     "import tempfile\n"
     "from pathlib import Path\n"
     "from istio_agent.config import env\n"
-    "from istio_agent.config.loader import load_agent_config\n"
-    "from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options\n"
-    "from istio_agent.envoy.bootstrap import render_bootstrap\n"
+    "from istio_agent.agent.loader import load_agent_config\n"
+    "from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options\n"
+    "from istio_agent.envoy.bootstrap.render import render_bootstrap\n"
     "environ = dict(POD_NAME='app-1', POD_NAMESPACE='default', SERVICE_ACCOUNT='app', INSTANCE_IP='10.1.1.5',\n"
     "               ISTIO_META_DNS_CAPTURE='true', PROXY_CONFIG=PROXY_CONFIG_VALUE)\n"
     "with tempfile.TemporaryDirectory() as tmp:\n"
@@ -85,7 +85,7 @@ def test_sidecar_options_and_bootstrap_load_no_yaml_metadata_or_envoy_protos() -
     version`, decimal (gojson's) only for a gRPC bootstrap; the bootstrap is rendered from plain dicts, with
     none of Envoy's or Istio's message classes."""
     loaded = loaded_after(SIDECAR_START.replace("PROXY_CONFIG_VALUE", repr(PROXY_CONFIG_JSON)))
-    assert "istio_agent.envoy.bootstrap" in loaded
+    assert "istio_agent.envoy.bootstrap.render" in loaded
     heavy = {"yaml", "importlib.metadata", "decimal"}
     # (The CA client's istioca_pb2 and protobuf's well-known types come with the resolver's upstream settings.)
     protos = {m for m in loaded if m.startswith("istio_agent.protos.") and ".istioca" not in m}

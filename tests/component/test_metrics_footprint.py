@@ -12,15 +12,15 @@ from support import loaded_after
 
 FORBIDDEN = ("prometheus_client", "http.server", "wsgiref", "socketserver", "urllib.request")
 AGENT_MODULES = (
-    "import istio_agent.agent, istio_agent.assembly, istio_agent.memory, istio_agent.status.agent_metrics\n"
+    "import istio_agent.agent.run, istio_agent.agent.assembly, istio_agent.memory, istio_agent.status.agent_metrics\n"
     "import istio_agent.security.identity, istio_agent.security.sds, istio_agent.dns.proxy, istio_agent.xds.proxy\n"
-    "import istio_agent.status.server, istio_agent.status.metrics_handler, istio_agent.grpcxds\n"
+    "import istio_agent.status.server, istio_agent.status.merged_metrics.handler, istio_agent.grpcxds\n"
 )
 
 
 def test_agent_modules_load_no_prometheus_client() -> None:
     loaded = loaded_after(AGENT_MODULES)
-    assert "istio_agent.metrics" in loaded and "istio_agent.status.metrics_handler" in loaded
+    assert "istio_agent.metrics" in loaded and "istio_agent.status.merged_metrics.handler" in loaded
     bad = {m for m in loaded if m.startswith(FORBIDDEN)}
     assert not bad, sorted(bad)
 

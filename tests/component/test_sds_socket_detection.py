@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_options
+from istio_agent.agent.options import AgentFlags
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.options import AgentFlags, load_agent_options
 from istio_agent.security.socket_check import check_socket
 
 POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app", "INSTANCE_IP": "10.1.1.5"}

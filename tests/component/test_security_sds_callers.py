@@ -29,9 +29,9 @@ from security_harness import SdsClient, secrets_of
 from support import eventually, open_workdir
 
 from istio_agent.pki import certs, keys
+from istio_agent.security.core.sds_state import MAX_NAMES_PER_REQUEST
 from istio_agent.security.identity import WorkloadIdentity
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.sds_state import MAX_NAMES_PER_REQUEST
 
 CALLER = Path(__file__).resolve().parent / "sds_caller.py"
 SPIFFE = "spiffe://cluster.local/ns/default/sa/sleep"

@@ -33,8 +33,8 @@ def aiohttp_family(modules: set[str]) -> set[str]:
 
 def test_the_status_server_its_routes_and_clients_load_no_aiohttp() -> None:
     loaded = loaded_after(
-        "import istio_agent.assembly, istio_agent.status.server, istio_agent.status.metrics_handler\n"
-        "import istio_agent.status.probes_prober, istio_agent.status.probes_https, istio_agent.status.ndsz\n"
+        "import istio_agent.agent.assembly, istio_agent.status.server, istio_agent.status.merged_metrics.handler\n"
+        "import istio_agent.status.probes.prober, istio_agent.status.probes.https, istio_agent.status.ndsz\n"
         "import istio_agent.status.secrets_debug, istio_agent.health.probers, istio_agent.health.runner\n"
         "import istio_agent.envoy.admin, istio_agent.envoy.supervisor\n")
     assert "h11" in loaded and "istio_agent.httpio.server" in loaded
@@ -83,5 +83,5 @@ def test_a_running_sidecar_agent_never_imports_aiohttp(tmp_path: Path, start_age
     agent.wait_exit(60)
     output = agent.output(lines=100000)
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)$", output, re.M))
-    assert {"h11", "istio_agent.status.server", "istio_agent.status.probes_https"} <= imported, output[-3000:]
+    assert {"h11", "istio_agent.status.server", "istio_agent.status.probes.https"} <= imported, output[-3000:]
     assert aiohttp_family(imported) == set()

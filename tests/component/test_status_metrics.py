@@ -29,8 +29,8 @@ from test_status_metrics_peers import (
 )
 
 from istio_agent.metrics import generate_latest
-from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
-from istio_agent.status.metrics_merge import MAX_SOURCE_BYTES, ScrapeTarget
+from istio_agent.status.merged_metrics.handler import MergedMetricsHandler, MetricsOptions
+from istio_agent.status.merged_metrics.merge import MAX_SOURCE_BYTES, ScrapeTarget
 
 FAILURES = "istio_agent_scrape_failures_total"
 

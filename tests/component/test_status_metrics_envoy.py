@@ -30,8 +30,8 @@ from test_status_metrics_peers import (
 )
 
 from istio_agent.metrics import generate_latest
-from istio_agent.status.metrics_handler import MetricsOptions
-from istio_agent.status.metrics_merge import ScrapeTarget
+from istio_agent.status.merged_metrics.handler import MetricsOptions
+from istio_agent.status.merged_metrics.merge import ScrapeTarget
 
 
 async def scrape(port: int, accept: str) -> tuple[str, bytes]:

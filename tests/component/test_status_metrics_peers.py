@@ -23,7 +23,7 @@ from istio_agent import metrics as agent_metrics
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server import HttpServer
 from istio_agent.status.agent_metrics import AgentMetrics
-from istio_agent.status.metrics_handler import MergedMetricsHandler, MetricsOptions
+from istio_agent.status.merged_metrics.handler import MergedMetricsHandler, MetricsOptions
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

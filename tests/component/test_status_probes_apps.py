@@ -32,8 +32,14 @@ from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server import HttpServer
 from istio_agent.pki.certs import cert_to_pem, issue_server_cert, new_root_ca
 from istio_agent.pki.keys import generate_key, key_to_pem
-from istio_agent.status.probes import MAX_BODY_BYTES, MAX_REQUESTS, PROBE_USER_AGENT, ProbeOptions, parse_app_probers
-from istio_agent.status.probes_prober import add_probe_routes
+from istio_agent.status.probes.prober import add_probe_routes
+from istio_agent.status.probes.rules import (
+    MAX_BODY_BYTES,
+    MAX_REQUESTS,
+    PROBE_USER_AGENT,
+    ProbeOptions,
+    parse_app_probers,
+)
 
 LOOPBACK = "127.0.0.1"
 
@@ -361,8 +367,8 @@ async def test_probe_connections_are_kept_only_with_probe_keepalive(keepalive: b
     """ENABLE_PROBE_KEEPALIVE_CONNECTIONS: upstream closes each probe's connection unless it is set."""
     from aiohttp import web as aioweb
 
-    from istio_agent.status.probes import AppProbe, HttpGetAction, ProbeOptions
-    from istio_agent.status.probes_prober import AppProber
+    from istio_agent.status.probes.prober import AppProber
+    from istio_agent.status.probes.rules import AppProbe, HttpGetAction, ProbeOptions
 
     peers: list[object] = []
 

@@ -30,8 +30,8 @@ from support import ENVOY, HTTP_NOT_YET, eventually, free_port, http_request, po
 
 from istio_agent.pki.certs import cert_to_pem, issue_server_cert, new_root_ca
 from istio_agent.pki.keys import generate_key, key_to_pem
-from istio_agent.status.probes import PROBE_USER_AGENT, AppProbe, HttpGetAction, ProbeOptions
-from istio_agent.status.probes_prober import AppProber
+from istio_agent.status.probes.prober import AppProber
+from istio_agent.status.probes.rules import PROBE_USER_AGENT, AppProbe, HttpGetAction, ProbeOptions
 
 LOOPBACK = "127.0.0.1"
 BODY = "ready over the wire"
@@ -233,7 +233,7 @@ async def test_https_connections_are_kept_only_with_probe_keepalive(
 
 
 async def test_concurrent_probes_leave_one_kept_http2_connection(envoy_apps: EnvoyApps) -> None:
-    from istio_agent.status.probes_https import HttpsProber
+    from istio_agent.status.probes.https import HttpsProber
 
     https = HttpsProber(keepalive=True)
     prober = _prober(keepalive=True)
@@ -255,8 +255,8 @@ async def test_a_kept_http2_connection_is_pinged_and_given_up_when_the_app_stops
         envoy_apps: EnvoyApps) -> None:
     """Kubernetes' settings with short times: a quiet kept connection is pinged and stays while the app answers;
     when the app stops (SIGSTOP) the unanswered ping closes it, and the next probe dials anew."""
-    from istio_agent.status.probes_h2 import H2Connection
-    from istio_agent.status.probes_https import HttpsProber
+    from istio_agent.status.probes.h2 import H2Connection
+    from istio_agent.status.probes.https import HttpsProber
 
     https = HttpsProber(keepalive=True, read_idle=0.2, ping_timeout=0.5)
     prober = _prober(keepalive=True)

@@ -25,7 +25,8 @@ from google.protobuf import message as pb_message
 from support import eventually
 
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions, routing
+from istio_agent.xds import XdsProxy, XdsProxyHooks, XdsProxyOptions
+from istio_agent.xds.core import routing
 from istio_agent.xds.upstream import UpstreamSettings
 
 SOTW, DELTA = False, True

@@ -32,8 +32,8 @@ from support import CONFORMANCE, scored_cases
 from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig, parse_annotations, parse_layer
-from istio_agent.envoy.bootstrap import write_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.render import write_bootstrap
 from istio_agent.protos import proxyconfig_pb2
 
 STATS_METADATA_KEYS = (

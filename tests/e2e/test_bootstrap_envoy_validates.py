@@ -26,8 +26,8 @@ from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig, parse_layer
 from istio_agent.envoy.argv import EnvoyLaunch, envoy_argv, read_bootstrap_override
-from istio_agent.envoy.bootstrap import write_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.render import write_bootstrap
 
 ENVOY = VENV_BIN / "envoy"
 METADATA = "metadata_discovery"  # istio-proxy's bootstrap extension (peer metadata over xDS)

@@ -16,11 +16,11 @@ import pytest
 from needs import need
 from support import VENV_BIN
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.config import env
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.envoy.argv import EnvoyLaunch, envoy_argv
-from istio_agent.envoy.bootstrap import write_bootstrap
+from istio_agent.envoy.bootstrap.render import write_bootstrap
 
 ENVOY = VENV_BIN / "envoy"
 POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app", "INSTANCE_IP": "10.1.1.5",

@@ -15,9 +15,9 @@ from envoy_types import as_envoy_bootstrap
 from istio_agent.config import env
 from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig, parse_layer
-from istio_agent.envoy.bootstrap import render_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
-from istio_agent.envoy.bootstrap_params import template_params
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.params import template_params
+from istio_agent.envoy.bootstrap.render import render_bootstrap
 
 NODE = "sidecar~10.1.1.1~p.ns~ns.svc.cluster.local"
 def as_envoy_proto(bootstrap: dict[str, Any]) -> Any:

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from istio_agent.agent import Agent, Component
+from istio_agent.agent.assembly import Agent
+from istio_agent.lifecycle import Component
 
 
 class Part:

@@ -65,7 +65,7 @@ def test_typed_fields_win_over_raw() -> None:
     assert got["DNS_CAPTURE"] == "true"
     assert got["ENABLE_HBONE"] == "false"
     assert got["CLUSTER_ID"] == "c1"
-    assert "DNS_PROXY_ADDR" not in got, "the resolver decides it (config.options.metadata_dns_proxy_addr)"
+    assert "DNS_PROXY_ADDR" not in got, "the resolver decides it (agent.options.metadata_dns_proxy_addr)"
     assert meta({}, dns_proxy_addr="127.0.0.1:53")["DNS_PROXY_ADDR"] == "127.0.0.1:53"
 
 

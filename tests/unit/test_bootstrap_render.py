@@ -12,8 +12,8 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig
-from istio_agent.envoy.bootstrap import render_bootstrap
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.render import render_bootstrap
 
 
 def as_envoy_proto(bootstrap: dict[str, Any]) -> Any:

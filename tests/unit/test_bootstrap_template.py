@@ -12,16 +12,16 @@ from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import MetadataOptions, node_metadata
 from istio_agent.config.proxyconfig import ProxyConfig
-from istio_agent.envoy.bootstrap import (
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.params import template_params
+from istio_agent.envoy.bootstrap.render import (
     DEFAULT_TEMPLATE_PATH,
     effective_template_path,
     output_file_name,
     render_bootstrap,
     write_bootstrap,
 )
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
-from istio_agent.envoy.bootstrap_params import template_params
-from istio_agent.envoy.bootstrap_template import TemplateError, go_json, render_template
+from istio_agent.envoy.bootstrap.template import TemplateError, go_json, render_template
 
 
 def render(text: str, data: Any) -> str:
@@ -178,7 +178,7 @@ def test_lightstep_token_file_is_written(tmp_path: Path) -> None:
 
 def test_go_formatting_of_json_floats_and_durations() -> None:
     """What a Go template pastes: encoding/json's floats and time.Duration's String()."""
-    from istio_agent.envoy.bootstrap_gofmt import go_duration
+    from istio_agent.envoy.bootstrap.gofmt import go_duration
 
     assert go_json({"b": [1.0, 2.5, 1e-7, 1e21, 0.000001], "a": "<&>"}) == (
         '{"a":"\\u003c\\u0026\\u003e","b":[1,2.5,1e-7,1e+21,0.000001]}')

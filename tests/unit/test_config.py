@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.config import env
 from istio_agent.config.durations import format_duration, parse_duration
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
 from istio_agent.config.node import instance_ips, node_id
-from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.config.proxyconfig import build_proxy_config, parse_annotations
 
 

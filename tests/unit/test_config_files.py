@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.gounquote import go_unquote
-from istio_agent.config.loader import load_agent_config
 from istio_agent.config.proxyconfig import parse_annotations
 
 POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app", "INSTANCE_IP": "10.1.1.5"}

@@ -18,9 +18,9 @@ from test_dns_support import (
     sample_table,
 )
 
-from istio_agent.dns.responder import FAILED, LOCAL, Responder
-from istio_agent.dns.table import alt_hosts, build_lookup, proxy_domain, resolve
-from istio_agent.dns.wire import encode_name
+from istio_agent.dns.core.responder import FAILED, LOCAL, Responder
+from istio_agent.dns.core.table import alt_hosts, build_lookup, proxy_domain, resolve
+from istio_agent.dns.core.wire import encode_name
 from istio_agent.protos import nds_pb2
 
 A = [

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from test_dns_support import answer_set, ask, counts, query, responder
 
-from istio_agent.dns.table import resolve
-from istio_agent.dns.wire import TYPE_A, TYPE_AAAA, name_from_text
+from istio_agent.dns.core.table import resolve
+from istio_agent.dns.core.wire import TYPE_A, TYPE_AAAA, name_from_text
 
 
 def test_a_new_table_holds_no_packed_answers() -> None:

@@ -9,11 +9,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_dns_support import info, sample_table
 
 from istio_agent.dns import name_table_json
+from istio_agent.dns.core.responder import FAILED, FORWARDED, LOCAL, MALFORMED
 from istio_agent.dns.forward import Forwarder, parse_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
 from istio_agent.dns.proxy import listen_host_port
-from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
 from istio_agent.metrics import CollectorRegistry, generate_latest
 from istio_agent.protos import nds_pb2
 

@@ -6,10 +6,10 @@ import dns.flags
 import dns.message
 import dns.rdatatype
 
-from istio_agent.dns.answers import CompiledTable
+from istio_agent.dns.core.answers import CompiledTable
+from istio_agent.dns.core.responder import AskUpstream, Responder
+from istio_agent.dns.core.table import build_lookup, proxy_domain
 from istio_agent.dns.metrics import SLOTS
-from istio_agent.dns.responder import AskUpstream, Responder
-from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.protos import nds_pb2
 
 NAMESPACE = "ns1"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from istio_agent.dns.core.tcp_admission import Admission, ConnectionTable
 from istio_agent.dns.options import DnsProxyOptions
-from istio_agent.dns.tcp_admission import Admission, ConnectionTable
 
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from istio_agent.dns.tcp_framing import MAX_MESSAGE, TcpFramer, frame
+from istio_agent.dns.core.tcp_framing import MAX_MESSAGE, TcpFramer, frame
 
 IDLE = 8.0
 

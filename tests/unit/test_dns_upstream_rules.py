@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dns_support import asks_upstream, counts, info, query
 
-from istio_agent.dns import wire
-from istio_agent.dns.answers import CompiledTable
+from istio_agent.dns.core import wire
+from istio_agent.dns.core.answers import CompiledTable
+from istio_agent.dns.core.responder import Responder
+from istio_agent.dns.core.table import Lookup, alt_hosts, build_lookup, go_lower, proxy_domain, resolve, split_ips
 from istio_agent.dns.forward import _UdpUpstream
-from istio_agent.dns.responder import Responder
-from istio_agent.dns.table import Lookup, alt_hosts, build_lookup, go_lower, proxy_domain, resolve, split_ips
 from istio_agent.protos import nds_pb2
 
 

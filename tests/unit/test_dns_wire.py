@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dns_support import answer_set, ask, asks_upstream, counts, query, responder
 
-from istio_agent.dns import wire
-from istio_agent.dns.responder import FAILED, LOCAL, MALFORMED, Responder
+from istio_agent.dns.core import wire
+from istio_agent.dns.core.responder import FAILED, LOCAL, MALFORMED, Responder
 
 BIG = "big.localhost."  # 100 A records: 16 bytes each with a pointer owner
 

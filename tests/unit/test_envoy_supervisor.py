@@ -13,7 +13,7 @@ import pytest
 from istio_agent.clock import VirtualClock
 from istio_agent.config.errors import ConfigError
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import AgentFlags, HostFacts, metadata_options, resolve_agent_options
 from istio_agent.config import env
-from istio_agent.config.loader import load_agent_config
 from istio_agent.config.node import node_metadata, pilot_sans
-from istio_agent.config.options import AgentFlags, HostFacts, metadata_options, resolve_agent_options
 from istio_agent.grpcxds.bootstrap import (
     GrpcBootstrapOptions,
     build_bootstrap,

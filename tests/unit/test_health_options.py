@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import AgentFlags, HostFacts, resolve_agent_options
 from istio_agent.health.options import ExecAction, HealthCheckOptions, parse_readiness_probe
-from istio_agent.status.probes import GrpcAction, HttpGetAction, TcpSocketAction
+from istio_agent.status.probes.rules import GrpcAction, HttpGetAction, TcpSocketAction
 
 POD = {"POD_NAME": "vm-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "vm", "INSTANCE_IP": "10.1.1.5"}
 

@@ -15,7 +15,7 @@ import pytest
 
 from istio_agent.cni.install.options import InstallOptions
 from istio_agent.config.proxyconfig import DEFAULTS
-from istio_agent.envoy.bootstrap import DEFAULT_TEMPLATE_PATH
+from istio_agent.envoy.bootstrap.render import DEFAULT_TEMPLATE_PATH
 from istiod_local.controlplane.kubeapi.pods import PodMeta, render_pod
 from istiod_local.controlplane.xds.registry import parse_registry
 

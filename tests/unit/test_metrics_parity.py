@@ -254,7 +254,7 @@ def test_the_agents_own_metric_set_renders_as_prometheus_client_renders_it() -> 
     prometheus_client's renderers as its own Metric objects."""
     from istio_agent.dns.metrics import DnsMetrics
     from istio_agent.status.agent_metrics import XDS_CONNECT, XDS_ENVOY_NACK, XDS_PUSH, AgentMetrics
-    from istio_agent.status.metrics_handler import ScrapeCounters
+    from istio_agent.status.merged_metrics.handler import ScrapeCounters
 
     registry = OURS.Registry(auto_describe=True)
     metrics = AgentMetrics(registry)

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from istio_agent.config import env
-from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import (
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import (
     AgentFlags,
     AgentOptions,
     HostFacts,
     metrics_options,
     resolve_agent_options,
 )
-from istio_agent.status.metrics_merge import ENVOY_PROMETHEUS_PORT, ScrapeTarget
+from istio_agent.config import env
+from istio_agent.config.errors import ConfigError
+from istio_agent.status.merged_metrics.merge import ENVOY_PROMETHEUS_PORT, ScrapeTarget
 
 POD = {"POD_NAME": "app-1", "POD_NAMESPACE": "default", "SERVICE_ACCOUNT": "app", "INSTANCE_IP": "10.1.1.5"}
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import AgentFlags, AgentOptions, HostFacts, resolve_agent_options
 from istio_agent.config import env
-from istio_agent.config.loader import load_agent_config
 from istio_agent.config.node import MetadataOptions, node_metadata
-from istio_agent.config.options import AgentFlags, AgentOptions, HostFacts, resolve_agent_options
-from istio_agent.envoy.bootstrap import render_bootstrap
+from istio_agent.envoy.bootstrap.render import render_bootstrap
 from istio_agent.grpcxds.bootstrap import build_bootstrap
 from istio_agent.grpcxds.bootstrap import render_bootstrap as render_grpc
 

@@ -8,7 +8,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2
 
 from istio_agent.protos import heads
-from istio_agent.xds import messages
+from istio_agent.xds.core import messages
 
 
 def reference(package: str, spec: Mapping[str, Sequence[Any]]) -> descriptor_pb2.FileDescriptorProto:

@@ -13,7 +13,7 @@ import pytest
 from istio_agent.pki.certs import build_csr, cert_to_pem, load_csr, new_root_ca, sign_workload_csr
 from istio_agent.pki.keys import generate_key
 from istio_agent.protos import typeurls
-from istio_agent.security.secrets import SecretItem
+from istio_agent.security.core.secrets import SecretItem
 from istio_agent.status.secrets_debug import (
     PRESENT,
     SecretDiff,

@@ -16,8 +16,8 @@ from istio_agent.security.ca_client import (
     target_name_override,
     tls_server_name,
 )
+from istio_agent.security.core.secrets import SecretError, system_bundle_path
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.secrets import SecretError, system_bundle_path
 
 RETRYABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "CANCELLED"}
 

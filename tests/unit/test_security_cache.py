@@ -22,9 +22,9 @@ from support import eventually
 from istio_agent.clock import VirtualClock
 from istio_agent.pki import certs, keys
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.core.rotation import rotation_time
+from istio_agent.security.core.secrets import SecretError, SecretItem, pem_certificates
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.rotation import rotation_time
-from istio_agent.security.secrets import SecretError, SecretItem, pem_certificates
 
 T = TypeVar("T")
 HOUR = 3600.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from istio_agent.security.cert_lifecycle import (
+from istio_agent.security.core.cert_lifecycle import (
     CertificateLifecycle,
     Expire,
     Push,
@@ -11,7 +11,7 @@ from istio_agent.security.cert_lifecycle import (
     Retry,
     Write,
 )
-from istio_agent.security.secrets import SecretItem
+from istio_agent.security.core.secrets import SecretItem
 
 HOUR = 3600.0
 

@@ -20,9 +20,9 @@ from test_security_cache import in_virtual_time, options, write_pair
 from istio_agent.clock import VirtualClock
 from istio_agent.pki import keys
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.core.secrets import SecretError
 from istio_agent.security.file_secrets import SecretRefused
 from istio_agent.security.peercred import PeerCredentials
-from istio_agent.security.secrets import SecretError
 
 ENVOY = PeerCredentials(pid=0, uid=1337, gid=1337)
 

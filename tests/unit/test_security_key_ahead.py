@@ -14,8 +14,8 @@ from istio_agent.cli.first_key import first_key_spec, start_first_key
 from istio_agent.clock import VirtualClock
 from istio_agent.pki import certs, keys
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.core.secrets import SecretItem
 from istio_agent.security.key_ahead import KeyAhead, KeySpec
-from istio_agent.security.secrets import SecretItem
 
 SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import HostFacts, security_options
 from istio_agent.config.env import Environment
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import HostFacts, security_options
 from istio_agent.security.options import SecurityOptions
 
 

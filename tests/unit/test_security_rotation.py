@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from istio_agent.security.rotation import Backoff, ca_retry_delay, jittered_ratio, rotation_time
+from istio_agent.security.core.rotation import Backoff, ca_retry_delay, jittered_ratio, rotation_time
 
 HOUR = 3600.0
 T0 = 1_700_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.security.sds_state import (
+from istio_agent.security.core.sds_state import (
     MAX_NAMES_PER_REQUEST,
     NameSubscribers,
     SdsProtocolError,

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from istio_agent.protos import typeurls
-from istio_agent.security import sds_wire
-from istio_agent.security.secrets import SecretItem
+from istio_agent.security.core import sds_wire
+from istio_agent.security.core.secrets import SecretItem
 
 
 def envoy_secret(item: SecretItem) -> secret_pb2.Secret:

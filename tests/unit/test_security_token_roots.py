@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from istio_agent.security.ca_client import CaClient, read_token
+from istio_agent.security.core.secrets import SecretError
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.secrets import SecretError
 from istio_agent.xds.upstream import UpstreamError, UpstreamSettings, call_metadata, root_certificates
 
 TOKEN = "var/run/secrets/tokens/istio-token"

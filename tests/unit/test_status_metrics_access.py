@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from istio_agent.httpio.server_core import Request
 from istio_agent.metrics import CollectorRegistry
-from istio_agent.status.metrics_handler import MergedMetricsHandler
-from istio_agent.status.metrics_merge import MetricsOptions
+from istio_agent.status.merged_metrics.handler import MergedMetricsHandler
+from istio_agent.status.merged_metrics.merge import MetricsOptions
 
 
 def request_from(address: str) -> Request:

@@ -20,14 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from istio_agent import metrics as agent_metrics
 from istio_agent.config.errors import ConfigError
-from istio_agent.status.metrics_filter import (
+from istio_agent.status.merged_metrics.filter import (
     MalformedSource,
     SourceFilter,
     SourceTooLarge,
     openmetrics_to_text,
     text_to_openmetrics,
 )
-from istio_agent.status.metrics_merge import (
+from istio_agent.status.merged_metrics.merge import (
     EOF_LINE,
     RESERVED_PORTS,
     TEXT_CONTENT_TYPE,

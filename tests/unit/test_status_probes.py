@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import probe_options
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import probe_options
-from istio_agent.status.probes import (
+from istio_agent.status.probes.rules import (
     MAX_REQUESTS,
     PROBE_USER_AGENT,
     Answer,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from istio_agent.status.probes_wire import (
+from istio_agent.status.probes.wire import (
     H2_PING_TIMEOUT,
     H2_READ_IDLE_TIMEOUT,
     IDLE_CONNECTION_TIMEOUT,

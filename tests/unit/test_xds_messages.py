@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds import messages
-from istio_agent.xds.messages import DecodeError, ErrorDetail
+from istio_agent.xds.core import messages
+from istio_agent.xds.core.messages import DecodeError, ErrorDetail
 
 CDS = typeurls.CLUSTER
 

@@ -7,7 +7,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from istio_agent.protos import nds_pb2, typeurls
-from istio_agent.xds.session import (
+from istio_agent.xds.core.session import (
     Consume,
     Drop,
     Health,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from istio_agent.agent.loader import load_agent_config
+from istio_agent.agent.options import xds_options
 from istio_agent.config import env
-from istio_agent.config.loader import load_agent_config
-from istio_agent.config.options import xds_options
 from istio_agent.pki import certs, keys
 from istio_agent.protos import typeurls
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions

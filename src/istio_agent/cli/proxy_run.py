@@ -29,8 +29,8 @@ def run_proxy(proxy_type: str, flags: Mapping[str, Any], logging_options: LogOpt
     from istio_agent.cli.first_key import start_first_key
 
     first_key = start_first_key(os.environ)  # made on a thread while the agent's modules load (key_ahead.py)
-    from istio_agent.agent import START_FAILED_EXIT_CODE, load_options, run_agent
-    from istio_agent.config.options import AgentFlags
+    from istio_agent.agent.options import AgentFlags
+    from istio_agent.agent.run import START_FAILED_EXIT_CODE, load_options, run_agent
 
     if unknown_args:
         sys.stderr.write(f"ignoring unknown arguments: {' '.join(unknown_args)}\n")

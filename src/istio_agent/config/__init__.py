@@ -1,8 +1,11 @@
-"""Configuration: the env registry, ProxyConfig layering, node id and metadata, and the one options resolver.
+"""Configuration, the bottom library: the env registry, ProxyConfig layering, node id and metadata, Go parsers.
 
-`options.resolve_agent_options` turns environment, flags, mesh config and
-ProxyConfig into frozen per-component options; with `cli/`, this package is
-the only one that reads the process environment.
+It imports no component and nothing above it (only `config.*`, `version`, the
+standard library and third-party packages), so that every program and every
+component may use it. The options resolver that turns all of it into
+per-component options is `pilot-agent proxy`'s composition layer,
+`istio_agent.agent.options`; with `cli/`, this package (`envvar.Environment`)
+is the only one that reads the process environment.
 """
 
 from istio_agent.config.errors import ConfigError

@@ -12,7 +12,7 @@ honours:
 `docs/ENVIRONMENT.md` is generated from the registry (`make docs`).
 
 Components never read the process environment: the options resolver
-(`config/options.py`) asks an `Environment` (a snapshot of a plain mapping, so
+(`agent/options.py`) asks an `Environment` (a snapshot of a plain mapping, so
 tests pass a dict) for a registered `EnvVar` and gets a parsed, typed value or a
 `ConfigError` naming the variable and the value.
 """

@@ -2,11 +2,11 @@
 
 Public API: `DnsProxy` (the component, in `proxy`), `DnsProxyOptions` and
 `port53_rules` (upstream's special case for an address on port 53, in
-`options`), `name_table_json` (the /debug/ndsz view). The sans-IO core lives
-in `table` (upstream's naming rules), `answers` (pre-packed wire answers),
-`responder` (per-packet decision), `tcp_framing` (DNS-over-TCP framing and
-deadlines), `tcp_admission` (who keeps a TCP connection slot) and `wire`
-(message validation, truncation).
+`options`), `name_table_json` (the /debug/ndsz view, in `core.ndsz`). The
+sans-IO core lives in `core/` (`table`, `answers`, `responder`, `wire`,
+`tcp_framing`, `tcp_admission`); the I/O edges at the top level: `proxy`
+(threads, sockets), `tcp` (DNS over TCP on asyncio), `forward` (the upstream
+resolvers) and `metrics`.
 
 `DnsProxy` and `name_table_json` are loaded on first use: importing this
 package (as the options resolver does, for `istio_agent.dns.options`) must not
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
 
 if TYPE_CHECKING:
-    from istio_agent.dns.ndsz import name_table_json
+    from istio_agent.dns.core.ndsz import name_table_json
     from istio_agent.dns.proxy import DnsProxy
 
 __all__ = ["DnsProxy", "DnsProxyOptions", "name_table_json", "port53_rules"]
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
         return DnsProxy
     if name == "name_table_json":
-        from istio_agent.dns.ndsz import name_table_json
+        from istio_agent.dns.core.ndsz import name_table_json
 
         return name_table_json
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from istio_agent.dns import wire
+from istio_agent.dns.core import wire
 
 MAX_PENDING_PER_SOCKET = 20_000  # of 65,536 ids: leave room for random picks to succeed fast
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from istio_agent.dns.responder import FAILED, FORWARDED, LOCAL, MALFORMED
+from istio_agent.dns.core.responder import FAILED, FORWARDED, LOCAL, MALFORMED
 from istio_agent.metrics import CollectorRegistry, CounterMetricFamily, Histogram, Metric
 
 UPSTREAM_FAILURES = 4  # counts index: subset of FAILED where all upstream servers failed

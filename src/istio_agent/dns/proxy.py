@@ -30,15 +30,15 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from istio_agent.dns import wire
-from istio_agent.dns.answers import CompiledTable
+from istio_agent.dns.core import wire
+from istio_agent.dns.core.answers import CompiledTable
+from istio_agent.dns.core.responder import FAILED, FORWARDED, MALFORMED, AskUpstream, Responder
+from istio_agent.dns.core.table import build_lookup, proxy_domain
+from istio_agent.dns.core.tcp_admission import ConnectionTable
 from istio_agent.dns.forward import Forwarder, read_resolv_conf
 from istio_agent.dns.metrics import UPSTREAM_FAILURES, DnsMetrics
 from istio_agent.dns.options import DnsProxyOptions
-from istio_agent.dns.responder import FAILED, FORWARDED, MALFORMED, AskUpstream, Responder
-from istio_agent.dns.table import build_lookup, proxy_domain
 from istio_agent.dns.tcp import TcpConnection
-from istio_agent.dns.tcp_admission import ConnectionTable
 from istio_agent.eventloop import new_event_loop
 from istio_agent.metrics import CollectorRegistry
 from istio_agent.netaddr import AddressError, split_host_port

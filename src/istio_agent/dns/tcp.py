@@ -1,4 +1,4 @@
-"""DNS over TCP on the proxy's io loop: the asyncio adapter around `tcp_framing.TcpFramer`.
+"""DNS over TCP on the proxy's io loop: the asyncio adapter around `core.tcp_framing.TcpFramer`.
 
 The framing, the in-flight accounting and the deadlines are the framer's
 (sans-IO, unit-tested); this file only moves events between the transport,
@@ -8,7 +8,7 @@ RFC allows). A connection stops reading while it has too many forwarded
 queries in flight or while the client is not reading our answers. One timer
 per connection is armed at the framer's deadline.
 
-Which connections may stay open is `tcp_admission.ConnectionTable`'s call
+Which connections may stay open is `core.tcp_admission.ConnectionTable`'s call
 (also sans-IO): each accepted connection asks it for a slot, keyed by the
 peer's IP address, and reports its activity and whether forwarded queries
 are in flight. A connection closed by a deadline or evicted for a newcomer
@@ -21,23 +21,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
-from istio_agent.dns.responder import MALFORMED, AskUpstream
-from istio_agent.dns.tcp_framing import TcpFramer, frame
-
-if TYPE_CHECKING:
-    from istio_agent.dns.proxy import DnsProxy
+from istio_agent.dns.core.responder import MALFORMED, AskUpstream, Responder
+from istio_agent.dns.core.tcp_admission import ConnectionTable
+from istio_agent.dns.core.tcp_framing import TcpFramer, frame
+from istio_agent.dns.options import DnsProxyOptions
 
 log = logging.getLogger(__name__)
 
 TCP_MAX_INFLIGHT = 64  # forwarded queries per TCP connection before we stop reading from it
 
 
+class TcpHost(Protocol):
+    """The DNS proxy as its TCP connections see it (`proxy.DnsProxy` is one; this module does not import it)."""
+
+    options: DnsProxyOptions
+    responder: Responder
+    tcp_table: ConnectionTable[TcpConnection]
+    tcp_counts: list[int]
+
+    async def forward(self, data: bytes, limit: int, tcp: bool) -> bytes: ...
+
+    def spawn(self, coro: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
+
+
 class TcpConnection(asyncio.Protocol):
     """One DNS-over-TCP client: transport events -> framer -> responder, and back."""
 
-    def __init__(self, proxy: DnsProxy) -> None:
+    def __init__(self, proxy: TcpHost) -> None:
         self.proxy = proxy
         self._loop = asyncio.get_running_loop()
         options = proxy.options

@@ -1,6 +1,6 @@
 """How one Envoy is started, supervised and drained, resolved once at agent start.
 
-The options resolver (`config/options.py`) builds `EnvoyOptions` from the
+The options resolver (`agent/options.py`) builds `EnvoyOptions` from the
 environment, flags and ProxyConfig; `EnvoySupervisor` (`envoy/supervisor.py`)
 runs it. Light on purpose: the resolver imports this before it knows whether
 there is an Envoy at all.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
 from istio_agent.envoy.drain import DrainPolicy
 
 

@@ -30,7 +30,7 @@ from istio_agent.clock import Clock, SystemClock
 from istio_agent.config.errors import ConfigError
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.argv import envoy_command, read_bootstrap_override
-from istio_agent.envoy.bootstrap import write_bootstrap
+from istio_agent.envoy.bootstrap.render import write_bootstrap
 from istio_agent.envoy.drain import next_step
 from istio_agent.envoy.istio_proxy_only import (
     ISTIO_PROXY_ONLY_TYPES,

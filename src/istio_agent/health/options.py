@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.status.probes import GrpcAction, HttpGetAction, TcpSocketAction
+from istio_agent.status.probes.rules import GrpcAction, HttpGetAction, TcpSocketAction
 
 FIELD = "readinessProbe"  # named in errors: the ProxyConfig field
 # Upstream's defaults for a zero (unset) value: thresholds 1, timeout 1 s, period 10 s; the delay stays 0.

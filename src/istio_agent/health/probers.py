@@ -1,7 +1,7 @@
 """The workload health checker's probes (I/O edge): the app's probe, and Envoy's readiness before it.
 
 HTTP GET, TCP connect and gRPC health checks are the status server's app
-prober (`status.probes_prober.AppProber`), set up as upstream's health probes
+prober (`status.probes.prober.AppProber`), set up as upstream's health probes
 are: a fresh connection per probe (no keep-alive), HTTPS as HTTP/1.1 without
 certificate verification, a probe without a `host` sent to the proxy's
 address, HTTP probes from 127.0.0.6 (::6) so that capture rules let them
@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
 from istio_agent.health.options import ExecAction, HealthAction, HealthCheckOptions
-from istio_agent.status.probes import AppProbe, HttpGetAction, ProbeOptions, probe_url
-from istio_agent.status.probes_prober import AppProber
+from istio_agent.status.probes.prober import AppProber
+from istio_agent.status.probes.rules import AppProbe, HttpGetAction, ProbeOptions, probe_url
 from istio_agent.status.readiness import ReadinessState
 
 log = logging.getLogger("istio_agent.healthcheck")

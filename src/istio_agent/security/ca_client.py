@@ -27,6 +27,8 @@ from google.protobuf import struct_pb2
 
 from istio_agent.netaddr import split_host_optional_port
 from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
+from istio_agent.security.core.rotation import CA_MAX_ATTEMPTS, ca_retry_delay
+from istio_agent.security.core.secrets import SecretError, pem_certificates, system_bundle_path
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
@@ -34,8 +36,6 @@ from istio_agent.security.options import (
     SYSTEM_ROOTS,
     SecurityOptions,
 )
-from istio_agent.security.rotation import CA_MAX_ATTEMPTS, ca_retry_delay
-from istio_agent.security.secrets import SecretError, pem_certificates, system_bundle_path
 
 log = logging.getLogger(__name__)
 

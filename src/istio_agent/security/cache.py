@@ -36,7 +36,7 @@ from pathlib import Path
 from istio_agent.clock import Cancellable, Clock, SystemClock
 from istio_agent.pki import certs, keys
 from istio_agent.security.ca_client import CertificateSigner
-from istio_agent.security.cert_lifecycle import (
+from istio_agent.security.core.cert_lifecycle import (
     Action,
     CertificateLifecycle,
     Expire,
@@ -45,6 +45,16 @@ from istio_agent.security.cert_lifecycle import (
     Request,
     Retry,
     Write,
+)
+from istio_agent.security.core.secrets import (
+    FILE_ROOT_SYSTEM,
+    ROOT_RESOURCE,
+    WORKLOAD_RESOURCE,
+    SecretError,
+    SecretItem,
+    merge_roots,
+    parse_file_resource,
+    system_bundle_path,
 )
 from istio_agent.security.file_store import FileSecretStore, FileSpec
 from istio_agent.security.key_ahead import KeyAhead, KeySpec
@@ -59,16 +69,6 @@ from istio_agent.security.options import (
 )
 from istio_agent.security.output import write_output_certs
 from istio_agent.security.peercred import PeerCredentials
-from istio_agent.security.secrets import (
-    FILE_ROOT_SYSTEM,
-    ROOT_RESOURCE,
-    WORKLOAD_RESOURCE,
-    SecretError,
-    SecretItem,
-    merge_roots,
-    parse_file_resource,
-    system_bundle_path,
-)
 
 log = logging.getLogger(__name__)
 

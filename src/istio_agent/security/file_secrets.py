@@ -16,9 +16,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from istio_agent.pki import certs, keys
+from istio_agent.security.core.secrets import SecretError, SecretItem, pem_certificates
 from istio_agent.security.filereads import FileReadError, FileRefused, read_secret_file
 from istio_agent.security.peercred import PeerCredentials
-from istio_agent.security.secrets import SecretError, SecretItem, pem_certificates
 
 
 class SecretRefused(SecretError):

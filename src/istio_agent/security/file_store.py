@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istio_agent.clock import Cancellable, Clock
+from istio_agent.security.core.secrets import SecretError, SecretItem
 from istio_agent.security.file_secrets import LoadedSecret, load_key_cert, load_root
 from istio_agent.security.filewatch import FileWatcher
 from istio_agent.security.offloop import in_daemon_thread
 from istio_agent.security.peercred import PeerCredentials
-from istio_agent.security.secrets import SecretError, SecretItem
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from istio_agent.security.core.secrets import SecretError
 from istio_agent.security.peercred import PeerCredentials, access_refusal
-from istio_agent.security.secrets import SecretError
 
 MAX_SECRET_FILE_BYTES = 4 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from istio_agent.security.ca_client import CaClient, CertificateSigner
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.core.secrets import WORKLOAD_RESOURCE, SecretItem
 from istio_agent.security.key_ahead import KeyAhead
 from istio_agent.security.options import SecurityOptions
-from istio_agent.security.secrets import WORKLOAD_RESOURCE, SecretItem
 
 if TYPE_CHECKING:
     from istio_agent.security.sds import SdsServer

@@ -1,6 +1,6 @@
 """Everything the identity component needs, in one frozen struct (upstream's `security.Options`).
 
-The options resolver (`config/options.py`) builds it once from the environment
+The options resolver (`agent/options.py`) builds it once from the environment
 registry, the effective ProxyConfig and the node identity, validating every
 value; the component never reads the environment, and tests construct it
 directly with plain values.

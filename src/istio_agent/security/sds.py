@@ -32,13 +32,13 @@ import grpc
 import grpc.aio
 
 from istio_agent.protos import typeurls
-from istio_agent.security import sds_wire
 from istio_agent.security.cache import SecretCache
+from istio_agent.security.core import sds_wire
+from istio_agent.security.core.sds_state import NameSubscribers, SdsProtocolError, SubscriptionState
+from istio_agent.security.core.secrets import SecretError
 from istio_agent.security.file_secrets import SecretRefused
 from istio_agent.security.peercred import PeerCredentials
 from istio_agent.security.sds_relay import PeerRelay, make_private_dir, reachable_path
-from istio_agent.security.sds_state import NameSubscribers, SdsProtocolError, SubscriptionState
-from istio_agent.security.secrets import SecretError
 
 log = logging.getLogger(__name__)
 

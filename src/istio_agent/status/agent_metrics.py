@@ -44,7 +44,7 @@ from istio_agent.protos import typeurls
 if TYPE_CHECKING:
     from istio_agent.security.ca_client import CertificateSigner
     from istio_agent.security.cache import SecretCache
-    from istio_agent.security.secrets import SecretItem
+    from istio_agent.security.core.secrets import SecretItem
     from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from istio_agent.dns.ndsz import name_table_json
+from istio_agent.dns.core.ndsz import name_table_json
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server_core import Request, Response, json_response, text_response
 from istio_agent.netaddr import is_localhost

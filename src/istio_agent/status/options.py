@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from istio_agent.status.metrics_merge import MetricsOptions
-from istio_agent.status.probes import ProbeOptions
+from istio_agent.status.merged_metrics.merge import MetricsOptions
+from istio_agent.status.probes.rules import ProbeOptions
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from istio_agent.httpio.routing import Router
     from istio_agent.httpio.server_core import Request, Response
     from istio_agent.security.cache import SecretCache
-    from istio_agent.security.secrets import SecretItem
+    from istio_agent.security.core.secrets import SecretItem
 
 DEBUG_SECRETS_PATH = "/debug/secrets"
 CONFIG_DUMP_SECRETS_PATH = "/config_dump?mask=dynamic_active_secrets,dynamic_warming_secrets"

@@ -1,10 +1,12 @@
 """The XDS proxy between Envoy and istiod (ADS on `<configPath>/XDS`, raw-bytes relay).
 
 Public API: `XdsProxy(options, hooks)` with `start()` / `stop()` / `set_health()`,
-`XdsProxyOptions` (built by the options resolver, `config/options.py`) and
+`XdsProxyOptions` (built by the options resolver, `agent/options.py`) and
 `XdsProxyHooks` (the callbacks the agent's assembly wires). They load on
-first use, so that importing a small module of this package (say `routing` or
-`messages`) does not pull in the gRPC server.
+first use, so that importing a small module of this package (say `core.routing`
+or `core.messages`) does not pull in the gRPC server. The sans-IO core is `core/`
+(`session`, `messages`, `routing`); the I/O edges (`proxy`, `upstream`) are at
+the top level.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the XDS proxy is (options) and whom it tells about what it consumes (hooks).
 
-`XdsProxyOptions` is resolved once by the options resolver (`config/options.py`)
+`XdsProxyOptions` is resolved once by the options resolver (`agent/options.py`)
 from the environment and ProxyConfig, so the proxy never reads the environment;
 tests construct it directly with plain values. `XdsProxyHooks` is wiring, not
 configuration: the agent's assembly passes the DNS proxy's and the secret
@@ -18,7 +18,7 @@ from istio_agent.xds.upstream import UpstreamSettings
 
 if TYPE_CHECKING:
     from istio_agent.protos import nds_pb2
-    from istio_agent.xds.session import NodeHook
+    from istio_agent.xds.core.session import NodeHook
 
 XDS_SOCKET_NAME = "XDS"
 MOUNTED_CERTS_DIR = "./etc/certs"

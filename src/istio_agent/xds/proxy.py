@@ -42,8 +42,8 @@ Where a push's peak goes (bench_memory, /proc/PID/smaps sampled every 50 ms): du
 main malloc arena grows by ~10 MB and the second by ~4-5 MB, handed back by the trimmer a second later. Most of
 it is grpcio's: its receive path gathers a message's slices into a bytearray and copies that into the bytes it
 hands over (three copies at once, while the next message is already arriving), and a write copies the bytes
-once more. The routing parse (`messages.py`) holds one copy only while it parses (upb keeps the unparsed resources as
-unknown fields), before the write's copy exists, so it does not add to the peak. Turning off BDP probing on the
+once more. The routing parse (`core/messages.py`) holds one copy only while it parses (upb keeps the unparsed resources
+as unknown fields), before the write's copy exists, so it does not add to the peak. Turning off BDP probing on the
 upstream channel (istiod pushing ahead into a grown window) moved nothing (VmHWM 80.5-80.8 MB against 81.1).
 
 No task awaiting a gRPC read or write is ever cancelled. grpcio's aio layer
@@ -71,9 +71,10 @@ import grpc.aio
 
 from istio_agent.protos import nds_pb2, typeurls
 from istio_agent.security.ca_client import keepalive_options
-from istio_agent.xds import messages, routing, upstream
+from istio_agent.xds import upstream
+from istio_agent.xds.core import messages, routing
+from istio_agent.xds.core.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
-from istio_agent.xds.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

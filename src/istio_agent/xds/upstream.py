@@ -31,8 +31,8 @@ from istio_agent.security.ca_client import (
     target_name_override,
     tls_server_name,
 )
+from istio_agent.security.core.secrets import pem_certificates, system_bundle_path
 from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH
-from istio_agent.security.secrets import pem_certificates, system_bundle_path
 
 PLAINTEXT_PORT = 15010
 

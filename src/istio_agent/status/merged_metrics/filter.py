@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from istio_agent.status.metrics_merge import MAX_SOURCE_BYTES, Format, OutputFormat
+from istio_agent.status.merged_metrics.merge import MAX_SOURCE_BYTES, Format, OutputFormat
 
 VALIDATION_WINDOW = 64 * 1024
 HOLD_LIMIT = 1024 * 1024  # beyond this much held data, emit at a line boundary instead of a family boundary

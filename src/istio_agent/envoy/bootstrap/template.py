@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from istio_agent.envoy.bootstrap_gofmt import (
+from istio_agent.envoy.bootstrap.gofmt import (
     NO_VALUE,
     TemplateError,
     go_duration,
@@ -385,7 +385,7 @@ class _Exec:
 
 def render_template(text: str, data: Any, funcs: Mapping[str, Callable[..., Any]] | None = None) -> str:
     """Render Go template `text` over `data` with the builtin and Sprig-like functions."""
-    from istio_agent.envoy.bootstrap_template_funcs import FUNCS
+    from istio_agent.envoy.bootstrap.template_funcs import FUNCS
 
     nodes = _Parser(text).parse()
     executor = _Exec({**FUNCS, **(funcs or {})}, data)

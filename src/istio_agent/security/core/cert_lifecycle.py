@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from istio_agent.security.rotation import Backoff, rotation_time
-from istio_agent.security.secrets import ROOT_RESOURCE, WORKLOAD_RESOURCE, SecretItem
+from istio_agent.security.core.rotation import Backoff, rotation_time
+from istio_agent.security.core.secrets import ROOT_RESOURCE, WORKLOAD_RESOURCE, SecretItem
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,15 @@ touches more than one of them is stated here, once:
 - istiod's client certificate is `PROV_CERT`, else the mounted certs with `FILE_MOUNTED_CERTS`;
 - the Istio version reported is `ISTIO_VERSION`, else the one this agent is compatible with.
 
-Only the option modules of the components are imported here (each is light);
-the components themselves load only when the agent starts them.
+Sans-IO: the inputs (`AgentConfig`, `AgentFlags`, `HostFacts`) are read by
+`loader.py`. Only the option modules of the components (and the pure rules
+those need) are imported here, each light; the components themselves load only
+when the agent starts them. This composition layer sits above the components:
+they never import it, they are given their options.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +32,12 @@ from typing import Any
 
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.loader import AgentConfig, load_agent_config
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
-from istio_agent.config.platform import RESOLV_CONF, Platform, discover, platform_locality
-from istio_agent.dns.options import ALT_RESOLV_CONF, DnsProxyOptions, port53_rules
+from istio_agent.config.platform import Platform, discover, platform_locality
+from istio_agent.config.proxyconfig import ProxyConfig
+from istio_agent.dns.options import DnsProxyOptions, port53_rules
 from istio_agent.envoy.argv import EnvoyLaunch
-from istio_agent.envoy.bootstrap_options import BootstrapOptions, locality, locality_label
+from istio_agent.envoy.bootstrap.options import BootstrapOptions, locality, locality_label
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats
@@ -44,16 +46,15 @@ from istio_agent.health.options import HealthCheckOptions, parse_readiness_probe
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
-    CREDENTIAL_SOCKET,
     ISTIO_SDS_SOCKET_FILE,
     KEY_FILE,
     ROOT_CERT_FILE,
     WORKLOAD_SDS_DIR,
     SecurityOptions,
 )
-from istio_agent.status.metrics_merge import MetricsOptions, parse_scrape_annotations
+from istio_agent.status.merged_metrics.merge import MetricsOptions, parse_scrape_annotations
 from istio_agent.status.options import StatusOptions
-from istio_agent.status.probes import ProbeOptions, parse_app_probers
+from istio_agent.status.probes.rules import ProbeOptions, parse_app_probers
 from istio_agent.version import ISTIO_COMPAT_VERSION
 from istio_agent.xds.options import XDS_SOCKET_NAME, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
@@ -91,7 +92,7 @@ class AgentFlags:
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the resolver must know about the machine and the pod's files (read by `load_agent_options`)."""
+    """What the resolver must know about the machine and the pod's files (read by `loader.load_agent_options`)."""
 
     euid: int = 0
     alt_resolv_conf_exists: bool = False
@@ -101,6 +102,26 @@ class HostFacts:
     credential_socket_healthy: bool = False
     # /etc/resolv.conf's text (None: unreadable): on GCP its search list may name the node's zone.
     resolv_conf: str | None = None
+
+
+@dataclass
+class AgentConfig:
+    """The agent's start-up facts, before resolution: the layered ProxyConfig, the environment it filled, the pod.
+
+    Read by `loader.load_agent_config()`; `resolve_agent_options()` turns it into per-component options.
+    """
+
+    workdir: Path
+    environment: env.Environment
+    proxy_config: ProxyConfig
+    identity: NodeIdentity
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+    def path(self, relative: str) -> Path:
+        """A pod path (`./etc/...`) resolved against the agent's working directory."""
+        candidate = Path(relative)
+        return candidate if candidate.is_absolute() else self.workdir / candidate
 
 
 @dataclass(frozen=True)
@@ -520,42 +541,3 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         without_effect=tuple(config.environment.without_effect()),
         grpc_cipher_suites=grpc_cipher_suites(config.environment),
     )
-
-
-def load_agent_options(flags: AgentFlags, environment: env.Environment | None = None,
-                       workdir: Path | None = None) -> AgentOptions:
-    """The I/O edge: read the process environment, the pod's files and host facts, then resolve."""
-    from istio_agent.capture.hostfacts import up_interface_addresses
-
-    try:
-        interfaces = up_interface_addresses()
-    except OSError:
-        interfaces = []  # no netlink here: 127.0.0.1 and ::1, as upstream when it finds no address
-    config = load_agent_config(
-        environment if environment is not None else env.Environment(),
-        workdir or Path.cwd(),
-        proxy_type=flags.proxy_type,
-        domain=flags.domain or None,
-        mesh_config_path=flags.mesh_config,
-        concurrency=flags.concurrency,
-        service_cluster=flags.service_cluster,
-        interfaces=interfaces,
-    )
-    from istio_agent.security.socket_check import check_socket
-
-    socket_file = config.environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or ISTIO_SDS_SOCKET_FILE
-    workload_socket = config.path(WORKLOAD_SDS_DIR) / Path(socket_file).name
-    host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
-                     mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
-                     workload_sds_socket_healthy=check_socket(workload_socket),
-                     credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
-                     resolv_conf=_read_resolv_conf())
-    return resolve_agent_options(config, flags, host)
-
-
-def _read_resolv_conf() -> str | None:
-    """/etc/resolv.conf's text for the platform's zone rule, None when it cannot be read (as upstream, not fatal)."""
-    try:
-        return Path(RESOLV_CONF).read_text(errors="replace")
-    except OSError:
-        return None

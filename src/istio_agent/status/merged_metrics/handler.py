@@ -1,6 +1,6 @@
 """`/stats/prometheus` and `/metrics` on the status server: the merged scrape, as a streamed `httpio` answer.
 
-Thin I/O around `metrics_merge`. One scrape:
+Thin I/O around `merge`. One scrape:
 
 1. opens every source at once (Envoy's `localhost:15090/stats/prometheus` with the
    scraper's query string, as upstream, then each app target on localhost), asking
@@ -40,12 +40,12 @@ from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server_core import Request, Response, text_response
 from istio_agent.metrics import CollectorRegistry, Counter
 from istio_agent.netaddr import is_localhost
-from istio_agent.status.metrics_filter import (
+from istio_agent.status.merged_metrics.filter import (
     SourceError,
     SourceFilter,
     SourceTooLarge,
 )
-from istio_agent.status.metrics_merge import (
+from istio_agent.status.merged_metrics.merge import (
     EOF_LINE,
     TEXT_OUTPUT,
     TIMEOUT_HEADER,

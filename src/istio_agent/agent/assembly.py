@@ -25,8 +25,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from istio_agent.agent import Agent, Component
-from istio_agent.config.options import AgentOptions
+from istio_agent.agent.options import AgentOptions
+from istio_agent.lifecycle import Component, Lifecycle
 
 if TYPE_CHECKING:
     from istio_agent.dns.proxy import DnsProxy
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from istio_agent.xds.proxy import XdsProxy
 
 log = logging.getLogger(__name__)
+
+Agent = Lifecycle  # the agent is its components on the lifecycle
 
 
 class NameTableFeed:
@@ -185,9 +187,9 @@ class AgentAssembly:
 
     def _status_server(self, readiness: ReadinessState, admin: EnvoyAdmin | None, probe: BootstrapProbe | None,
                        dns: DnsProxy | None, envoy: EnvoySupervisor | None) -> Component:
-        from istio_agent.status.metrics_handler import add_metrics_routes
+        from istio_agent.status.merged_metrics.handler import add_metrics_routes
         from istio_agent.status.ndsz import add_ndsz_route
-        from istio_agent.status.probes_prober import add_probe_routes
+        from istio_agent.status.probes.prober import add_probe_routes
         from istio_agent.status.secrets_debug import add_secrets_debug_route
         from istio_agent.status.server import StatusServer
 

@@ -24,8 +24,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from istio_agent.dns import wire
-from istio_agent.dns.table import TTL, Lookup, Record, match, records, resolve
+from istio_agent.dns.core import wire
+from istio_agent.dns.core.table import TTL, Lookup, Record, match, records, resolve
 from istio_agent.protos import nds_pb2
 
 MAX_VARIANTS = 8  # orderings packed per multi-address answer

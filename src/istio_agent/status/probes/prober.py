@@ -1,7 +1,7 @@
 """The app prober's I/O edge: HTTP(S), TCP and gRPC health probes, and the :15020 routes that run them.
 
 The rules (which request, which redirect to follow, what to answer) live in
-`probes`; this module only opens connections. Each probe gets a fresh
+`rules`; this module only opens connections. Each probe gets a fresh
 connection (no keep-alive, like the kubelet, so an idle timeout in the app can
 never fail a probe) and the probe's whole time budget covers connecting,
 redirects and reading the body. Any failure to get an answer is a 500 with an
@@ -11,7 +11,7 @@ the agent.
 HTTP probes are HTTP/1.1 on h11 (no h2c, as upstream). HTTPS probes offer
 HTTP/2 through ALPN unless ISTIO_ENABLE_HTTP2_PROBING is off, when they are
 HTTP/1.1 and offer no ALPN, as upstream's transport without HTTP/2 configured.
-Both go through `probes_https`, loaded on the first HTTP probe.
+Both go through `https`, loaded on the first HTTP probe.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import grpc
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server_core import Request, Response, text_response
 from istio_agent.netaddr import join_host_port
-from istio_agent.status.probes import (
+from istio_agent.status.probes.rules import (
     PROBE_SOURCE_V6,
     PROBE_USER_AGENT,
     Answer,
@@ -49,7 +49,7 @@ from istio_agent.status.probes import (
 )
 
 if TYPE_CHECKING:
-    from istio_agent.status.probes_https import HttpsProber
+    from istio_agent.status.probes.https import HttpsProber
 
 log = logging.getLogger("istio_agent.probes")
 
@@ -130,7 +130,7 @@ class AppProber:
     def _http_client(self) -> HttpsProber:
         # Imported on the first HTTP probe, not at agent start: many pods have none.
         if self._https_prober is None:
-            from istio_agent.status.probes_https import HttpsProber
+            from istio_agent.status.probes.https import HttpsProber
 
             self._https_prober = HttpsProber(self.options.keepalive, alpn=self.options.http2)
         return self._https_prober
@@ -138,7 +138,7 @@ class AppProber:
     @contextlib.asynccontextmanager
     async def _get(self, url: str, headers: list[tuple[str, str]], host: str | None,
                    source: str | None) -> AsyncIterator[Reply]:
-        """One GET: HTTP/1.1, or HTTPS with HTTP/2 offered unless it is off (`probes_https`)."""
+        """One GET: HTTP/1.1, or HTTPS with HTTP/2 offered unless it is off (`https`)."""
         async with self._http_client().get(url, headers, host, source) as reply:
             yield reply
 

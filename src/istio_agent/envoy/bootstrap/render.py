@@ -8,8 +8,8 @@ admin on localhost, ADS to the agent's `XDS` pipe, the `sds-grpc` pipe (and
 Prometheus, secure-metrics and status listeners, stats tags and matchers,
 tracing, the metrics and access-log services, LRS, the local cluster for
 zone-aware balancing and the overload manager's connection limit. The
-decisions come from `bootstrap_values.derive()`, which the custom-template
-parameters (`bootstrap_params`) share.
+decisions come from `values.derive()`, which the custom-template
+parameters (`params`) share.
 
 `write_bootstrap()` is the thin I/O edge: it chooses between this built-in
 rendering and a custom template (`customConfigFile`, `proxyBootstrapTemplatePath`,
@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.envoy import bootstrap_stats as stats
-from istio_agent.envoy import bootstrap_tracing as tracing
-from istio_agent.envoy.bootstrap_listeners import listeners
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
-from istio_agent.envoy.bootstrap_values import BootstrapValues, derive
+from istio_agent.envoy.bootstrap import stats, tracing
+from istio_agent.envoy.bootstrap.listeners import listeners
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.values import BootstrapValues, derive
 
 # Upstream's default template location; when no file is there the built-in rendering is used.
 DEFAULT_TEMPLATE_PATH = "./var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
@@ -258,8 +257,8 @@ def write_bootstrap(
         token.write_text(str(lightstep.get("accessToken", "")))
         token.chmod(0o666)
     if use_template:
-        from istio_agent.envoy.bootstrap_params import template_params
-        from istio_agent.envoy.bootstrap_template import TemplateError, render_template
+        from istio_agent.envoy.bootstrap.params import template_params
+        from istio_agent.envoy.bootstrap.template import TemplateError, render_template
 
         try:
             text = template_file_path.read_text()

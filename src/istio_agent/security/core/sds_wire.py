@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from istio_agent.protos.heads import BYTES, INT32, MESSAGE, REPEATED, STRING, Field, build
-from istio_agent.security.secrets import SecretItem
+from istio_agent.security.core.secrets import SecretItem
 
 _CLASSES = build("istio_agent.security.sds_heads", {
     # google.rpc.Status

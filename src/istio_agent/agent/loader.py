@@ -1,4 +1,5 @@
-"""Everything the agent knows at start, read once from the pod's files and environment.
+"""The resolver's I/O edge: everything the agent knows at start, read once from the pod's files, the process
+environment and the host, then resolved (`load_agent_options`).
 
 Order matters and follows upstream: ProxyConfig layers are read first, then its
 `proxyMetadata` fills environment variables the container did not set, and
@@ -10,16 +11,27 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from istio_agent.agent.options import (
+    MOUNTED_ROOT_CERT,
+    AgentConfig,
+    AgentFlags,
+    AgentOptions,
+    HostFacts,
+    resolve_agent_options,
+)
 from istio_agent.config import env
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import NodeIdentity, identity_from_env, instance_ips
+from istio_agent.config.node import identity_from_env, instance_ips
+from istio_agent.config.platform import RESOLV_CONF
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
 from istio_agent.config.proxyconfig_validation import validate_proxy_config
 from istio_agent.config.textfile import read_text
+from istio_agent.dns.options import ALT_RESOLV_CONF
+from istio_agent.security.options import CREDENTIAL_SOCKET, ISTIO_SDS_SOCKET_FILE, WORKLOAD_SDS_DIR
 
 log = logging.getLogger(__name__)
 # Host name -> its addresses (the system resolver by default; tests pass their own).
@@ -28,26 +40,6 @@ Lookup = Callable[[str], Sequence[str]]
 DEFAULT_MESH_CONFIG = "./etc/istio/config/mesh"
 POD_LABELS_FILE = "./etc/istio/pod/labels"
 POD_ANNOTATIONS_FILE = "./etc/istio/pod/annotations"
-
-
-@dataclass
-class AgentConfig:
-    """The agent's start-up facts, before resolution: the layered ProxyConfig, the environment it filled, the pod.
-
-    `config.options.resolve_agent_options()` turns this into per-component options.
-    """
-
-    workdir: Path
-    environment: env.Environment
-    proxy_config: ProxyConfig
-    identity: NodeIdentity
-    labels: dict[str, str]
-    annotations: dict[str, str]
-
-    def path(self, relative: str) -> Path:
-        """A pod path (`./etc/...`) resolved against the agent's working directory."""
-        candidate = Path(relative)
-        return candidate if candidate.is_absolute() else self.workdir / candidate
 
 
 def load_agent_config(
@@ -99,7 +91,7 @@ def _system_lookup(host: str) -> list[str]:
 
 
 def _split_host_port(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` (config/ imports nothing outside it, so not netaddr's); ValueError if not."""
+    """`host:port` or `[v6]:port` with a non-empty host (netaddr's split allows an empty one); ValueError if not."""
     host, colon, port = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -171,3 +163,42 @@ def _apply_annotations(config: ProxyConfig, annotations: dict[str, str]) -> None
             raise ConfigError(
                 f"annotation {STATUS_PORT_ANNOTATION}={annotations[STATUS_PORT_ANNOTATION]!r}: not a port"
             ) from None
+
+
+def load_agent_options(flags: AgentFlags, environment: env.Environment | None = None,
+                       workdir: Path | None = None) -> AgentOptions:
+    """Read the process environment, the pod's files and host facts, then resolve; ConfigError on bad input."""
+    from istio_agent.capture.hostfacts import up_interface_addresses
+
+    try:
+        interfaces = up_interface_addresses()
+    except OSError:
+        interfaces = []  # no netlink here: 127.0.0.1 and ::1, as upstream when it finds no address
+    config = load_agent_config(
+        environment if environment is not None else env.Environment(),
+        workdir or Path.cwd(),
+        proxy_type=flags.proxy_type,
+        domain=flags.domain or None,
+        mesh_config_path=flags.mesh_config,
+        concurrency=flags.concurrency,
+        service_cluster=flags.service_cluster,
+        interfaces=interfaces,
+    )
+    from istio_agent.security.socket_check import check_socket
+
+    socket_file = config.environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or ISTIO_SDS_SOCKET_FILE
+    workload_socket = config.path(WORKLOAD_SDS_DIR) / Path(socket_file).name
+    host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
+                     mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
+                     workload_sds_socket_healthy=check_socket(workload_socket),
+                     credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
+                     resolv_conf=_read_resolv_conf())
+    return resolve_agent_options(config, flags, host)
+
+
+def _read_resolv_conf() -> str | None:
+    """/etc/resolv.conf's text for the platform's zone rule, None when it cannot be read (as upstream, not fatal)."""
+    try:
+        return Path(RESOLV_CONF).read_text(errors="replace")
+    except OSError:
+        return None

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from istio_agent.protos import typeurls
-from istio_agent.xds import messages, routing
-from istio_agent.xds.messages import ErrorDetail, RequestHead, ResponseHead
+from istio_agent.xds.core import messages, routing
+from istio_agent.xds.core.messages import ErrorDetail, RequestHead, ResponseHead
 
 if TYPE_CHECKING:
     from envoy.config.core.v3 import base_pb2

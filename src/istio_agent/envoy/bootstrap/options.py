@@ -5,10 +5,10 @@ the node metadata with its ProxyConfig in protojson shape, the compliance
 policy, JSON logging) plus the process-wide feature flags upstream reads from
 its environment (delta xDS, dual stack, PROXY protocol on the status port,
 `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED`, `HOST_IP`). The options
-resolver (`config/options.py`) builds it; tests build it directly. The pure
+resolver (`agent/options.py`) builds it; tests build it directly. The pure
 functions below are upstream's rules for the service cluster, the locality, the
 address family, the runtime flags and the downstream connection limit;
-`bootstrap_values.derive()` applies them once for both rendering paths.
+`values.derive()` applies them once for both rendering paths.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 registry, then Envoy's page, then the application's pages, as one exposition.
 Upstream concatenates bytes; that is only correct when every source speaks the
 same format and none of them is broken. This module decides *what* to merge and
-in which format; `metrics_filter` makes each source safe to merge (validation,
+in which format; `filter` makes each source safe to merge (validation,
 conversion, whole families only, the 10 MiB cap).
 
 - **Targets** come from `ISTIO_PROMETHEUS_ANNOTATIONS`; Istio's own ports are

@@ -1,6 +1,6 @@
 """An HTTPS probe's HTTP/2 connection (the `h2` state machine under asyncio streams), for an app that selected h2.
 
-`probes_https` dials, and hands the connection here when ALPN says h2; this
+`https` dials, and hands the connection here when ALPN says h2; this
 module is imported only then. One task per connection reads frames, routes
 them to the probes' streams and keeps `ConnectionHealth`'s rules: a quiet
 connection is pinged, an unanswered ping or (when kept) an idle spell closes
@@ -26,7 +26,7 @@ import h2.exceptions
 import h2.settings
 
 from istio_agent.httpio.client import READ_SIZE, Closer, Response, latin1
-from istio_agent.status.probes_wire import ConnectionHealth, h2_headers
+from istio_agent.status.probes.wire import ConnectionHealth, h2_headers
 
 log = logging.getLogger("istio_agent.probes")
 

@@ -7,7 +7,7 @@ after 30 s without a frame and given up when the ping is not answered within
 15 s (Go's ReadIdleTimeout and PingTimeout); Go's default TLS handshake
 (10 s) and idle-connection (90 s) timeouts come with it. Plain-HTTP probes and
 HTTPS probes with the setting off offer no ALPN and stay HTTP/1.1, as do
-plain-HTTP probes (both through `probes_https` as well).
+plain-HTTP probes (both through `https` as well).
 
 The request carries what aiohttp sent when it ran the probes, so an app sees
 the same probe whichever protocol it picked: the caller's headers, then `Accept: */*` and

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from istio_agent.dns import wire
+from istio_agent.dns.core import wire
 from istio_agent.protos import nds_pb2
 
 KUBERNETES = "Kubernetes"  # provider.Kubernetes: the only registry with short names

@@ -1,7 +1,9 @@
 """`pilot-agent proxy` run on the one lifecycle: the options loaded, the agent assembled and run on its own loop.
 
 What the components are and how they are wired is `assembly.py`'s business;
-starting, stopping and fate-sharing are `lifecycle.Lifecycle`'s.
+starting, stopping and fate-sharing are `lifecycle.Lifecycle`'s. The assembly
+(and with it every component) is imported only when the agent runs, so that
+loading the options keeps the first CSR waiting for nothing else.
 """
 
 from __future__ import annotations
@@ -11,18 +13,17 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from istio_agent.agent.loader import load_agent_options
+from istio_agent.agent.options import AgentFlags, AgentOptions
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.options import AgentFlags, AgentOptions, load_agent_options
-from istio_agent.lifecycle import START_FAILED_EXIT_CODE, Component, Lifecycle
+from istio_agent.lifecycle import START_FAILED_EXIT_CODE
 
 if TYPE_CHECKING:
     from istio_agent.security.key_ahead import KeyAhead
 
-__all__ = ["START_FAILED_EXIT_CODE", "Agent", "Component", "load_options", "run_agent"]
+__all__ = ["START_FAILED_EXIT_CODE", "load_options", "run_agent"]
 
 log = logging.getLogger(__name__)
-
-Agent = Lifecycle  # the agent is its components on the lifecycle
 
 
 def load_options(flags: AgentFlags) -> AgentOptions | None:
@@ -42,7 +43,7 @@ def run_agent(options: AgentOptions, cap_malloc_arenas: bool = True, first_key: 
     """
     import signal
 
-    from istio_agent.assembly import assemble
+    from istio_agent.agent.assembly import assemble
     from istio_agent.eventloop import new_event_loop
     from istio_agent.memory import limit_malloc_arenas
 

@@ -3,8 +3,8 @@
 Upstream turns its `bootstrap.Config` (node, metadata, ProxyConfig, compliance
 policy) into a map of named options that its template reads. `derive()` makes
 the same decisions, into one typed value, and both rendering paths read it: the
-built-in rendering (`bootstrap.render_bootstrap`) and the parameter map a
-custom Go template sees (`bootstrap_params.template_params`). So a rule (which
+built-in rendering (`render.render_bootstrap`) and the parameter map a
+custom Go template sees (`params.template_params`). So a rule (which
 tracer, which listeners, which limit) is stated once and the two cannot
 disagree. Pure: no files, no environment; a bad address is a ConfigError
 naming the ProxyConfig field, as upstream fails to write the bootstrap then.
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.envoy import bootstrap_stats as stats
-from istio_agent.envoy import bootstrap_tracing as tracing
-from istio_agent.envoy.bootstrap_options import (
+from istio_agent.envoy.bootstrap import stats, tracing
+from istio_agent.envoy.bootstrap.options import (
     FILE_CREDENTIAL_SOCKET,
     AddressFamily,
     BootstrapOptions,
@@ -30,7 +29,7 @@ from istio_agent.envoy.bootstrap_options import (
     runtime_flags,
     service_cluster,
 )
-from istio_agent.envoy.bootstrap_tracing import HostPort, RemoteService, Tracer
+from istio_agent.envoy.bootstrap.tracing import HostPort, RemoteService, Tracer
 
 METRICS_LOCALHOST_ACCESS_ONLY = "METRICS_LOCALHOST_ACCESS_ONLY"  # a proxyMetadata entry
 # The raw metadata key set when another SDS server owns the workload socket (config.node.FILE_CREDENTIAL_KEY).

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from istio_agent.envoy import bootstrap_stats as stats
-from istio_agent.envoy.bootstrap_values import BootstrapValues
+from istio_agent.envoy.bootstrap import stats
+from istio_agent.envoy.bootstrap.values import BootstrapValues
 
 HCM = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from istio_agent.envoy.bootstrap_gofmt import TemplateError, go_json, go_str, js_escape, truthy
+from istio_agent.envoy.bootstrap.gofmt import TemplateError, go_json, go_str, js_escape, truthy
 
 
 def _and(*args: Any) -> Any:

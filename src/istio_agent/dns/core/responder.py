@@ -17,8 +17,8 @@ with lower-case owners, as upstream writes them.
 
 from __future__ import annotations
 
-from istio_agent.dns import wire
-from istio_agent.dns.answers import CompiledTable, Prepared
+from istio_agent.dns.core import wire
+from istio_agent.dns.core.answers import CompiledTable, Prepared
 
 # Outcome indexes into a counts list (see metrics.Counts).
 LOCAL = 0

@@ -6,7 +6,7 @@ a template can paste them (`"socket_address": {{ .zipkin }}`). An option that
 is unset is absent, so `{{ if .zipkin }}` works. `config` is the ProxyConfig and
 `metadata` the typed node metadata, both with Go's field names and Go's zero
 values (`{{ .config.ProxyAdminPort }}`, `{{ .metadata.Namespace }}`). Every value
-comes from the same `bootstrap_values.derive()` the built-in rendering uses,
+comes from the same `values.derive()` the built-in rendering uses,
 so upstream's own `envoy_bootstrap.json` renders to the same bootstrap.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 from istio_agent.config.platform import GCP_PROJECT, GCP_PROJECT_NUMBER
 from istio_agent.config.protojson import Field, Message
 from istio_agent.config.proxyconfig_fields import PROXY_CONFIG
-from istio_agent.envoy import bootstrap_tracing as tracing
-from istio_agent.envoy.bootstrap_gofmt import go_duration, go_json
-from istio_agent.envoy.bootstrap_options import BootstrapOptions
-from istio_agent.envoy.bootstrap_values import BootstrapValues, derive
+from istio_agent.envoy.bootstrap import tracing
+from istio_agent.envoy.bootstrap.gofmt import go_duration, go_json
+from istio_agent.envoy.bootstrap.options import BootstrapOptions
+from istio_agent.envoy.bootstrap.values import BootstrapValues, derive
 
 
 def go_name(proto_name: str) -> str:

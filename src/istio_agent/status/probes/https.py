@@ -2,7 +2,7 @@
 
 As upstream's prober (Kubernetes' settings): TLS without verification offers
 ALPN `h2` and `http/1.1`; an app that selects h2 is probed over HTTP/2
-(`probes_h2`, imported when an app first selects it), any other answer means
+(`h2`, imported when an app first selects it), any other answer means
 HTTP/1.1 (`httpio.client`, on h11) on the same connection, so an app sees one
 connection either way; with the setting off, TLS offers no ALPN (HTTP/1.1
 only). Plain-HTTP probes are HTTP/1.1 on the same client (no h2c, as upstream).
@@ -15,7 +15,7 @@ closed after it, unless keep-alive is on; then an HTTP/1.1 connection is
 reused when its last answer was read to the end, and one HTTP/2 connection
 per destination carries every probe. A kept HTTP/2 connection is
 pinged and dropped by `ConnectionHealth`'s rules; any connection unused for
-90 s is dropped. What is sent and how the body is decoded is `probes_wire`.
+90 s is dropped. What is sent and how the body is decoded is `wire`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit
 
 from istio_agent.httpio.client import READ_SIZE, Closer, H1Connection, Response
-from istio_agent.status.probes_wire import (
+from istio_agent.status.probes.wire import (
     ALPN_PROTOCOLS,
     H2_PING_TIMEOUT,
     H2_READ_IDLE_TIMEOUT,
@@ -41,7 +41,7 @@ from istio_agent.status.probes_wire import (
 )
 
 if TYPE_CHECKING:
-    from istio_agent.status.probes_h2 import H2Connection
+    from istio_agent.status.probes.h2 import H2Connection
 
 log = logging.getLogger("istio_agent.probes")
 
@@ -132,7 +132,7 @@ class HttpsProber:
         selected = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
         log.debug("probe connection to %s:%d: ALPN %s", hostname, port, selected or "none (HTTP/1.1)")
         if selected == "h2":
-            from istio_agent.status.probes_h2 import H2Connection  # only when an app selects h2
+            from istio_agent.status.probes.h2 import H2Connection  # only when an app selects h2
 
             health = ConnectionHealth(last_frame=asyncio.get_running_loop().time(), read_idle=self.read_idle,
                                       ping_timeout=self.ping_timeout,
