@@ -23,10 +23,10 @@ import pytest
 from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from support import eventually, free_port
 
-from istio_agent.cni.kubeaccess import KubeAccess
 from istio_agent.cni.repair.controller import run_repair
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import RepairOptionsError
+from istio_agent.kube.access import KubeAccess
 
 LABEL = "cni.istio.io/uninitialized"
 METRIC = "istio_cni_repair_pods_repaired_total"

@@ -61,7 +61,7 @@ def test_nothing_imports_the_clis() -> None:
     assert offending(outside, ("istio_agent.cli",)) == []
 
 
-@pytest.mark.parametrize("package", ["capture", "cni", "pki", "protos"])
+@pytest.mark.parametrize("package", ["capture", "cni", "kube", "pki", "protos"])
 def test_separate_programs_and_plain_libraries_never_import_the_agent_runtime(package: str) -> None:
     assert offending(sources(package), AGENT_RUNTIME) == []
 

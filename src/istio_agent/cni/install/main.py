@@ -35,7 +35,7 @@ from istio_agent.cni.install.options import (
     env_name,
     resolve_install_options,
 )
-from istio_agent.cni.kubeaccess import KubeAccess, KubeAccessError, in_cluster
+from istio_agent.kube.access import KubeAccess, KubeAccessError, in_cluster
 
 log = logging.getLogger("istio_agent.cni.install")
 

@@ -25,8 +25,6 @@ from typing import Any
 
 import prometheus_client
 
-from istio_agent.cni.kubeaccess import KubeAccess
-from istio_agent.cni.repair.kube import KubeApiError, PodApi
 from istio_agent.cni.repair.ledger import Backoff, Ledger
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import (
@@ -49,6 +47,8 @@ from istio_agent.cni.repair.rules import (
     pod_key,
     resource_version,
 )
+from istio_agent.kube.access import KubeAccess
+from istio_agent.kube.pod_api import KubeApiError, PodApi
 
 log = logging.getLogger("istio_agent.cni.repair")
 
