@@ -72,12 +72,14 @@ def resident_summary() -> str:
 class Lifecycle:
     """Runs its components until told to stop or until one that shares its fate ends.
 
-    `name` is the program's, for its log lines ("agent started: ...").
+    `name` is the program's, for its log lines ("agent started: ..."), and `logger` the one they go to
+    (the program's own, so that they carry its scope; this module's by default).
     """
 
-    def __init__(self, *stages: Stage, name: str = "agent") -> None:
+    def __init__(self, *stages: Stage, name: str = "agent", logger: logging.Logger | None = None) -> None:
         self.stages = stages
         self.name = name
+        self.log = logger or log
         self.exit_code = 0
         self.started: list[Component] = []
         self._stopping = asyncio.Event()
@@ -89,21 +91,21 @@ class Lifecycle:
     async def run(self) -> int:
         """Run to the end; returns the exit code. A failing start raises after the started ones are stopped."""
         watchers: dict[asyncio.Task[int], Component] = {}
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("starting: %s", resident_summary())
+        if self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug("starting: %s", resident_summary())
         try:
             for stage in self.stages:
                 for component in stage() if callable(stage) else stage:
                     await component.start()
                     self.started.append(component)
-                    if log.isEnabledFor(logging.DEBUG):  # the allocation budget: every MB has an owner
-                        log.debug("started %s: %s", component_name(component), resident_summary())
+                    if self.log.isEnabledFor(logging.DEBUG):  # the allocation budget: every MB has an owner
+                        self.log.debug("started %s: %s", component_name(component), resident_summary())
                     if isinstance(component, FateSharing):
                         watchers[asyncio.create_task(component.wait_exit())] = component
-            log.info("%s started: %s", self.name, ", ".join(component_name(c) for c in self.started))
+            self.log.info("%s started: %s", self.name, ", ".join(component_name(c) for c in self.started))
             ended = await self._wait_for_end(watchers)
             if ended is None:
-                log.info("%s stopping", self.name)
+                self.log.info("%s stopping", self.name)
                 await self._drain()
         finally:
             for task in watchers:
@@ -122,7 +124,8 @@ class Lifecycle:
             if task in watchers:
                 component = watchers[task]
                 code = task.result() if task.exception() is None else START_FAILED_EXIT_CODE
-                log.warning("%s ended on its own: the %s exits with %d", component_name(component), self.name, code)
+                self.log.warning("%s ended on its own: the %s exits with %d", component_name(component), self.name,
+                                 code)
                 self.exit_code = self.exit_code or code
                 return component
         return None
@@ -132,12 +135,14 @@ class Lifecycle:
         results = await asyncio.gather(*drains, return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
-                log.error("draining failed: %s", result)
+                self.log.error("draining failed: %s", result)
 
     async def _stop_all(self) -> None:
         for component in reversed(self.started):
             try:
                 await component.stop()
             except Exception:
-                log.exception("stopping %s failed", component_name(component))
+                self.log.exception("stopping %s failed", component_name(component))
+            else:
+                self.log.debug("stopped %s", component_name(component))
         self.started.clear()
