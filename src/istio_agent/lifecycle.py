@@ -7,7 +7,7 @@ function that builds one when the previous stage has started, so that its
 imports happen only then) and:
 
 1. starts them one by one, in the order given (dependency order);
-2. waits for a stop request (`request_stop`: SIGTERM/SIGINT, `/quitquitquit`) or
+2. waits for a stop request (`request_stop`: SIGTERM/SIGINT, see `run_until_signalled`; `/quitquitquit`) or
    for a component that shares the program's fate (`wait_exit()`, e.g. Envoy,
    install-cni's installer loop) to end on its own, whose exit code then
    becomes the program's;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -112,6 +113,25 @@ class Lifecycle:
                 task.cancel()
             await self._stop_all()
         return self.exit_code
+
+    async def run_until_signalled(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+                                  on_signal: Callable[[], None] | None = None) -> int:
+        """`run`, with `signals` as stop requests (handlers on the running loop for as long as the run lasts;
+        `on_signal` is called first, e.g. to log the signal)."""
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            if on_signal is not None:
+                on_signal()
+            self.request_stop()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, stop)
+        try:
+            return await self.run()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
 
     async def _wait_for_end(self, watchers: dict[asyncio.Task[int], Component]) -> Component | None:
         """Wait for a stop request (None) or the first fate-sharing component to end (that component)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from pathlib import Path
 
 from istio_agent.cni.install.components import (
@@ -68,17 +67,10 @@ class InstallCniAssembly:
 
 async def run_until_stopped(lifecycle: Lifecycle) -> int:
     """Run until SIGTERM/SIGINT or the end of a fate-sharing component; the exit status."""
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for signum in signals:
-        loop.add_signal_handler(signum, lifecycle.request_stop)
     try:
-        return await lifecycle.run()
+        return await lifecycle.run_until_signalled()
     except StartFailed:  # logged where it failed; what had started is stopped
         return START_FAILED_EXIT_CODE
-    finally:
-        for signum in signals:
-            loop.remove_signal_handler(signum)
 
 
 def log_configuration(options: InstallOptions, source: Path) -> None:
