@@ -14,7 +14,7 @@ candidate runs in a fresh `python -c` and reports:
   recovering itself). A library that neither reports nor recovers within `RESUME_TIMEOUT` fails the check.
 
 Candidates: the official `kubernetes` client (sync, urllib3; the reference of the ratios), `kubernetes_asyncio`
-(aiohttp), `lightkube` (httpx2; through `istio_agent.cni.repair.kube.PodApi`, the controller's own adapter) and
+(aiohttp), `lightkube` (httpx2; through `istio_agent.kube.pod_api.PodApi`, the controller's own adapter) and
 `kr8s` (httpx). A candidate not importable here is reported as skipped; `BENCH_KUBE_CLIENT_PATHS` may name
 `lib=dir` pairs (comma-separated) put first on that candidate's `sys.path`, so candidates not installed in the
 project's venv can be measured from `pip install --target dir lib`.
@@ -156,8 +156,8 @@ asyncio.run(main())
 
 LIGHTKUBE = """
 T0 = time.perf_counter()
-from istio_agent.cni.kubeaccess import KubeAccess
-from istio_agent.cni.repair.kube import KubeApiError, PodApi
+from istio_agent.kube.access import KubeAccess
+from istio_agent.kube.pod_api import KubeApiError, PodApi
 IMPORT_MS, IMPORT_MB = (time.perf_counter() - T0) * 1000, rss() - BASE
 server, sa = sys.argv[1], sys.argv[2]
 async def main():

@@ -45,7 +45,7 @@ git -C "$REPO" archive HEAD | tar -x -C "$CTX"
 [[ -z $(git -C "$REPO" status --porcelain -- src pyproject.toml packaging/images) ]] \
   || echo "   note: the working tree differs from HEAD in src/, pyproject.toml or packaging/images/"
 
-echo "== wheels: the project, its dependencies and pip"
+echo "== wheels: the product (istio-agent; not the local environment under istiod-local/), its dependencies and pip"
 # The commit's time in the wheel's generated files, so the same HEAD gives the same wheel (and cached layers).
 SOURCE_DATE_EPOCH=$(git -C "$REPO" log -1 --format=%ct HEAD)
 export SOURCE_DATE_EPOCH

@@ -45,6 +45,10 @@ import kubeplay  # this directory's module (not a package)
 
 HERE = Path(__file__).resolve().parent
 VENV_PYTHON = "/usr/local/lib/istio-agent/bin/python"  # in the proxy image
+# The demo echo app (stdlib only) is the local environment's, which the images do not carry: it is bind-mounted
+# into the app containers and run as a script by the image's Python.
+ECHO_APP = HERE.parents[1] / "istiod-local" / "src" / "istiod_local" / "node" / "echo_app.py"
+ECHO_APP_IN_POD = "/opt/istio-agent-check/echo_app.py"
 NAMESPACE = "default"
 TRUST_DOMAIN = "cluster.local"
 ECHO_PORT = 8080
@@ -236,7 +240,7 @@ class Check:
             pod_ip=ip, host_dir=str(self.work / "pods" / name), proxy_image=self.proxy_image,
             app_image=self.proxy_image, app_command=app_command, tokens=tokens,
             config_maps={"istio-ca-root-cert": {"root-cert.pem": root_pem}, "kube-root-ca.crt": {"ca.crt": root_pem}},
-            host_aliases={"istiod.istio-system.svc": self.gateway})
+            host_aliases={"istiod.istio-system.svc": self.gateway}, app_files={ECHO_APP_IN_POD: str(ECHO_APP)})
         plan = kubeplay.for_podman(pod, inputs)
         for path, mode in plan.dirs.items():
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -302,7 +306,7 @@ class Check:
 
     def traffic(self) -> bool:
         url = f"http://{self.vip}/"
-        get = [VENV_PYTHON, "-m", "istiod_local.node.echo_app", "get", url]
+        get = [VENV_PYTHON, ECHO_APP_IN_POD, "get", url]
         answer: dict[str, Any] = {}
 
         def answered() -> bool:
@@ -449,6 +453,9 @@ class Check:
                   "test -x /usr/local/bin/envoy && test -x /usr/local/bin/pilot-agent && echo binaries; "
                   "command -v iptables-restore >/dev/null && command -v ip >/dev/null && echo netfilter; "
                   "head -1 /usr/local/bin/istio-iptables | grep -q -- ' -IS$' && echo lean-iptables; "
+                  f"test ! -e /usr/local/bin/istiod-local && {VENV_PYTHON} -c 'import importlib.util as u, sys; "
+                  "sys.exit(any(u.find_spec(m) for m in (\"istiod_local\", \"aiohttp\", \"rich\", \"jwt\")))' "
+                  "&& echo product-only; "
                   "/usr/local/bin/envoy --version | grep -o 'version: [^ ]*'")
         done = self.r.run(["podman", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", self.proxy_image,
                            "-c", script], check=False)
@@ -461,20 +468,20 @@ class Check:
         template = ("bootstrap template present" if " /var/lib/istio/envoy/envoy_bootstrap_tmpl.json" in done.stdout
                     else "no bootstrap template (the agent's built-in rendering)")
         ok = (lines[:2] == ["1337", "1337"] and len(owned) >= 4 and "binaries" in lines and "netfilter" in lines
-              and "lean-iptables" in lines and entry == '["/usr/local/bin/pilot-agent"]')
+              and "lean-iptables" in lines and "product-only" in lines and entry == '["/usr/local/bin/pilot-agent"]')
         envoy = next((line for line in lines if line.startswith("version:")), "?")
         return self.r.result("proxy image layout", ok,
                              f"entrypoint {entry}; istio-proxy 1337:1337 owns /var/lib/istio{{,/envoy,/data}} and "
                              f"/etc/istio/proxy; {template}; Envoy {envoy}; iptables and ip; "
-                             f"istio-iptables the lean launcher"
-                             if ok else done.stdout + done.stderr)
+                             f"istio-iptables the lean launcher; the product only (no istiod-local, aiohttp, rich "
+                             f"or PyJWT)" if ok else done.stdout + done.stderr)
 
     def run(self) -> None:
         self.layout()
         self.network_up()
         self.istiod_up()
         self.play("echo-1", self.echo_ip,
-                  [VENV_PYTHON, "-m", "istiod_local.node.echo_app", "serve", "--port", str(ECHO_PORT)])
+                  [VENV_PYTHON, ECHO_APP_IN_POD, "serve", "--port", str(ECHO_PORT)])
         self.play("sleep-1", self.client_ip, ["sleep", "infinity"])
         for name in ("echo-1", "sleep-1"):
             self.check_init(name)

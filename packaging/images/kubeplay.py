@@ -52,6 +52,8 @@ class Inputs:
     tokens: Mapping[str, str]  # audience ("" for the API's own) -> service-account token
     config_maps: Mapping[str, Mapping[str, str]]  # name -> data
     host_aliases: Mapping[str, str] = field(default_factory=dict)  # hostname -> IP
+    # path in the app container -> host file, bind-mounted read-only (the demo app, which the images do not carry)
+    app_files: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,6 +178,12 @@ def _resolve_volumes(pod: dict[str, Any], source: Mapping[str, Any], inputs: Inp
 
 
 def _replace_images(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
+    mounts = []
+    for index, (target, source) in enumerate(sorted(inputs.app_files.items())):
+        name = f"app-file-{index}"
+        pod["spec"].setdefault("volumes", []).append({"name": name, "hostPath": {"path": source, "type": "File"}})
+        mounts.append({"name": name, "mountPath": target, "readOnly": True})
+        plan.replaced.append(f"volume {name}: hostPath {source} -> {target} in the app container (read-only)")
     for kind in ("initContainers", "containers"):
         for container in pod["spec"].get(kind, []):
             old = container.get("image", "")
@@ -184,6 +192,8 @@ def _replace_images(pod: dict[str, Any], inputs: Inputs, plan: Plan) -> None:
             else:
                 container["image"] = inputs.app_image
                 container["command"] = list(inputs.app_command)
+                if kind == "containers" and mounts:
+                    container.setdefault("volumeMounts", []).extend(mounts)
             plan.replaced.append(f"image {container['name']}: {old} -> {container['image']}")
             container["imagePullPolicy"] = "Never"
 

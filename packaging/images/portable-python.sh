@@ -30,7 +30,7 @@ find "$R/lib/$PY" -depth -type d -name __pycache__ -exec rm -rf {} +
 "$R/venv/bin/python" "$W/pip.whl/pip" install -q --no-index --find-links "$W" --no-cache-dir \
     --disable-pip-version-check --no-deps istio-agent
 "$R/venv/bin/python" "$W/pip.whl/pip" install -q --no-index --find-links "$W" --no-cache-dir \
-    --disable-pip-version-check click lightkube prometheus-client PyYAML
+    --disable-pip-version-check click h11 lightkube PyYAML
 site="$R/venv/lib/$PY/site-packages"
 find "$site" -depth -type d \( -name tests -o -name test \) -path "$site/*/*" -exec rm -rf {} +
 rm -rf "$site"/*.dist-info/RECORD
@@ -59,6 +59,6 @@ cat "$W/build-id" > "$R/.build-id"
 echo "$R: $(du -sh "$R" | cut -f1); loader $loader, $(ls "$R/lib" | grep -c '\.so') libraries"
 
 # Proof inside the build: the interpreter with an empty environment and no system library path.
-env -i "$R/venv/bin/python" -I -c 'import ssl, json, yaml, lightkube, istio_agent.cni.install.main, istio_agent.cni.plugin.main'
+env -i "$R/venv/bin/python" -I -c 'import ssl, json, yaml, lightkube, istio_agent.cni.install.main, istio_agent.cni.install.assembly, istio_agent.cni.repair.controller, istio_agent.cni.plugin.main'
 env -i CNI_COMMAND=VERSION "$R/venv/bin/istio-cni" < /dev/null
 echo

@@ -7,7 +7,7 @@ function that builds one when the previous stage has started, so that its
 imports happen only then) and:
 
 1. starts them one by one, in the order given (dependency order);
-2. waits for a stop request (`request_stop`: SIGTERM/SIGINT, `/quitquitquit`) or
+2. waits for a stop request (`request_stop`: SIGTERM/SIGINT, see `run_until_signalled`; `/quitquitquit`) or
    for a component that shares the program's fate (`wait_exit()`, e.g. Envoy,
    install-cni's installer loop) to end on its own, whose exit code then
    becomes the program's;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -72,12 +73,14 @@ def resident_summary() -> str:
 class Lifecycle:
     """Runs its components until told to stop or until one that shares its fate ends.
 
-    `name` is the program's, for its log lines ("agent started: ...").
+    `name` is the program's, for its log lines ("agent started: ..."), and `logger` the one they go to
+    (the program's own, so that they carry its scope; this module's by default).
     """
 
-    def __init__(self, *stages: Stage, name: str = "agent") -> None:
+    def __init__(self, *stages: Stage, name: str = "agent", logger: logging.Logger | None = None) -> None:
         self.stages = stages
         self.name = name
+        self.log = logger or log
         self.exit_code = 0
         self.started: list[Component] = []
         self._stopping = asyncio.Event()
@@ -89,27 +92,46 @@ class Lifecycle:
     async def run(self) -> int:
         """Run to the end; returns the exit code. A failing start raises after the started ones are stopped."""
         watchers: dict[asyncio.Task[int], Component] = {}
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("starting: %s", resident_summary())
+        if self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug("starting: %s", resident_summary())
         try:
             for stage in self.stages:
                 for component in stage() if callable(stage) else stage:
                     await component.start()
                     self.started.append(component)
-                    if log.isEnabledFor(logging.DEBUG):  # the allocation budget: every MB has an owner
-                        log.debug("started %s: %s", component_name(component), resident_summary())
+                    if self.log.isEnabledFor(logging.DEBUG):  # the allocation budget: every MB has an owner
+                        self.log.debug("started %s: %s", component_name(component), resident_summary())
                     if isinstance(component, FateSharing):
                         watchers[asyncio.create_task(component.wait_exit())] = component
-            log.info("%s started: %s", self.name, ", ".join(component_name(c) for c in self.started))
+            self.log.info("%s started: %s", self.name, ", ".join(component_name(c) for c in self.started))
             ended = await self._wait_for_end(watchers)
             if ended is None:
-                log.info("%s stopping", self.name)
+                self.log.info("%s stopping", self.name)
                 await self._drain()
         finally:
             for task in watchers:
                 task.cancel()
             await self._stop_all()
         return self.exit_code
+
+    async def run_until_signalled(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+                                  on_signal: Callable[[], None] | None = None) -> int:
+        """`run`, with `signals` as stop requests (handlers on the running loop for as long as the run lasts;
+        `on_signal` is called first, e.g. to log the signal)."""
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            if on_signal is not None:
+                on_signal()
+            self.request_stop()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, stop)
+        try:
+            return await self.run()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
 
     async def _wait_for_end(self, watchers: dict[asyncio.Task[int], Component]) -> Component | None:
         """Wait for a stop request (None) or the first fate-sharing component to end (that component)."""
@@ -122,7 +144,8 @@ class Lifecycle:
             if task in watchers:
                 component = watchers[task]
                 code = task.result() if task.exception() is None else START_FAILED_EXIT_CODE
-                log.warning("%s ended on its own: the %s exits with %d", component_name(component), self.name, code)
+                self.log.warning("%s ended on its own: the %s exits with %d", component_name(component), self.name,
+                                 code)
                 self.exit_code = self.exit_code or code
                 return component
         return None
@@ -132,12 +155,14 @@ class Lifecycle:
         results = await asyncio.gather(*drains, return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
-                log.error("draining failed: %s", result)
+                self.log.error("draining failed: %s", result)
 
     async def _stop_all(self) -> None:
         for component in reversed(self.started):
             try:
                 await component.stop()
             except Exception:
-                log.exception("stopping %s failed", component_name(component))
+                self.log.exception("stopping %s failed", component_name(component))
+            else:
+                self.log.debug("stopped %s", component_name(component))
         self.started.clear()

@@ -311,7 +311,7 @@ def test_an_agent_that_took_the_call_is_final_even_without_an_answer(
 def test_pod_gets_reuse_one_kept_alive_connection(api: PodApi, tmp_path: Path) -> None:
     from cni_peers import write_kubeconfig
 
-    from istio_agent.cni.plugin.kubepool import KeepAliveClient
+    from istio_agent.kube.keepalive import KeepAliveClient
 
     kubeconfig = write_kubeconfig(tmp_path, api.url, api.ca_pem)
     client = KeepAliveClient()
@@ -334,7 +334,7 @@ def test_a_changed_kubeconfig_or_token_file_is_used_at_once(api: PodApi, tmp_pat
     """The fast path parses an unchanged kubeconfig once, but reads it (and any tokenFile) on every attempt."""
     from cni_peers import TOKEN, write_kubeconfig
 
-    from istio_agent.cni.plugin.kubepool import KeepAliveClient
+    from istio_agent.kube.keepalive import KeepAliveClient
 
     kubeconfig = write_kubeconfig(tmp_path, api.url, api.ca_pem, token="stale")
     client = KeepAliveClient()

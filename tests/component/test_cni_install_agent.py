@@ -203,6 +203,33 @@ def test_kept_installed_and_cleaned_up_on_sigterm(agent: InstallCni) -> None:
     assert sorted(p.name for p in agent.bin_dir.iterdir()) == ["bridge"]
 
 
+def test_sigterm_stops_the_components_in_reverse_start_order_and_leaves_nothing_behind(agent: InstallCni) -> None:
+    """The assembly on the lifecycle, for real: every component's start and stop logged (debug), the stops in
+    reverse order, then no file, socket or port of install-cni's left and the node's files as they were."""
+    primary = agent.net_dir / "10-calico.conflist"
+    original = json.dumps(CALICO, indent=2)
+    primary.write_text(original)
+    agent.start("--log_output_level=cni-agent:debug")
+    poll(agent.ready, "installed", 10, agent.output)
+    assert agent.metrics()  # the monitoring port is served
+    assert agent.terminate() == 0
+    lines = agent.output().splitlines()
+    started = [line.split("\tstarted ", 1)[1].split(":")[0] for line in lines if "\tstarted " in line]
+    stopped = [line.split("\tstopped ", 1)[1] for line in lines if "\tstopped " in line]
+    assert started == ["plugin log socket", "istio-cni fast path", "health server", "metrics server", "installation",
+                       "installer loop"], agent.output()
+    assert stopped == started[::-1], agent.output()
+    assert any("\tcni-agent\tCNI node agent stopping" in line for line in lines)
+    # Nothing left: our entry, kubeconfig and binary gone, both sockets removed, both ports closed.
+    assert primary.read_text() == original
+    assert sorted(p.name for p in agent.net_dir.iterdir()) == [primary.name]
+    assert list(agent.bin_dir.iterdir()) == []
+    assert sorted(p.name for p in agent.run_dir.iterdir()) == []
+    for port in (agent.readiness_port, agent.monitoring_port):
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
 def test_a_conf_primary_is_restored_under_its_name(agent: InstallCni) -> None:
     primary = agent.net_dir / "10-bridge.conf"
     original = '{"cniVersion": "0.3.1", "name": "br", "type": "bridge", "bridge": "cni0"}'

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import prometheus_client
 import pytest
 from launchers import IstiodLocal, RegistryFile, istiod_local_cli
 from support import eventually, free_port
 
-from istio_agent.cni.kubeaccess import KubeAccess
 from istio_agent.cni.repair.controller import run_repair
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import RepairOptionsError
+from istio_agent.kube.access import KubeAccess
+from istio_agent.metrics import CollectorRegistry
 
 LABEL = "cni.istio.io/uninitialized"
 METRIC = "istio_cni_repair_pods_repaired_total"
@@ -121,7 +121,7 @@ async def kube(istiod_kube: tuple[IstiodLocal, str, Path, Path]) -> AsyncIterato
 
 @contextlib.asynccontextmanager
 async def controller(options: RepairOptions, access: KubeAccess,
-                     registry: prometheus_client.CollectorRegistry) -> AsyncIterator[asyncio.Task[None]]:
+                     registry: CollectorRegistry) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(run_repair(options, access, registry))
     try:
         yield task
@@ -131,12 +131,12 @@ async def controller(options: RepairOptions, access: KubeAccess,
             await task
 
 
-def count(registry: prometheus_client.CollectorRegistry, kind: str, result: str) -> float:
+def count(registry: CollectorRegistry, kind: str, result: str) -> float:
     return registry.get_sample_value(METRIC, {"type": kind, "result": result}) or 0.0
 
 
 async def test_label_mode_labels_only_the_broken_pod_on_its_node(kube: Kube) -> None:
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     async with controller(RepairOptions(node_name="n1", label_pods=True), kube.cni, registry):
         # Untouched: validation passed, no sidecar, another node, and a first failure not yet restarted.
         await kube.kubelet_reports("passed-n1", 0)
@@ -167,7 +167,7 @@ async def _has_label(kube: Kube, name: str) -> bool:
 
 
 async def test_delete_mode_deletes_the_broken_pod_with_preconditions(kube: Kube) -> None:
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     async with controller(RepairOptions(node_name="n1", delete_pods=True), kube.cni, registry):
         await kube.kubelet_reports("passed-n1", 0)
         await kube.kubelet_reports("broken-n2", 126)
@@ -187,7 +187,7 @@ async def _gone(kube: Kube, name: str) -> bool:
 
 
 async def test_an_exit_code_or_message_filter_that_does_not_match_leaves_pods_alone(kube: Kube) -> None:
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     options = RepairOptions(node_name="n1", label_pods=True, init_container_exit_code=1)
     async with controller(options, kube.cni, registry) as task:
         await kube.kubelet_reports("broken-n1", 126)
@@ -209,7 +209,7 @@ async def test_a_rotated_token_is_read_from_the_file(kube: Kube, tmp_path: Path,
     token_file = tmp_path / "rotating-token"
     token_file.write_text((short / "token").read_text())
     issued = asyncio.get_running_loop().time()
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     access = KubeAccess(kube.server, kube.cni.ca_file, str(token_file))
     async with controller(RepairOptions(node_name="n1", label_pods=True), access, registry) as task:
         await eventually(lambda: "repair controller watching" in caplog.text, "the controller's first list", 10)
@@ -223,7 +223,7 @@ async def test_a_rotated_token_is_read_from_the_file(kube: Kube, tmp_path: Path,
 
 async def test_the_controller_keeps_going_across_an_istiod_local_restart(kube: Kube,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     caplog.set_level(logging.INFO, logger="istio_agent.cni.repair")
     async with controller(RepairOptions(node_name="n1", label_pods=True), kube.cni, registry) as task:
         await kube.kubelet_reports("broken-n1", 126)
@@ -291,7 +291,7 @@ async def test_a_watch_resumed_from_an_expired_version_lists_again(kube: Kube,
     proxy = HoldingProxy(int(kube.server.rpartition(":")[2]))
     port = await proxy.start()
     access = KubeAccess(f"https://127.0.0.1:{port}", kube.cni.ca_file, kube.cni.token_file)
-    registry = prometheus_client.CollectorRegistry()
+    registry = CollectorRegistry()
     try:
         async with controller(RepairOptions(node_name="n1", label_pods=True), access, registry):
             await eventually(lambda: "repair controller watching" in caplog.text, "the controller's first list", 10)
@@ -312,9 +312,9 @@ async def test_a_watch_resumed_from_an_expired_version_lists_again(kube: Kube,
 async def test_bad_options_fail_at_once_naming_the_flag(kube: Kube) -> None:
     with pytest.raises(RepairOptionsError, match="--repair-label-selectors"):
         await run_repair(RepairOptions(label_pods=True, label_selectors="app in x"), kube.cni,
-                         prometheus_client.CollectorRegistry())
+                         CollectorRegistry())
 
 
 async def test_disabled_returns_at_once(kube: Kube) -> None:
-    await asyncio.wait_for(run_repair(RepairOptions(enabled=False), kube.cni, prometheus_client.CollectorRegistry()),
+    await asyncio.wait_for(run_repair(RepairOptions(enabled=False), kube.cni, CollectorRegistry()),
                            5)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import socket
 import stat
 from pathlib import Path
 
 import grpc
 import pytest
-from launchers import IstiodLocal, istiod_local_cli
+from launchers import IstiodLocal, RegistryFile, istiod_local_cli
+from support import poll
 
 from istio_agent.pki.certs import build_csr, load_pem_chain, uri_sans, verify_signed_by
 from istio_agent.pki.keys import generate_key
@@ -54,6 +56,37 @@ def test_serve_signs_with_pod_files_and_stops_cleanly(tmp_path: Path, istiod: Is
     log = istiod.log_text()
     assert "issued " + SLEEP_ID in log
     assert "stopped" in log
+
+
+def test_sigterm_stops_the_servers_in_reverse_start_order_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Every server of `serve` (gRPC, monitoring, Kubernetes API, registry watcher) on the lifecycle, for real:
+    each start and stop logged (debug), the stops in reverse, then no port open and no file left beside the
+    state directory's own."""
+    registry = RegistryFile(tmp_path / "mesh.yaml", {"services": [], "workloads": [
+        {"name": "echo-1", "namespace": "default", "serviceAccount": "echo", "ip": "10.1.0.5"}]})
+    istiod = IstiodLocal(tmp_path / "state", registry=registry, kube_api_addr="127.0.0.1:0",
+                         args=["--monitoring-addr", "127.0.0.1:0", "--log-level", "debug"])
+    try:
+        istiod.start()
+        monitoring = poll(lambda: next((line.split("monitoring serving on ")[1].split()[0]
+                                        for line in istiod.log_text().splitlines() if "monitoring serving on" in line),
+                                       None), "the monitoring line", 20, istiod.log_text)
+        state_files = sorted(p.name for p in istiod.state_dir.iterdir())
+        assert istiod.terminate() == 0
+    finally:
+        istiod.stop()
+    lines = istiod.log_text().splitlines()
+    started = [line.split(": started ", 1)[1].split(":")[0] for line in lines if ": started " in line]
+    stopped = [line.split(": stopped ", 1)[1] for line in lines if ": stopped " in line]
+    assert started == ["CA and xDS gRPC", "monitoring", "Kubernetes API", "registry watcher"], istiod.log_text()
+    assert stopped == started[::-1], istiod.log_text()
+    assert "signal received, shutting down" in istiod.log_text()
+    for address in (istiod.plaintext, istiod.secure, istiod.kube_api, monitoring):
+        host, _, port = address.rpartition(":")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    assert sorted(p.name for p in istiod.state_dir.iterdir()) == state_files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mesh.yaml", "state"]
 
 
 def test_restart_reuses_root_and_old_tokens_still_work(istiod: IstiodLocal) -> None:

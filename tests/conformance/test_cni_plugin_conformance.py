@@ -140,7 +140,7 @@ def test_pod_to_effective_config(case: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_istiod_local_serves_the_cases_capture_facts(case: dict[str, Any], istiod: tuple[IstiodLocal, Path]) -> None:
     """The pod istiod-local serves for the case derives the case's configuration (through the plugin's client)."""
-    from istio_agent.cni.plugin.kubeclient import get_pod, load_kubeconfig
+    from istio_agent.kube.client import get_pod, load_kubeconfig
 
     cfg = load_kubeconfig(str(istiod[1] / "istio-cni-kubeconfig"))
     served: dict[str, Any] = get_pod(cfg, SERVED_NAMESPACE, served_name(case))

@@ -7,8 +7,8 @@ import pytest
 
 from istio_agent.cni.install import fastclient, fastwire
 from istio_agent.cni.install.launcher import LauncherError, render
-from istio_agent.cni.plugin.kubeclient import ApiError
-from istio_agent.cni.plugin.kubepool import response_length
+from istio_agent.kube.client import ApiError
+from istio_agent.kube.keepalive import response_length
 
 
 def test_a_request_round_trips_with_only_the_names_the_plugin_reads() -> None:

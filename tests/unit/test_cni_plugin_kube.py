@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from istio_agent.cni.install.kubeconfig import KubeconfigInputs, render_kubeconfig
-from istio_agent.cni.plugin import kubeyaml
-from istio_agent.cni.plugin.kubeclient import (
+from istio_agent.cni.plugin.log import PluginLog, format_entry, format_time, request_bytes
+from istio_agent.kube import yamlsubset
+from istio_agent.kube.client import (
     ApiError,
     KubeconfigError,
     build_request,
@@ -20,7 +21,6 @@ from istio_agent.cni.plugin.kubeclient import (
     parse_server,
     pod_path,
 )
-from istio_agent.cni.plugin.log import PluginLog, format_entry, format_time, request_bytes
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
@@ -32,7 +32,7 @@ CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 ])  # fmt: skip
 def test_install_cni_kubeconfig_reads_as_pyyaml_reads_it(inputs: KubeconfigInputs) -> None:
     text = render_kubeconfig(inputs)
-    assert kubeyaml.loads_subset(text) == yaml.safe_load(text)
+    assert yamlsubset.loads_subset(text) == yaml.safe_load(text)
 
 
 @pytest.mark.parametrize("text", [
@@ -40,7 +40,7 @@ def test_install_cni_kubeconfig_reads_as_pyyaml_reads_it(inputs: KubeconfigInput
     "- a\n- b: c\n  d: [x]\n", "a: 'it''s'\nb: \"q\\u0041\"\n", "a: 0x10\n", "a: !!str 1\n", "a: b # comment\n",
 ])  # fmt: skip
 def test_yaml_outside_the_subset_goes_to_pyyaml(text: str) -> None:
-    assert kubeyaml.loads(text) == yaml.safe_load(text)
+    assert yamlsubset.loads(text) == yaml.safe_load(text)
 
 
 def test_kubeconfig_fields() -> None:

@@ -3,10 +3,13 @@ kubeplay.py turns an injected Pod into one podman kube play runs (static checks:
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
+import shutil
 import sys
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -146,3 +149,62 @@ def test_check_registry_gives_init_captured_pods_and_one_for_the_cni() -> None:
     assert [c["name"] for c in pods["sleep-1"]["spec"]["initContainers"]] == ["istio-init"]
     assert [c["name"] for c in pods["echo-cni-1"]["spec"]["initContainers"]] == ["istio-validation"]
     assert pods["echo-1"]["status"]["podIP"] == "10.89.77.12"
+
+
+
+def test_the_demo_app_is_bind_mounted_into_the_app_container_only() -> None:
+    """The images carry the product only, so image_check gives the pods' app containers the echo app (stdlib
+    only) as a read-only file from the host and runs it as a script."""
+    pod = _pods()["echo-1"]
+    inputs = kubeplay.Inputs(
+        pod_ip="10.89.77.12", host_dir="/run/check/echo-1", proxy_image="localhost/istio-agent/proxyv2:9",
+        app_image="localhost/istio-agent/proxyv2:9",
+        app_command=[image_check.VENV_PYTHON, image_check.ECHO_APP_IN_POD, "serve"],
+        tokens={"istio-ca": "ISTIO-TOKEN", "": "API-TOKEN"},
+        config_maps={"istio-ca-root-cert": {"root-cert.pem": "ROOT"}, "kube-root-ca.crt": {"ca.crt": "ROOT"}},
+        app_files={image_check.ECHO_APP_IN_POD: str(image_check.ECHO_APP)})
+    plan = kubeplay.for_podman(pod, inputs)
+    volume = next(v for v in plan.pod["spec"]["volumes"] if v["name"] == "app-file-0")
+    assert volume["hostPath"] == {"path": str(image_check.ECHO_APP), "type": "File"}
+    tree = ast.parse(image_check.ECHO_APP.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported  # runs on the image's Python alone
+    assert {"name": "app-file-0", "mountPath": image_check.ECHO_APP_IN_POD, "readOnly": True} in \
+        _container(plan.pod, "app")["volumeMounts"]
+    for name in ("istio-proxy",):
+        assert all(m["name"] != "app-file-0" for m in _container(plan.pod, name).get("volumeMounts", []))
+    assert "istiod_local" not in " ".join(_container(plan.pod, "app")["command"])
+
+def test_the_product_wheel_carries_the_product_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What build.sh puts in the images: the root project's wheel holds no `istiod_local`, names no console
+    script of it, and requires none of the local environment's dependencies (aiohttp, rich, PyJWT).
+    Built in-process by setuptools' PEP 517 backend from a copy of the product's sources."""
+    from setuptools import build_meta
+
+    root = IMAGES.parents[1]
+    tree = tmp_path / "tree"
+    shutil.copytree(root / "src" / "istio_agent", tree / "src" / "istio_agent",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(root / "pyproject.toml", tree / "pyproject.toml")
+    monkeypatch.chdir(tree)
+    wheel_name = build_meta.build_wheel(str(tmp_path / "dist"))
+    with zipfile.ZipFile(tmp_path / "dist" / wheel_name) as wheel:
+        names = wheel.namelist()
+        info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = wheel.read(f"{info}/METADATA").decode()
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    assert wheel_name.startswith("istio_agent-")
+    assert {n.split("/")[0] for n in names} == {"istio_agent", info}
+    assert "istio_agent/cni/install/assembly.py" in names and "istio_agent/kube/client.py" in names
+    required = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    names_required = {re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower().replace("_", "-") for r in required}
+    assert "lightkube" in names_required and "h11" in names_required
+    assert not names_required & {"aiohttp", "rich", "pyjwt", "istiod-local", "prometheus-client"}, names_required
+    scripts = [line for line in entry_points.splitlines() if "=" in line]
+    assert {line.split("=")[0].strip() for line in scripts} == {
+        "pilot-agent", "istio-iptables", "istio-cni", "install-cni"}
+    assert all(line.split("=")[1].strip().startswith("istio_agent.") for line in scripts)

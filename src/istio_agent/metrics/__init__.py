@@ -1,9 +1,8 @@
 """The agent's own Prometheus metrics: registry, counter, gauge, histogram, custom families, process metrics.
 
-Why not prometheus_client (the well-kept library, which install-cni and the
-repair controller keep using, and which the tests use as the peer this package
-must match byte for byte): one agent runs beside every pod, so each MB of its
-anonymous memory is paid once per pod. Importing prometheus_client after the
+Why not prometheus_client (the well-kept library, which the tests use as the
+peer this package must match byte for byte): one agent runs beside every pod,
+so each MB of its anonymous memory is paid once per pod. Importing prometheus_client after the
 floor's imports costs ~3.0 MB of anonymous memory (+3.3 MB RSS), ~2.2 MB of it
 for the http.server / socketserver / urllib.request / wsgiref chain its
 exposition module loads for servers and push gateways the agent never uses,
@@ -19,7 +18,8 @@ what this package is, in the same shapes (so a collector reads the same in both)
 `core`: families, samples, the registry, `go_float`; `instruments`: Counter,
 Gauge, Histogram; `process`: ProcessCollector; `exposition`: text 0.0.4 and
 OpenMetrics 1.0.0. The parity tests (tests/unit/test_metrics_parity.py) build
-the same metrics in both and compare the rendered bytes.
+the same metrics in both and compare the rendered bytes. install-cni and its
+repair controller count on it too: the product has one metrics stack.
 """
 
 from istio_agent.metrics.core import (

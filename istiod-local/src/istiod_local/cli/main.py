@@ -6,12 +6,10 @@ import asyncio
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -19,21 +17,17 @@ from istio_agent.config.durations import parse_duration
 from istio_agent.config.gobool import parse_bool
 from istio_agent.netaddr import AddressError, split_host_port
 from istiod_local.cli.up import up
+from istiod_local.controlplane.assembly import ServeOptions, run_serve
 from istiod_local.controlplane.monitoring import DEFAULT_MONITORING_ADDR
 from istiod_local.controlplane.podfiles import pod_token, write_pod_files
 from istiod_local.controlplane.server import (
     DEFAULT_GRPC_ADDR,
     DEFAULT_SECURE_GRPC_ADDR,
     DEFAULT_TRUST_DOMAIN,
-    ControlPlane,
     ControlPlaneOptions,
 )
 from istiod_local.controlplane.state import ControlPlaneState, StateError, load_or_create_state
 from istiod_local.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD, WorkloadEntryOptions
-from istiod_local.controlplane.xds.service import XdsOptions, XdsService
-
-if TYPE_CHECKING:
-    from istiod_local.controlplane.kubeapi.server import KubeApiOptions
 
 log = logging.getLogger("istiod_local.controlplane")
 
@@ -142,15 +136,16 @@ def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: f
           log_level: str, registry: str | None, kube_api_addr: str, kube_node_name: str | None,
           kube_bookmark_interval: float, kube_watch_history: int, monitoring_addr: str,
           workload_entry_grace_period: float | None) -> None:
-    """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT."""
+    """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT.
+
+    The flags resolve to `ServeOptions`; what runs is `controlplane/assembly.py`'s."""
     _setup_logging(log_level)
     if monitoring_addr != "off":
         try:
             split_host_port(monitoring_addr)
         except AddressError as exc:
             raise click.BadParameter(str(exc), param_hint="--monitoring-addr") from None
-    options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain,
-                                  "" if monitoring_addr == "off" else monitoring_addr)
+    options = ControlPlaneOptions(state_dir, grpc_addr, secure_grpc_addr, max_cert_ttl, trust_domain)
     kube = None
     if kube_api_addr != "off":
         try:
@@ -164,7 +159,8 @@ def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: f
                               history=kube_watch_history)
     entries = _workload_entry_options(workload_entry_grace_period)
     try:
-        asyncio.run(_serve(options, registry, kube, entries))
+        asyncio.run(run_serve(ServeOptions(options, registry, kube, entries,
+                                       "" if monitoring_addr == "off" else monitoring_addr)))
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -179,43 +175,6 @@ def _node_ip(kube_api_addr: str) -> str:
     except ValueError:
         return "127.0.0.1"
     return "127.0.0.1" if ip.is_unspecified else str(ip)
-
-
-async def _serve(options: ControlPlaneOptions, registry: str | None = None,
-                 kube: KubeApiOptions | None = None, entries: WorkloadEntryOptions | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    plane = ControlPlane(options)
-    xds = XdsService(XdsOptions(registry, options.trust_domain, workload_entries=entries or WorkloadEntryOptions()),
-                     plane.verifier) if registry else None
-    if xds is not None:
-        plane.add_service(xds.register)
-        plane.watch_xds(xds.ads)
-    api = None
-    if kube is not None:
-        from istiod_local.controlplane.kubeapi.server import KubeApiServer
-        from istiod_local.controlplane.xds.registry import Registry
-
-        api = KubeApiServer(kube, plane.state)
-        api.update_registry(xds.registry if xds is not None else Registry(trust_domain=options.trust_domain))
-        if xds is not None:
-            xds.add_listener(api.update_registry)
-    await plane.start()
-    try:
-        if api is not None:
-            await api.start()
-        if xds is not None:
-            await xds.start()
-        await stopping.wait()
-        log.info("signal received, shutting down")
-    finally:
-        if xds is not None:
-            await xds.stop()
-        if api is not None:
-            await api.stop()
-        await plane.stop()
 
 
 @main.command("pod-files")

@@ -14,10 +14,9 @@ the ADS service added later share the same ports, as they do in istiod:
     await plane.stop()
 
 Port 0 picks a free port; the chosen addresses are reported by
-`plain_address` / `secure_address` once started. With `monitoring_addr` it
-also serves istiod's monitoring port (`/metrics`, `/debug/connections`,
-`/debug/syncz`; `monitoring.py`) for the ADS server given to `watch_xds`;
-an address it cannot listen on is logged and skipped, not fatal.
+`plain_address` / `secure_address` once started. istiod's monitoring port,
+the Kubernetes API and the registry watcher are components of their own beside
+it (`assembly.py` composes `istiod-local serve`).
 """
 
 from __future__ import annotations
@@ -28,18 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import grpc
 
 from istiod_local.controlplane.ca_service import IstioCertificateServicer, register_ca_service
-from istiod_local.controlplane.monitoring import MonitoringServer, XdsMonitor
 from istiod_local.controlplane.signing import WorkloadSigner
 from istiod_local.controlplane.state import ControlPlaneState, load_or_create_state
 from istiod_local.controlplane.tokens import ISTIO_CA_AUDIENCE, TokenIdentity, TokenVerifier, issue_token
-
-if TYPE_CHECKING:
-    from istiod_local.controlplane.xds.ads import AdsServer
 
 log = logging.getLogger("istiod_local.controlplane")
 
@@ -63,7 +57,6 @@ class ControlPlaneOptions:
     secure_grpc_addr: str = DEFAULT_SECURE_GRPC_ADDR
     max_cert_ttl_seconds: float = DEFAULT_MAX_CERT_TTL
     trust_domain: str = DEFAULT_TRUST_DOMAIN
-    monitoring_addr: str = ""  # istiod's :15014 (`istiod-local serve --monitoring-addr`); empty: off
 
 
 def _with_port(address: str, port: int) -> str:
@@ -72,7 +65,9 @@ def _with_port(address: str, port: int) -> str:
 
 
 class ControlPlane:
-    """istiod-local's servers and state; `async start()` / `async stop()`, or `async with`."""
+    """istiod-local's gRPC servers and state; `async start()` / `async stop()`, or `async with`."""
+
+    name = "CA and xDS gRPC"
 
     def __init__(self, options: ControlPlaneOptions, clock: Callable[[], float] = time.time) -> None:
         if not options.grpc_addr and not options.secure_grpc_addr:
@@ -88,17 +83,6 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self.plain_address = ""
         self.secure_address = ""
-        self.monitoring_address = ""
-        self._monitor = XdsMonitor()
-        self._mesh: Callable[[], tuple[int, int]] | None = None
-        self._monitoring: MonitoringServer | None = None
-
-    def watch_xds(self, ads: AdsServer) -> None:
-        """Show this ADS server's streams and counters on the monitoring port (call before `start`)."""
-        if self._server is not None:
-            raise RuntimeError("watch_xds before the control plane starts")
-        self._monitor = ads.monitor
-        self._mesh = lambda: (ads.snapshot.version, len(ads.snapshot.services))
 
     def add_service(self, registrar: ServiceRegistrar) -> None:
         """Serve another gRPC service on the same ports (call before `start`)."""
@@ -123,16 +107,6 @@ class ControlPlane:
             raise OSError(f"cannot listen on {addrs}: {exc}") from exc
         await server.start()
         self._server = server
-        if self.options.monitoring_addr:
-            monitoring = MonitoringServer(self.options.monitoring_addr, self._monitor, self._mesh)
-            try:
-                await monitoring.start()
-            except (OSError, ValueError) as exc:
-                log.error("monitoring: cannot listen on %s (--monitoring-addr; off disables it): %s; serving "
-                          "without it", self.options.monitoring_addr, exc)
-            else:
-                self._monitoring = monitoring
-                self.monitoring_address = monitoring.bound
         log.info(
             "istiod-local serving: plaintext %s, TLS %s (trust domain %s, max cert TTL %ds, state %s)",
             self.plain_address or "off", self.secure_address or "off", self.options.trust_domain,
@@ -141,9 +115,6 @@ class ControlPlane:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         server, self._server = self._server, None
-        monitoring, self._monitoring = self._monitoring, None
-        if monitoring is not None:
-            await monitoring.stop()
         if server is not None:
             await server.stop(grace)
             log.info("istiod-local stopped")

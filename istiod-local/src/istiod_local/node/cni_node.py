@@ -21,31 +21,27 @@ the layout and the reasons):
   the plugin's kubeconfig and the binary.
 
 The API lives on the gateway address inside the node namespace, out of the
-host namespace's reach: `KubeApi` opens each connection from a short-lived
-thread that has entered the node namespace (a network namespace is per
-thread; the socket keeps it), then speaks HTTPS with the kubeconfig's CA and
-token from the calling thread.
+host namespace's reach: `KubeApi` (the product's builtins-only client,
+`istio_agent.kube.client`) opens each connection from a short-lived thread
+that has entered the node namespace (a network namespace is per thread; the
+socket keeps it), then speaks HTTPS with the kubeconfig's CA and token from
+the calling thread.
 """
 
 from __future__ import annotations
 
-import base64
-import http.client
 import itertools
 import json
-import ssl
 import subprocess
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from istio_agent.capture.netns import enter_netns
+from istio_agent.kube import client as kube
 from istiod_local.node.cni_plan import (
     CNI_IDENTITY,
     INSTALL_CNI_READY_PORT,
@@ -106,72 +102,42 @@ def connect_in_netns(netns_path: str, host: str, port: int, timeout: float) -> A
     return outcome["socket"]
 
 
-@dataclass(frozen=True)
-class KubeConfig:
-    server: str
-    ca_pem: bytes
-    token: str
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        url = urllib.parse.urlsplit(self.server)
-        return url.hostname or "", url.port or 443
-
-
-def read_kubeconfig(path: Path) -> KubeConfig:
-    """The current context's server, CA and token of a kubeconfig (what the node needs of it)."""
-    try:
-        document = yaml.safe_load(path.read_text())
-        cluster = document["clusters"][0]["cluster"]
-        user = document["users"][0]["user"]
-        if "certificate-authority-data" in cluster:
-            ca = base64.b64decode(cluster["certificate-authority-data"])
-        else:
-            ca = Path(cluster["certificate-authority"]).read_bytes()
-        token = user.get("token") or Path(user["tokenFile"]).read_text().strip()
-        return KubeConfig(str(cluster["server"]), ca, str(token))
-    except (OSError, KeyError, IndexError, TypeError, ValueError, yaml.YAMLError) as exc:
-        raise NodeError(f"kubeconfig {path}: {exc!r}") from None
-
-
 class KubeApi:
-    """The node's client for the API (the kubelet's): GET a pod, PATCH its status."""
+    """The node's client for the API (the kubelet's): GET a pod, PATCH its status.
 
-    def __init__(self, config: KubeConfig, netns_path: str, timeout: float = 10.0) -> None:
+    The product's builtins-only client (`istio_agent.kube.client`) with the kubeconfig's server, CA and token,
+    each connection opened from inside the node's network namespace.
+    """
+
+    def __init__(self, config: kube.KubeConfig, netns_path: str, timeout: float = 10.0) -> None:
         self.config = config
         self.netns_path = netns_path
         self.timeout = timeout
-        self._tls = ssl.create_default_context(cadata=config.ca_pem.decode())
+        self._tls = kube.tls_context(config) if config.scheme == "https" else None
+
+    @property
+    def server(self) -> str:
+        return f"{self.config.scheme}://{self.config.host}:{self.config.port}"
+
+    def _connect(self, host: str, port: int, timeout: float) -> Any:
+        return connect_in_netns(self.netns_path, host, port, timeout)
 
     def request(self, method: str, path: str, body: Mapping[str, Any] | None = None,
                 content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
-        host, port = self.config.host_port
+        data = None if body is None else json.dumps(body).encode()
         try:
-            raw = connect_in_netns(self.netns_path, host, port, self.timeout)
-            sock = self._tls.wrap_socket(raw, server_hostname=host)
-            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=self._tls)
-            conn.sock = sock
-            try:
-                headers = {"Authorization": f"Bearer {self.config.token}", "Accept": "application/json"}
-                data = None
-                if body is not None:
-                    data = json.dumps(body).encode()
-                    headers["Content-Type"] = content_type
-                conn.request(method, path, body=data, headers=headers)
-                response = conn.getresponse()
-                text = response.read()
-            finally:
-                conn.close()
-        except (OSError, http.client.HTTPException) as exc:
-            raise KubeApiError(f"{method} {self.config.server}{path}: {exc}") from None
+            status, text = kube.request(self.config, method, path, data, content_type,
+                                        self.timeout, self._connect, self._tls, user_agent="istiod-local-node")
+        except kube.ApiError as exc:
+            raise KubeApiError(f"{method} {self.server}{path}: {exc}") from None
         try:
             payload = json.loads(text) if text else {}
         except ValueError:
             payload = {"message": text.decode(errors="replace")[:500]}
-        return response.status, payload if isinstance(payload, dict) else {}
+        return status, payload if isinstance(payload, dict) else {}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        status, pod = self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        status, pod = self.request("GET", kube.pod_path(self.config, namespace, name))
         if status == 404:
             return None
         if status != 200:
@@ -179,11 +145,19 @@ class KubeApi:
         return pod
 
     def patch_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        status, pod = self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", body,
-                                   "application/strategic-merge-patch+json")
+        path = kube.pod_path(self.config, namespace, name) + "/status"
+        status, pod = self.request("PATCH", path, body, "application/strategic-merge-patch+json")
         if status != 200:
             raise KubeApiError(f"PATCH pod {namespace}/{name}/status: {status} {pod.get('message', '')}", status)
         return pod
+
+
+def read_kubeconfig(path: Path) -> kube.KubeConfig:
+    """The current context's server, CA and token of a kubeconfig (as the product's client reads one)."""
+    try:
+        return kube.load_kubeconfig(str(path))
+    except (OSError, kube.KubeconfigError) as exc:
+        raise NodeError(f"kubeconfig {path}: {exc!r}") from None
 
 
 @dataclass
@@ -261,19 +235,14 @@ class NodeCni:
 
     def agent_ready(self) -> bool:
         """install-cni's `/readyz` (200 once installed and while our entry holds)."""
+        target = kube.KubeConfig("http", self.node.gateway, INSTALL_CNI_READY_PORT)
         try:
-            sock = connect_in_netns(self.node.netns_path(), self.node.gateway, INSTALL_CNI_READY_PORT, 2.0)
-        except OSError:
+            status, _ = kube.request(target, "GET", "/readyz", timeout=2.0, user_agent="istiod-local-node",
+                                     connect=lambda host, port, timeout: connect_in_netns(
+                                         self.node.netns_path(), host, port, timeout))
+        except kube.ApiError:
             return False
-        conn = http.client.HTTPConnection(self.node.gateway, INSTALL_CNI_READY_PORT, timeout=2.0)
-        conn.sock = sock
-        try:
-            conn.request("GET", "/readyz")
-            return conn.getresponse().status == 200
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            conn.close()
+        return status == 200
 
     def wait_agent_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout

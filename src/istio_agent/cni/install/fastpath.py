@@ -151,7 +151,7 @@ class FastPath:
     """The socket server; `start` then `stop` (both on install-cni's event loop)."""
 
     def __init__(self, run_dir: str, max_concurrent: int = MAX_CONCURRENT) -> None:
-        from istio_agent.cni.plugin.kubepool import KeepAliveClient
+        from istio_agent.kube.keepalive import KeepAliveClient
 
         self.path = os.path.join(run_dir, fastwire.SOCKET_NAME)
         self.client = KeepAliveClient(timeout=GET_TIMEOUT)

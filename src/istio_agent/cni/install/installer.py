@@ -35,8 +35,8 @@ from istio_agent.cni.install import binaries, cniconfig
 from istio_agent.cni.install.kubeconfig import KubeconfigInputs, render_kubeconfig
 from istio_agent.cni.install.options import InstallOptions
 from istio_agent.cni.install.watcher import DirectoryWatcher, ReinstallThrottle
-from istio_agent.cni.kubeaccess import KubeAccess
 from istio_agent.cni.plugin.add import KUBECONFIG_NAME  # the file the plugin reads
+from istio_agent.kube.access import KubeAccess
 
 log = logging.getLogger("istio_agent.cni.install")
 

@@ -1,21 +1,16 @@
-"""`install-cni`: the Istio CNI node agent's command line and process (the edge: flags in, tasks wired).
+"""`install-cni`: the Istio CNI node agent's command line (the edge: flags in, the node agent run).
 
 Upstream's flags (each also read from its variable, see `options.py`) and
-Istio's logging flags; `main()` resolves them into `InstallOptions`, then runs:
-the log socket, the istio-cni fast path (`fastpath.py`, not upstream), the health
-server, the metrics server, the installer loop (install, watch, reinstall) and,
-with `--repair-enabled`, the repair controller beside it, restarted with backoff
-if it fails (install does not go down with it).
-SIGTERM or SIGINT: not ready, stop the loop and repair, clean up (our entry,
-kubeconfig and executable), stop the servers, exit 0.
+Istio's logging flags; `main()` resolves them into `InstallOptions`, checks
+what the API access and the plugin's source need, then runs the node agent
+`assembly.py` composes (the log socket, the istio-cni fast path, the health and
+metrics servers, the installer loop and the repair controller, on the one
+lifecycle) until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 import socket
 import sys
 import time
@@ -30,12 +25,11 @@ from istio_agent.cni.install.options import (
     BOOL,
     FLAGS,
     KUBERNETES_ENV,
-    InstallOptions,
     OptionsError,
     env_name,
     resolve_install_options,
 )
-from istio_agent.cni.kubeaccess import KubeAccess, KubeAccessError, in_cluster
+from istio_agent.kube.access import KubeAccessError, in_cluster
 
 log = logging.getLogger("istio_agent.cni.install")
 
@@ -143,187 +137,9 @@ def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None
     if (Path(options.cni_bin_dir) / binaries.PLUGIN_NAME).resolve() == source.resolve():
         raise click.ClickException(f"--cni-bin-dir {options.cni_bin_dir!r} holds the plugin install-cni copies "
                                    f"({source}): cleanup would delete it; give the node's CNI bin dir")
-    sys.exit(asyncio.run(run(options, access, source)))
+    from istio_agent.cni.install.assembly import run_install_cni
 
-
-def _log_configuration(options: InstallOptions, source: Path) -> None:
-    log.info("CNI install configuration: %s", ", ".join(
-        f"{k}={v!r}" for k, v in vars(options).items() if k != "repair"))
-    log.info("CNI race repair configuration: %s", options.repair)
-    log.info("CNI plugin executable: %s", source)
-    if options.cni_network_config or options.cni_network_config_file:
-        log.warning("--cni-network-config/--cni-network-config-file are ignored: the istio-cni entry is built "
-                    "from the settings, as upstream's installer does")
-    if options.ambient_enabled:
-        log.warning("ambient is enabled, but this install-cni provides no ambient node agent: only the entry "
-                    "(ambient_enabled, enablement selectors) and the Istio-owned file layout follow it")
-
-
-class _CurrentRegistry:
-    """A collector on install-cni's registry showing the metrics of the repair controller's current run.
-
-    Each run gets a registry of its own (a restarted controller registers its counters again, which
-    one shared registry would refuse as duplicates); its counters start again from zero, which
-    Prometheus reads as a counter reset.
-    """
-
-    def __init__(self) -> None:
-        self.current: Any = None
-
-    def collect(self) -> Any:
-        return iter(()) if self.current is None else self.current.collect()
-
-    def describe(self) -> Any:
-        return iter(())
-
-
-async def supervise_repair(options: InstallOptions, access: KubeAccess, registry: Any) -> None:
-    """Run the repair controller beside the installer; a failure is logged and retried with backoff.
-
-    A settings error (ValueError, naming the flag) is not retried: repair stays off, install runs on.
-    """
-    try:
-        from istio_agent.cni.repair.controller import run_repair
-    except ImportError as exc:
-        log.warning("the CNI repair controller is unavailable (%s): pods are not repaired", exc)
-        return
-    from prometheus_client import CollectorRegistry
-
-    view = _CurrentRegistry()
-    registry.register(view)
-    backoff = 1.0
-    while True:
-        started = time.monotonic()
-        view.current = CollectorRegistry(auto_describe=True)
-        try:
-            await run_repair(options.repair, access, view.current)
-            return  # returned by itself: disabled
-        except asyncio.CancelledError:
-            raise
-        except ValueError as exc:
-            log.error("the CNI repair controller cannot run: %s; pods are not repaired", exc)
-            return
-        except Exception:
-            log.exception("the CNI repair controller failed; restarting it in %.0f s", backoff)
-        if time.monotonic() - started > 60:
-            backoff = 1.0
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, REPAIR_BACKOFF_MAX)
-
-
-async def run(options: InstallOptions, access: KubeAccess, source: Path) -> int:
-    """The node agent until SIGTERM/SIGINT; the exit status."""
-    from istio_agent.cni.install.installer import (
-        RESULT_SUCCESS,
-        Installer,
-        InstallError,
-        StepOutcome,
-        keep_installed,
-        watched_directories,
-    )
-    from istio_agent.cni.install.metrics import InstallMetrics
-    from istio_agent.cni.install.servers import Readiness, Servers, health_handler, log_handler, metrics_handler
-    from istio_agent.cni.install.watcher import DirectoryWatcher
-
-    _log_configuration(options, source)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    metrics = InstallMetrics()
-    readiness = Readiness()
-    servers = Servers()
-    try:
-        await servers.start_unix(options.log_uds_socket, log_handler())
-    except OSError as exc:
-        log.error("failed to start the UDS log server on %s: %s", options.log_uds_socket, exc)
-        return 1
-    log.info("serving plugin logs on %s", options.log_uds_socket)
-    from istio_agent.cni.install.fastpath import FastPath
-
-    fast_path: FastPath | None = None
-    candidate = FastPath(options.cni_agent_run_dir)
-    try:
-        await candidate.start()
-        fast_path = candidate
-        log.info("serving the istio-cni fast path on %s (root callers only)", candidate.path)
-    except OSError as exc:  # the launcher then runs the plugin in-process
-        log.error("failed to start the istio-cni fast path on %s: %s; the plugin runs in-process",
-                  candidate.path, exc)
-    if options.readiness_port:
-        try:
-            port = await servers.start_tcp(options.readiness_port, health_handler(readiness))
-        except OSError as exc:
-            log.error("failed to start the health server on port %d: %s", options.readiness_port, exc)
-            if fast_path is not None:
-                await fast_path.stop()
-            await servers.stop()
-            return 1
-        log.info("serving /healthz and /readyz on port %d", port)
-    if options.monitoring_port > 0:
-        try:
-            port = await servers.start_tcp(options.monitoring_port, metrics_handler(metrics.registry))
-            log.info("serving /metrics on port %d", port)
-        except OSError as exc:  # upstream logs this and runs on
-            log.error("unable to listen on monitoring port %d: %s", options.monitoring_port, exc)
-
-    try:
-        installer = Installer(options, source, access)
-    except ValueError as exc:
-        log.error("%s", exc)
-        if fast_path is not None:
-            await fast_path.stop()
-        await servers.stop()
-        return 1
-    watcher = DirectoryWatcher(watched_directories(options, access))
-    watcher.start()
-    installed_once = False
-
-    def on_state(outcome: StepOutcome) -> None:
-        nonlocal installed_once
-        if outcome.ready and (not readiness.ready or outcome.changed):
-            # Installed, or put back after a change took something away (upstream counts each such cycle).
-            metrics.installs.labels(RESULT_SUCCESS).inc()
-            log.info("Istio CNI configuration and binaries %s (%s)",
-                     "reinstalled" if installed_once else "installed",
-                     ", ".join(outcome.changed) or "nothing to change")
-            installed_once = True
-        elif readiness.ready and not outcome.ready:
-            log.warning("the Istio CNI installation is no longer in effect")
-        readiness.ready = outcome.ready
-        metrics.ready.set(1 if outcome.ready else 0)
-
-    def on_failure(exc: InstallError) -> None:
-        metrics.installs.labels(exc.result).inc()
-        log.error("installation failed: %s", exc)
-
-    tasks = [asyncio.create_task(keep_installed(installer, watcher, on_state, on_failure), name="install")]
-    if options.repair.enabled:
-        tasks.append(asyncio.create_task(supervise_repair(options, access, metrics.registry), name="repair"))
-    else:
-        log.info("CNI repair controller is disabled")
-    stopping = asyncio.create_task(stop.wait())
-    status = 0
-    try:
-        done, _ = await asyncio.wait([stopping, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
-        if tasks[0] in done and tasks[0].exception() is not None:
-            log.error("installer failed: %s", tasks[0].exception())
-            status = 1
-        log.info("CNI node agent shutting down")
-    finally:
-        readiness.ready = False
-        metrics.ready.set(0)
-        for task in [*tasks, stopping]:
-            task.cancel()
-        for task in [*tasks, stopping]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if fast_path is not None:
-            await fast_path.stop()
-        installer.cleanup()
-        watcher.close()
-        await servers.stop()
-    return status
+    sys.exit(run_install_cni(options, access, source))
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from istio_agent.cni.kubeaccess import SERVICE_ACCOUNT_DIR
 from istio_agent.cni.plugin.log import SOCKET_NAME
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.config.gobool import parse_bool
+from istio_agent.kube.access import SERVICE_ACCOUNT_DIR
 
 STR, BOOL, INT = "str", "bool", "int"
 

@@ -8,7 +8,7 @@ paths, connections kept alive, request bodies capped (4 MiB, 413 beyond), and
 the same refusals of non-HTTP input and slow clients as the status server.
 
 - health: `/healthz` 200 always, `/readyz` 200 while `Readiness.ready`, else 503;
-- metrics: `/metrics`, the registry in Prometheus' text format (upstream's path);
+- metrics: `/metrics`, the registry in Prometheus' text format 0.0.4 (upstream's path; `istio_agent.metrics`);
 - log socket: POST `/log` from the plugin (`pluginlog` parses it), each line
   logged under the plugin's logger with the plugin's time and labels; the
   socket file is made 0666 as upstream does, so a plugin of any uid can post.
@@ -28,6 +28,8 @@ from istio_agent.cni.install.pluginlog import PluginLogError, parse_body
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server import HttpServer
 from istio_agent.httpio.server_core import Limits, Request, Response
+from istio_agent.metrics.core import Collector
+from istio_agent.metrics.exposition import TEXT_CONTENT_TYPE, generate_latest
 
 log = logging.getLogger("istio_agent.cni.install")
 plugin_log = logging.getLogger("istio_agent.cni.plugin")
@@ -57,13 +59,11 @@ def health_handler(readiness: Readiness) -> Handler:
     return handle
 
 
-def metrics_handler(registry: object) -> Handler:
-    from prometheus_client import exposition
-
+def metrics_handler(registry: Collector) -> Handler:
     async def handle(method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         if path != "/metrics":
             return _text(404, "404 page not found\n")
-        return 200, exposition.CONTENT_TYPE_LATEST, exposition.generate_latest(registry)  # type: ignore[arg-type]
+        return 200, TEXT_CONTENT_TYPE, generate_latest(registry)
     return handle
 
 

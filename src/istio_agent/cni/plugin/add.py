@@ -72,7 +72,7 @@ def retry_settings(env: Mapping[str, str]) -> tuple[int, float]:
 
 def fetch_pod_from_kubeconfig(kubeconfig: str, namespace: str, name: str) -> dict[str, object]:
     """One attempt: read the kubeconfig, GET the pod (ApiError / KubeconfigError / OSError on failure)."""
-    from istio_agent.cni.plugin.kubeclient import get_pod, load_kubeconfig
+    from istio_agent.kube.client import get_pod, load_kubeconfig
 
     return get_pod(load_kubeconfig(kubeconfig), namespace, name)
 
@@ -181,7 +181,7 @@ def warn_if_ambient(pod: dict[str, object], namespace: str, name: str, conf: Plu
     if not conf.enablement_selectors:
         return
     try:
-        from istio_agent.cni.plugin.kubeclient import get_namespace, load_kubeconfig
+        from istio_agent.kube.client import get_namespace, load_kubeconfig
 
         ns_obj = get_namespace(load_kubeconfig(kubeconfig), namespace)
         metadata = ns_obj.get("metadata")

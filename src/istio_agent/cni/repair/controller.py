@@ -23,10 +23,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import prometheus_client
-
-from istio_agent.cni.kubeaccess import KubeAccess
-from istio_agent.cni.repair.kube import KubeApiError, PodApi
 from istio_agent.cni.repair.ledger import Backoff, Ledger
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import (
@@ -49,6 +45,9 @@ from istio_agent.cni.repair.rules import (
     pod_key,
     resource_version,
 )
+from istio_agent.kube.access import KubeAccess
+from istio_agent.kube.pod_api import KubeApiError, PodApi
+from istio_agent.metrics import CollectorRegistry, Counter
 
 log = logging.getLogger("istio_agent.cni.repair")
 
@@ -58,8 +57,8 @@ WATCH_TIMEOUT = (300, 600)  # seconds a watch request lasts on the server, drawn
 class RepairMetrics:
     """Upstream's `istio_cni_repair_pods_repaired_total{type, result}` on the given registry."""
 
-    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
-        self.repaired = prometheus_client.Counter(
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.repaired = Counter(
             "istio_cni_repair_pods_repaired", "Total number of pods repaired by repair controller",
             ["type", "result"], registry=registry)
 
@@ -237,7 +236,7 @@ class RepairController:
             log.debug("event about pod %s not written: %s", pod_key(pod), exc)
 
 
-async def run_repair(options: RepairOptions, access: KubeAccess, registry: prometheus_client.CollectorRegistry) -> None:
+async def run_repair(options: RepairOptions, access: KubeAccess, registry: CollectorRegistry) -> None:
     """Run until cancelled: watch `options`' pods through the API at `access`, count on `registry`.
 
     Raises `rules.RepairOptionsError` (naming the flag) at once for settings the API would refuse, and

@@ -174,6 +174,8 @@ def parse_path(path: str) -> _Route | None:
 class KubeApiServer:
     """The API as one component: `update_registry`, `start`, `stop`, `address`."""
 
+    name = "Kubernetes API"
+
     def __init__(self, options: KubeApiOptions, state: ControlPlaneState,
                  clock: Callable[[], float] = time.time) -> None:
         self.options = options

@@ -1,11 +1,14 @@
-"""The plugin's one Kubernetes API call: GET the pod, with the kubeconfig install-cni wrote.
+"""The builtins-only Kubernetes API client: one request (any method, path and body) per connection.
 
 Standard library only, and not even `http.client` (its `email` parser costs
 ~14 ms of every ADD): one HTTP/1.1 request over a socket (TLS when the
 server is https), `Connection: close`, the response read to the end.
 `ssl` is imported only when the server is https. The request bytes and the
-response parsing are pure functions; `get_pod` is the I/O. install-cni's fast
-path sends the same request over kept-alive connections (`kubepool`).
+response parsing are pure functions; `request` is the I/O, over a connection
+`socket.create_connection` opens or the caller's `connect` (the local node
+opens its connections from inside its network namespace). The `istio-cni`
+plugin GETs its pod (and namespace) with it on every pod's ADD; install-cni's
+fast path sends the same request over kept-alive connections (`keepalive`).
 
 From the kubeconfig, as client-go reads it: the current context's cluster
 (`server`, `certificate-authority-data` or `certificate-authority`,
@@ -19,11 +22,15 @@ import base64
 import json
 import os
 
-from istio_agent.cni.plugin import kubeyaml
+from istio_agent.kube import yamlsubset
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    import socket
+    from collections.abc import Callable, Mapping
+
+    # (host, port, timeout) -> a connected socket
+    Connect = Callable[[str, int, float], socket.socket]
 
 MAX_RESPONSE = 16 * 1024 * 1024
 
@@ -33,7 +40,7 @@ class KubeconfigError(ValueError):
 
 
 class ApiError(RuntimeError):
-    """The API did not return the pod: transport failure or an HTTP error status (`status` 0 for transport)."""
+    """The API did not answer as asked: transport failure or an HTTP error status (`status` 0 for transport)."""
 
     def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
         super().__init__(message)
@@ -106,7 +113,7 @@ def parse_kubeconfig(text: str, path: str, read_file: object = None) -> KubeConf
     reader = read_file if callable(read_file) else _read_bytes
     where = f"kubeconfig {path}"
     try:
-        doc = kubeyaml.loads(text)
+        doc = yamlsubset.loads(text)
     except Exception as err:
         raise KubeconfigError(f"{where}: not valid YAML: {err}") from None
     if not isinstance(doc, dict):
@@ -176,16 +183,19 @@ def pod_path(cfg: KubeConfig, namespace: str, name: str) -> str:
     return f"{cfg.prefix}/api/v1/namespaces/{_quote(namespace)}/pods/{_quote(name)}"
 
 
-def build_request(cfg: KubeConfig, path: str, user_agent: str = "istio-cni", keep_alive: bool = False) -> bytes:
-    """The GET, with the bearer token when there is one (`Connection: close` unless `keep_alive`)."""
+def build_request(cfg: KubeConfig, path: str, user_agent: str = "istio-cni", keep_alive: bool = False, *,
+                  method: str = "GET", body: bytes | None = None, content_type: str = "application/json") -> bytes:
+    """The request, with the bearer token when there is one (`Connection: close` unless `keep_alive`)."""
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     default_port = 443 if cfg.scheme == "https" else 80
     authority = host if cfg.port == default_port else f"{host}:{cfg.port}"
-    lines = [f"GET {path} HTTP/1.1", f"Host: {authority}", "Accept: application/json", f"User-Agent: {user_agent}",
-             "Connection: keep-alive" if keep_alive else "Connection: close"]
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {authority}", "Accept: application/json",
+             f"User-Agent: {user_agent}", "Connection: keep-alive" if keep_alive else "Connection: close"]
     if cfg.token:
         lines.append(f"Authorization: Bearer {cfg.token}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+    if body is not None:
+        lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
 def parse_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -257,7 +267,8 @@ def decode_object(status: int, body: bytes, kind: str, what: str) -> dict[str, o
     raise ApiError(message, status, reason)
 
 
-def _tls_context(cfg: KubeConfig) -> object:
+def tls_context(cfg: KubeConfig) -> object:
+    """The TLS client context the kubeconfig asks for (its CA, or no verification when insecure)."""
     import ssl
 
     if cfg.insecure:
@@ -289,20 +300,35 @@ def get_namespace(cfg: KubeConfig, name: str, timeout: float = 5.0) -> dict[str,
 
 def get(cfg: KubeConfig, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """One GET: the status and body (ApiError for transport failures)."""
-    import socket
+    return request(cfg, "GET", path, timeout=timeout)
 
-    request = build_request(cfg, path)
+
+def request(cfg: KubeConfig, method: str, path: str, body: bytes | None = None,
+            content_type: str = "application/json", timeout: float = 5.0, connect: Connect | None = None,
+            context: object = None, user_agent: str = "istio-cni") -> tuple[int, bytes]:
+    """One request on a connection of its own: the status and body (ApiError for transport failures).
+
+    `connect(host, port, timeout)` opens the TCP connection (default `socket.create_connection`);
+    `context` is the TLS context `tls_context(cfg)` makes, when the caller keeps one between requests.
+    """
+    data = build_request(cfg, path, user_agent, method=method, body=body, content_type=content_type)
     try:
-        sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
+        if connect is None:
+            import socket
+
+            sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
+        else:
+            sock = connect(cfg.host, cfg.port, timeout)
     except OSError as err:
         raise ApiError(f"cannot connect to the API server {cfg.scheme}://{cfg.host}:{cfg.port}: "
                        f"{err.strerror or err}") from None
     try:
+        sock.settimeout(timeout)
         conn = sock
         if cfg.scheme == "https":
             import ssl
 
-            ctx = _tls_context(cfg)
+            ctx = context if context is not None else tls_context(cfg)
             try:
                 conn = ctx.wrap_socket(sock, server_hostname=cfg.server_name or cfg.host)  # type: ignore[attr-defined]
             except (OSError, ssl.SSLError) as err:
@@ -310,7 +336,7 @@ def get(cfg: KubeConfig, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         chunks: list[bytes] = []
         total = 0
         try:
-            conn.sendall(request)
+            conn.sendall(data)
             while True:
                 chunk = conn.recv(65536)
                 if not chunk:
@@ -322,7 +348,7 @@ def get(cfg: KubeConfig, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         except OSError as err:
             if not chunks:
                 raise ApiError(f"reading from the API server {cfg.host}:{cfg.port} failed: {err}") from None
-        status, _, body = parse_response(b"".join(chunks))
-        return status, body
+        status, _, payload = parse_response(b"".join(chunks))
+        return status, payload
     finally:
         sock.close()

@@ -1,9 +1,9 @@
 """The plugin's pod GET over kept-alive connections, for install-cni's fast path (not upstream).
 
-The exec'd plugin opens one connection per process (`kubeclient.get`): a TCP
+The exec'd plugin opens one connection per process (`client.get`): a TCP
 and TLS handshake on every pod's ADD. install-cni answers ADD for the
 launcher in a long-lived process, so it keeps a few connections open per API
-server and reuses them: the same request bytes (`kubeclient.build_request`,
+server and reuses them: the same request bytes (`client.build_request`,
 keep-alive), the same parsing and Status decoding (`parse_response`,
 `decode_pod`), the same kubeconfig read on every attempt (a rotated token or
 a new server is picked up at once). Only the transport differs:
@@ -33,17 +33,17 @@ import os
 import socket
 import threading
 
-from istio_agent.cni.plugin.kubeclient import (
+from istio_agent.kube.client import (
     MAX_RESPONSE,
     ApiError,
     KubeConfig,
     _read_bytes,
-    _tls_context,
     build_request,
     decode_pod,
     parse_kubeconfig,
     parse_response,
     pod_path,
+    tls_context,
 )
 
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 12)  # Linux; quick-ack mode lasts only until the next delay
@@ -127,7 +127,7 @@ class KeepAliveClient:
         return decode_pod(status, body, namespace, name)
 
     def load_kubeconfig(self, path: str) -> KubeConfig:
-        """`kubeclient.load_kubeconfig`: the file read now, parsed again only when its text changed."""
+        """`client.load_kubeconfig`: the file read now, parsed again only when its text changed."""
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
         with self._lock:
@@ -196,7 +196,7 @@ class KeepAliveClient:
         with self._lock:
             ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = _tls_context(cfg)
+            ctx = tls_context(cfg)
             with self._lock:
                 self._contexts[key] = ctx
         return ctx

@@ -1,7 +1,8 @@
-"""The repair controller's Kubernetes API calls, through lightkube (chosen by `benchmarks/bench_kube_clients.py`).
+"""The repair controller's Kubernetes API client: pods listed, watched, patched and deleted through lightkube
+(asyncio; chosen by `benchmarks/bench_kube_clients.py`).
 
-Pods are decoded as plain JSON mappings (lightkube's generic resource, a `dict`), so the rules in `rules.py` read
-them as the API serves them and no typed model is built for every pod of the node.
+Pods are decoded as plain JSON mappings (lightkube's generic resource, a `dict`), so the repair rules
+(`cni/repair/rules.py`) read them as the API serves them and no typed model is built for every pod of the node.
 
 lightkube's public client methods cover list, watch and patch but not everything upstream sends: a watch with
 bookmarks (`allowWatchBookmarks`) and a delete with `DeleteOptions.preconditions`. Both go through lightkube's
@@ -25,7 +26,7 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.generic_client import GenericAsyncClient, on_error_raise
 from lightkube.generic_resource import create_namespaced_resource
 
-from istio_agent.cni.kubeaccess import KubeAccess
+from istio_agent.kube.access import KubeAccess
 
 Pod = create_namespaced_resource("", "v1", "Pod", "pods")
 Event = create_namespaced_resource("", "v1", "Event", "events")
