@@ -98,7 +98,11 @@ def _failure_open(wasm: Message) -> bool:
 def _unpack(resource: any_pb2.Any) -> tuple[extension_pb2.TypedExtensionConfig, Message | None, bool]:
     """The extension config and its Wasm filter with remote code (None when it has none); ValueError: undecodable."""
     config = extension_pb2.TypedExtensionConfig()
-    if resource.type_url != EXTENSION_CONFIG_TYPE or not resource.Unpack(config):
+    try:
+        unpacked = resource.type_url == EXTENSION_CONFIG_TYPE and resource.Unpack(config)
+    except DecodeError as exc:
+        raise ValueError(f"failed to unmarshal extension config resource: {exc}") from None
+    if not unpacked:
         raise ValueError(f"failed to unmarshal extension config resource: type {resource.type_url}")
     typed = config.typed_config
     if not config.HasField("typed_config"):

@@ -15,6 +15,7 @@ WASM_MAGIC = b"\x00asm"
 _GZIP_MAGIC = b"\x1f\x8b"
 _TAR_MAGIC = b"ustar"
 PLUGIN_FILE_NAME = "plugin.wasm"  # the module's name inside an image layer (upstream's)
+ARCHIVE_OVERHEAD = 64 * 1024  # tar headers and padding beyond the module a capped archive may hold
 
 
 class ModuleTooLarge(ValueError):
@@ -70,7 +71,7 @@ def unbox(data: bytes, limit: int) -> bytes:
             return current
         if current[:2] == _GZIP_MAGIC:
             try:
-                current = gunzip(current, limit)
+                current = gunzip(current, limit + ARCHIVE_OVERHEAD)
             except LayerError:
                 return data
         elif len(current) > 262 and current[257:262] == _TAR_MAGIC:
@@ -85,7 +86,7 @@ def unbox(data: bytes, limit: int) -> bytes:
 
 def plugin_from_tar_gz(layer: bytes, limit: int) -> bytes:
     """The `plugin.wasm` file of a Docker or OCI image layer (a gzip'd tar), wherever it sits in the archive."""
-    content = gunzip(layer, limit)
+    content = gunzip(layer, limit + ARCHIVE_OVERHEAD)
     try:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:") as archive:
             for member in archive:
