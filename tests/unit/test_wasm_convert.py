@@ -20,7 +20,7 @@ from udpa.type.v1 import typed_struct_pb2
 
 from istio_agent.clock import VirtualClock
 from istio_agent.metrics import CollectorRegistry
-from istio_agent.wasm.cache import WasmModuleCache, WasmFetchError
+from istio_agent.wasm.cache import WasmFetchError, WasmModuleCache
 from istio_agent.wasm.core import convert
 from istio_agent.wasm.core.cache_state import FetchRequest
 from istio_agent.wasm.ecds import EcdsRewriter
