@@ -113,15 +113,18 @@ def oci_layout(directory: Path, module: bytes, tag: str) -> Path:
 
 
 class Registry:
-    """`docker-registry` in its own network namespace, at http://HOST:5000."""
+    """`docker-registry` in its own network namespace at http://<ip>:5000, or on the loopback of the existing
+    namespace `inside` (a pod's: then every client command runs in it too)."""
 
-    def __init__(self, workdir: Path, user: str = "", password: str = "") -> None:
+    def __init__(self, workdir: Path, user: str = "", password: str = "", inside: str | None = None) -> None:
         self.workdir = workdir
         self.user, self.password = user, password
         tag = uuid.uuid4().hex[:6]
-        self.netns, self.link = f"wreg-{tag}", f"wr{tag}"
+        self.inside = inside
+        self.netns, self.link = inside or f"wreg-{tag}", f"wr{tag}"
         octet = int(tag[:2], 16) % 200 + 20
-        self.host_ip, self.ip = f"10.79.{octet}.1", f"10.79.{octet}.2"
+        self.host_ip, self.ip = f"10.79.{octet}.1", "127.0.0.1" if inside else f"10.79.{octet}.2"
+        self.prefix = ["ip", "netns", "exec", inside] if inside else []
         self.proc: subprocess.Popen[str] | None = None
         self.made = False
 
@@ -140,14 +143,15 @@ class Registry:
 
     def __enter__(self) -> Registry:
         self.check_prerequisites()
-        self._sh("ip", "netns", "add", self.netns)
-        self.made = True
-        self._sh("ip", "-n", self.netns, "link", "set", "lo", "up")
-        self._sh("ip", "link", "add", self.link, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
-        self._sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.link)
-        self._sh("ip", "link", "set", self.link, "up")
-        self._sh("ip", "-n", self.netns, "addr", "add", f"{self.ip}/30", "dev", "eth0")
-        self._sh("ip", "-n", self.netns, "link", "set", "eth0", "up")
+        if self.inside is None:
+            self._sh("ip", "netns", "add", self.netns)
+            self.made = True
+            self._sh("ip", "-n", self.netns, "link", "set", "lo", "up")
+            self._sh("ip", "link", "add", self.link, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+            self._sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.link)
+            self._sh("ip", "link", "set", self.link, "up")
+            self._sh("ip", "-n", self.netns, "addr", "add", f"{self.ip}/30", "dev", "eth0")
+            self._sh("ip", "-n", self.netns, "link", "set", "eth0", "up")
         storage = self.workdir / "registry"
         storage.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {"version": 0.1, "log": {"level": "warn"},
@@ -165,7 +169,7 @@ class Registry:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            probe = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{self.address}/v2/"],
+            probe = subprocess.run([*self.prefix, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{self.address}/v2/"],
                                    capture_output=True, text=True, timeout=10)
             if probe.stdout in ("200", "401"):
                 return self
@@ -198,7 +202,7 @@ class Registry:
         """Push `module` as a one-layer image (Docker v2s2, else OCI) with skopeo; its manifest digest (hex)."""
         layout = oci_layout(self.workdir / f"layout-{uuid.uuid4().hex[:6]}", module, tag)
         target = f"docker://{self.address}/{repository}:{tag}"
-        argv = ["skopeo", "copy", "--dest-tls-verify=false", *self._creds("--dest-creds"),
+        argv = [*self.prefix, "skopeo", "copy", "--dest-tls-verify=false", *self._creds("--dest-creds"),
                 *(["--format", "v2s2"] if docker else []), f"oci:{layout}:{tag}", target]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -215,7 +219,7 @@ class Registry:
         work.mkdir()
         (work / "plugin.wasm").write_bytes(module)
         (work / "config.json").write_text("{}")
-        argv = [str(ORAS), "push", "--plain-http", "--disable-path-validation",
+        argv = [*self.prefix, str(ORAS), "push", "--plain-http", "--disable-path-validation",
                 *(["-u", self.user, "-p", self.password] if self.user else []),
                 f"{self.address}/{repository}:{tag}", f"plugin.wasm:{WASM_LAYER_MEDIA}",
                 f"config.json:{WASM_CONFIG_MEDIA}"]
@@ -224,7 +228,7 @@ class Registry:
         return self.digest(repository, tag)
 
     def digest(self, repository: str, tag: str) -> str:
-        argv = ["skopeo", "inspect", "--tls-verify=false", *self._creds("--creds"), "--raw",
+        argv = [*self.prefix, "skopeo", "inspect", "--tls-verify=false", *self._creds("--creds"), "--raw",
                 f"docker://{self.address}/{repository}:{tag}"]
         done = subprocess.run(argv, capture_output=True, timeout=60)
         assert done.returncode == 0, done.stderr

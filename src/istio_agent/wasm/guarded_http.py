@@ -107,7 +107,8 @@ class GuardedHttp:
                 raise FetchError(f"TLS with {host}:{port}: {exc}") from None
             except (OSError, TimeoutError) as exc:
                 last = exc
-        raise FetchError(f"dial {host}:{port}: {last or 'no address'}")
+        reason = (str(last) or type(last).__name__) if last is not None else "no address"
+        raise FetchError(f"dial {host}:{port}: {reason}")
 
     async def _once(self, url: str, headers: Mapping[str, str], limit: int) -> Answer:
         split = urlsplit(url)
