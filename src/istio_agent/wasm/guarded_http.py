@@ -59,10 +59,19 @@ class GuardedHttp:
     def __init__(self, blocked: Iterable[Network] = (), insecure: Iterable[str] = ()) -> None:
         self.blocked = tuple(blocked)
         self.insecure = frozenset(insecure)
-        self._verified = ssl.create_default_context()
-        self._unverified = ssl.create_default_context()
-        self._unverified.check_hostname = False
-        self._unverified.verify_mode = ssl.CERT_NONE
+        self._contexts: dict[bool, ssl.SSLContext] = {}
+
+    async def _tls(self, verify: bool) -> ssl.SSLContext:
+        """The TLS context, made at the first HTTPS request and off the loop (loading the system's CAs takes
+        ~50 ms)."""
+        context = self._contexts.get(verify)
+        if context is None:
+            context = await asyncio.to_thread(ssl.create_default_context)
+            if not verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._contexts[verify] = context
+        return context
 
     def _insecure(self, netloc: str, host: str) -> bool:
         return "*" in self.insecure or netloc in self.insecure or host in self.insecure
@@ -118,7 +127,7 @@ class GuardedHttp:
         port = split.port or (443 if split.scheme == "https" else 80)
         tls = None
         if split.scheme == "https":
-            tls = self._unverified if self._insecure(split.netloc, host) else self._verified
+            tls = await self._tls(verify=not self._insecure(split.netloc, host))
         reader, writer = await self._connect(host, port, tls)
         connection = H1Connection(reader, writer, keepalive=False, closer=lambda w: w.transport.abort())
         try:
