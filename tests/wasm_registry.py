@@ -41,11 +41,13 @@ class ModuleServer:
         self.fail: dict[str, int] = {}
         self.redirect: dict[str, str] = {}
         self.hits: dict[str, int] = {}
+        self.delay: dict[str, float] = {}  # seconds before answering a path (a slow server)
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
+                time.sleep(server.delay.get(self.path, 0))
                 if self.path in server.redirect:
                     self.send_response(302)
                     self.send_header("Location", server.redirect[self.path])
