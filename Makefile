@@ -3,10 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl tmux
+DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl tmux \
+	wabt docker-registry skopeo apache2-utils
 PYTEST_ARGS ?=
 
-.PHONY: setup debs test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs oras test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,7 +31,14 @@ debs:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; fi; \
 	fi
 
-setup: $(STAMP) debs
+# oras, the OCI client the Wasm tests push the Wasm OCI artifact with (Go module proxy, pinned; skipped without go).
+ORAS_VERSION := v1.3.6
+ORAS := .upstream/bin/oras
+oras:
+	@if [ ! -x $(ORAS) ] && command -v go >/dev/null; then echo "installing: oras $(ORAS_VERSION)"; \
+	  GOBIN=$(CURDIR)/.upstream/bin go install oras.land/oras/cmd/oras@$(ORAS_VERSION); fi
+
+setup: $(STAMP) debs oras
 
 # ruff, then the import rules between and inside the two packages ([tool.importlinter] in pyproject.toml).
 lint: setup

@@ -47,7 +47,8 @@ def test_each_entry_says_how_much_it_is_honoured() -> None:
 
 def test_our_own_variables_say_so() -> None:
     ours = sorted(name for name, var in env.REGISTRY.items() if not var.upstream)
-    assert ours == ["INSTANCE_IPS", "ISTIO_AGENT_ENVOY_UID", "ISTIO_VERSION", "PROMETHEUS_DISABLE_CREATED_SERIES"]
+    assert ours == ["INSTANCE_IPS", "ISTIO_AGENT_ENVOY_UID", "ISTIO_VERSION", "PROMETHEUS_DISABLE_CREATED_SERIES",
+                    "WASM_CACHE_MAX_BYTES"]
     assert all(env.REGISTRY[name].description.startswith("Not upstream.") for name in ours)
 
 

@@ -219,18 +219,19 @@ def test_status_port_zero_means_no_status_server_but_probes_are_still_checked(tm
 
 
 def test_variables_without_effect_are_named(tmp_path: Path) -> None:
-    options = resolve(tmp_path, WASM_INSECURE_REGISTRIES="localhost:5000", CA_PROVIDER="Citadel",
-                      ENVOY_STATUS_PORT="15021")
-    assert [var.name for var in options.without_effect] == ["WASM_INSECURE_REGISTRIES"], (
-        "set to their defaults, CA_PROVIDER and ENVOY_STATUS_PORT change nothing anyway")
-    assert "Wasm" in options.without_effect[0].note
+    options = resolve(tmp_path, XDS_AUTH_PROVIDER="gcp", CA_PROVIDER="Citadel", ENVOY_STATUS_PORT="15021",
+                      WASM_INSECURE_REGISTRIES="localhost:5000")
+    assert [var.name for var in options.without_effect] == ["XDS_AUTH_PROVIDER"], (
+        "set to their defaults, CA_PROVIDER and ENVOY_STATUS_PORT change nothing anyway; the Wasm variables are "
+        "honoured")
+    assert options.without_effect[0].note
 
 
 def test_proxy_metadata_variables_count_as_set(tmp_path: Path) -> None:
     options = resolve(tmp_path, PROXY_CONFIG='{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", '
-                                             '"WASM_INSECURE_REGISTRIES": "localhost:5000"}}')
+                                             '"XDS_AUTH_PROVIDER": "gcp"}}')
     assert options.dns is not None
-    assert [var.name for var in options.without_effect] == ["WASM_INSECURE_REGISTRIES"]
+    assert [var.name for var in options.without_effect] == ["XDS_AUTH_PROVIDER"]
 
 
 def test_a_fips_policy_limits_grpcs_ciphers_for_envoy_and_the_agent(tmp_path: Path) -> None:
@@ -285,3 +286,17 @@ def test_xds_server_limits_follow_istiods_grpc_variables(tmp_path: Path) -> None
     assert (tuned.max_receive_message_size, tuned.max_concurrent_streams) == (1048576, 50)
     with pytest.raises(ConfigError, match="ISTIO_GPRC_MAXRECVMSGSIZE=0: must be positive"):
         resolve(tmp_path, ISTIO_GPRC_MAXRECVMSGSIZE="0")
+
+
+def test_wasm_variables_reach_the_wasm_cache_options(tmp_path: Path) -> None:
+    options = resolve(tmp_path, WASM_INSECURE_REGISTRIES="localhost:5000, *",
+                      BLOCKED_CIDRS_IN_WASM_FETCH="10.0.0.0/8,x",
+                      WASM_MODULE_EXPIRY="2h", WASM_PURGE_INTERVAL="10m", WASM_HTTP_REQUEST_TIMEOUT="3s",
+                      WASM_HTTP_REQUEST_MAX_RETRIES="2", ISTIO_WASM_MAX_BINARY_SIZE_BYTES="1000")
+    wasm = options.wasm
+    assert wasm is not None and wasm.cache_dir == tmp_path / "var/lib/istio/data"
+    assert wasm.insecure_registries == {"localhost:5000", "*"} and wasm.allow_insecure("any.io")
+    assert [str(c) for c in wasm.blocked_cidrs] == ["10.0.0.0/8"]
+    assert (wasm.module_expiry, wasm.purge_interval, wasm.http_request_timeout) == (7200, 600, 3)
+    assert (wasm.http_request_max_retries, wasm.max_module_size) == (2, 1000)
+    assert resolve(tmp_path, ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION="false").wasm is None

@@ -5,12 +5,14 @@ are even imported:
 
 1. identity (CA client, secret cache, SDS server) and the agent's metrics
    registry, then a bounded wait for the first certificate;
-2. the heap trimmer, the DNS proxy (when on) with its NameTable feed, the XDS
+2. the heap trimmer, the DNS proxy (when on) with its NameTable feed, the Wasm
+   module cache (unless ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION is off), the XDS
    proxy, the workload health checker (when ProxyConfig has a readinessProbe),
    the gRPC bootstrap (when written), the status server (when it has a port)
    and Envoy (unless DISABLE_ENVOY), in that order.
 
-The wiring: the XDS proxy hands NameTables to the DNS proxy (compiled off the
+The wiring: the XDS proxy has the Wasm cache rewrite ECDS (remote modules to local
+files), hands NameTables to the DNS proxy (compiled off the
 event loop, in arrival order; readiness waits for the first) and PCDS trust
 bundles to the secret cache; the status server reads readiness, the one Envoy
 admin client, the cache (`/debug/secrets`), the DNS proxy (`/debug/ndsz`) and the
@@ -128,6 +130,15 @@ class AgentAssembly:
             components += [dns, feed]
 
         cache = identity.cache
+        ecds = None
+        if options.wasm is not None:
+            from istio_agent.wasm.cache import WasmModuleCache
+            from istio_agent.wasm.ecds import EcdsRewriter
+            from istio_agent.wasm.metrics import WasmMetrics
+
+            wasm_cache = WasmModuleCache(options.wasm, WasmMetrics(metrics.registry))
+            components.append(wasm_cache)
+            ecds = EcdsRewriter(wasm_cache)
 
         def xds_event(kind: str, detail: str) -> None:
             metrics.xds_event(kind, detail)
@@ -140,6 +151,7 @@ class AgentAssembly:
             on_name_table=feed.on_name_table if feed is not None else None,
             on_trust_bundle=lambda pems: cache.set_extra_roots("pcds", pems),
             on_event=xds_event,
+            ecds=ecds,
         ))
         metrics.watch_xds(xds)
         components.append(xds)

@@ -25,6 +25,7 @@ they never import it, they are given their options.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ from istio_agent.status.merged_metrics.merge import MetricsOptions, parse_scrape
 from istio_agent.status.options import StatusOptions
 from istio_agent.status.probes.rules import ProbeOptions, parse_app_probers
 from istio_agent.version import ISTIO_COMPAT_VERSION
+from istio_agent.wasm.core.ssrf import parse_cidrs
+from istio_agent.wasm.options import DEFAULT_CACHE_DIR, WasmOptions
 from istio_agent.xds.options import XDS_SOCKET_NAME, XdsProxyOptions
 from istio_agent.xds.upstream import UpstreamSettings
 
@@ -71,6 +74,8 @@ FIPS_POLICIES = ("fips-140-2", "fips-140-3")
 FIPS_GRPC_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
                      "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384")
 FIRST_CERTIFICATE_HEAD_START = 2.0  # how long start-up waits for the first certificate before loading the rest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ class AgentOptions:
     grpc_bootstrap: GrpcBootstrapFile | None
     # ProxyConfig's readinessProbe, run by the workload health checker (VMs); None when it is unset.
     health: HealthCheckOptions | None = None
+    # The Wasm module cache behind the XDS proxy's ECDS rewriting; None: ECDS goes to Envoy as istiod sent it.
+    wasm: WasmOptions | None = None
     first_certificate_head_start: float = FIRST_CERTIFICATE_HEAD_START
     # GRPC_SSL_CIPHER_SUITES for the agent's own gRPC (to istiod and the CA) under a compliance policy; the CLI
     # sets it in the process environment before any channel exists.
@@ -371,6 +378,28 @@ def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyO
     )
 
 
+def wasm_options(config: AgentConfig) -> WasmOptions | None:
+    """The Wasm cache (upstream's WASM_* variables), or None when remote load conversion is off."""
+    environment = config.environment
+    if not environment.get(env.ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION):
+        return None
+    blocked, problems = parse_cidrs(environment.get(env.BLOCKED_CIDRS_IN_WASM_FETCH))
+    for problem in problems:  # skipped, as upstream does
+        log.warning("%s: %s", env.BLOCKED_CIDRS_IN_WASM_FETCH.name, problem)
+    insecure = frozenset(h.strip() for h in environment.get(env.WASM_INSECURE_REGISTRIES).split(",") if h.strip())
+    return WasmOptions(
+        cache_dir=config.path("." + DEFAULT_CACHE_DIR),
+        purge_interval=environment.get(env.WASM_PURGE_INTERVAL),
+        module_expiry=environment.get(env.WASM_MODULE_EXPIRY),
+        insecure_registries=insecure,
+        http_request_timeout=environment.get(env.WASM_HTTP_REQUEST_TIMEOUT),
+        http_request_max_retries=environment.get(env.WASM_HTTP_REQUEST_MAX_RETRIES),
+        blocked_cidrs=blocked,
+        max_module_size=positive(environment, env.ISTIO_WASM_MAX_BINARY_SIZE_BYTES),
+        max_cache_bytes=positive(environment, env.WASM_CACHE_MAX_BYTES),
+    )
+
+
 def dns_options(config: AgentConfig, host: HostFacts) -> DnsProxyOptions | None:
     environment = config.environment
     if not dns_proxy_enabled(environment):
@@ -538,6 +567,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         status=status_options(config),
         grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
         health=health_check_options(config),
+        wasm=wasm_options(config) if with_envoy else None,
         without_effect=tuple(config.environment.without_effect()),
         grpc_cipher_suites=grpc_cipher_suites(config.environment),
     )

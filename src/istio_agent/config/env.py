@@ -24,7 +24,6 @@ from istio_agent.config.envvar import (
 
 __all__ = ["REGISTRY", "EnvVar", "Environment", "parse_bool"]
 
-_WASM = "the agent does not fetch Wasm modules: extension configs go to Envoy as istiod sent them"
 _GCE_FETCHER = ("the token is always read from its file (upstream's JWT fetcher); the GoogleComputeEngine fetcher "
                 "asks the GCE metadata server, which this agent never contacts")
 
@@ -160,16 +159,29 @@ ISTIO_AGENT_ENVOY_UID = integer(
 GRPC_XDS_BOOTSTRAP = string(
     "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", "Where the gRPC xDS bootstrap is written."
 )
-WASM_INSECURE_REGISTRIES = string("WASM_INSECURE_REGISTRIES", "", "Registries Wasm modules may come from over plain "
-                                  "HTTP.", support=ACCEPTED, note=_WASM)
-WASM_MODULE_EXPIRY = duration("WASM_MODULE_EXPIRY", 24 * 3600.0, "How long a fetched Wasm module is cached.",
-                              support=ACCEPTED, note=_WASM)
-WASM_PURGE_INTERVAL = duration("WASM_PURGE_INTERVAL", 3600.0, "How often expired Wasm modules are removed.",
-                               support=ACCEPTED, note=_WASM)
-WASM_HTTP_REQUEST_TIMEOUT = duration("WASM_HTTP_REQUEST_TIMEOUT", 15.0, "Timeout of one Wasm module download.",
-                                     support=ACCEPTED, note=_WASM)
-WASM_HTTP_REQUEST_MAX_RETRIES = integer("WASM_HTTP_REQUEST_MAX_RETRIES", 5, "Retries of a Wasm module download.",
-                                        support=ACCEPTED, note=_WASM)
+# Wasm modules of WasmPlugins: fetched, verified and cached by the agent (wasm/, docs/PILOT-AGENT.md "Wasm").
+ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION = boolean(
+    "ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", True,
+    "Intercept ECDS, fetch each remote Wasm module and give Envoy a local file instead.")
+WASM_INSECURE_REGISTRIES = string(
+    "WASM_INSECURE_REGISTRIES", "",
+    "Comma-separated hosts (or *) whose Wasm modules are fetched without verifying their TLS certificate.")
+WASM_MODULE_EXPIRY = duration("WASM_MODULE_EXPIRY", 24 * 3600.0,
+                              "How long a cached Wasm module unused stays on disk.")
+WASM_PURGE_INTERVAL = duration("WASM_PURGE_INTERVAL", 3600.0, "How often expired Wasm modules are removed.")
+WASM_HTTP_REQUEST_TIMEOUT = duration("WASM_HTTP_REQUEST_TIMEOUT", 15.0, "Timeout of one Wasm module HTTP request.")
+WASM_HTTP_REQUEST_MAX_RETRIES = integer("WASM_HTTP_REQUEST_MAX_RETRIES", 5,
+                                        "Attempts of a Wasm module HTTP download.")
+BLOCKED_CIDRS_IN_WASM_FETCH = string(
+    "BLOCKED_CIDRS_IN_WASM_FETCH", "",
+    "Comma-separated CIDR ranges Wasm modules are never fetched from, beside the link-local and cloud metadata "
+    "addresses that always are.")
+ISTIO_WASM_MAX_BINARY_SIZE_BYTES = integer("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", 256 * 1024 * 1024,
+                                           "The largest Wasm module (or image layer) fetched, in bytes.")
+WASM_CACHE_MAX_BYTES = integer(
+    "WASM_CACHE_MAX_BYTES", 1024 * 1024 * 1024,
+    "Not upstream. Disk the Wasm module cache may use; the least recently used modules go first beyond it.",
+    upstream=False)
 
 # --- cloud platform (config/platform.py: from the environment only; no metadata server is ever contacted) ------
 CLOUD_PLATFORM = string(

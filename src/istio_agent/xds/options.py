@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from istio_agent.xds.upstream import UpstreamSettings
 
@@ -31,6 +31,18 @@ TrustBundleHandler = Callable[[list[str]], None]
 # (kind, detail) for metrics: "connect"/"disconnect" (detail "sotw"|"delta"), "push" (type URL
 # forwarded or consumed), "envoy_nack" / "agent_nack" (type URL), "upstream_failure" (reason).
 EventHook = Callable[[str, str], None]
+
+
+class EcdsHook(Protocol):
+    """Rewrites ECDS responses before Envoy sees them (the Wasm module cache: `wasm/ecds.py`).
+
+    `needs_rewrite` is asked of every ECDS response and must be cheap: a response it declines is forwarded as
+    is. `rewrite` returns the response to forward to Envoy, or (True) the NACK to send istiod instead.
+    """
+
+    def needs_rewrite(self, data: bytes) -> bool: ...
+
+    async def rewrite(self, data: bytes, delta: bool, version_info: str) -> tuple[bytes, bool]: ...
 
 
 @dataclass(frozen=True)
@@ -62,10 +74,12 @@ class XdsProxyHooks:
     makes the agent NACK that push. `node_hook` may edit the `Node` of the first
     request of every stream (the only request that must carry it) before it goes
     upstream; only that request is decoded and re-encoded. `on_event` feeds metrics
-    and must not block.
+    and must not block. `ecds` rewrites ECDS responses (remote Wasm modules to local files); without it ECDS is
+    forwarded untouched.
     """
 
     on_name_table: NameTableHandler | None = None
     on_trust_bundle: TrustBundleHandler | None = None
     node_hook: NodeHook | None = None
     on_event: EventHook | None = None
+    ecds: EcdsHook | None = None

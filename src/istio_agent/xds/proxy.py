@@ -27,6 +27,12 @@ Per stream, two tasks and the upstream call's request iterator:
   request queue is unbounded, as upstream's is: requests are small and a
   bounded queue could deadlock both directions under load.
 
+ECDS with remote Wasm modules (when the hooks have an ECDS rewriter): a response the rewriter wants is not
+written by the reader; its conversion starts at once (the modules are fetched while the reader goes on with
+the next responses, so no other type waits for a download), and a task of its own writes the result to
+Envoy, or queues the agent's NACK, after the previous ECDS conversion of the stream (ECDS keeps its order).
+Writes to Envoy are then serialized by a lock; without the hook nothing changes on the path.
+
 The first task to end decides how the Envoy stream ends: an upstream error
 ends it with that status (Envoy reconnects with its own backoff), Envoy
 closing ends the upstream stream, a newer stream replaces it.
@@ -258,6 +264,11 @@ class _ProxiedStream:
         self.superseded = asyncio.Event()
         self.ended = False  # set once the stream's end is decided: no task starts another read or write
         self.forwarding = False  # the first requests are queued: later ones (and health reports) follow them
+        self.ecds = proxy.hooks.ecds
+        # Only with an ECDS rewriter do two tasks write to Envoy (the reader and the ECDS forwarder).
+        self.write_lock: asyncio.Lock | None = asyncio.Lock() if self.ecds is not None else None
+        self.ecds_tail: asyncio.Task[None] | None = None
+        self.ecds_version = ""  # the last ECDS version Envoy ACKed (what upstream's NACK carries)
 
     def report_health(self, health: Health) -> None:
         if not self.forwarding:
@@ -329,6 +340,8 @@ class _ProxiedStream:
         out = self.session.upstream_requests(head, data)
         if head.error is not None:  # Envoy's NACK, for the metrics hook
             self.proxy._event("envoy_nack", head.type_url)
+        elif head.type_url == typeurls.EXTENSION_CONFIG and head.version_info:
+            self.ecds_version = head.version_info
         self.proxy.stats.requests += 1
         return out
 
@@ -428,8 +441,17 @@ class _ProxiedStream:
                 return _End(grpc.StatusCode.INTERNAL, f"from upstream: {exc}", "upstream")
             del data  # the action holds what is still needed: the same bytes, or a consumed type's value
             if isinstance(action, ToEnvoy):
+                if (self.ecds is not None and action.type_url == typeurls.EXTENSION_CONFIG
+                        and self.ecds.needs_rewrite(action.data)):
+                    self._convert_ecds(action.data)
+                    del action
+                    continue
                 try:
-                    await self.context.write(action.data)
+                    if self.write_lock is None:
+                        await self.context.write(action.data)
+                    else:
+                        async with self.write_lock:
+                            await self.context.write(action.data)
                 except Exception as exc:
                     return _End(grpc.StatusCode.CANCELLED, f"downstream write failed: {exc}", "downstream")
                 self.proxy.stats.responses += 1
@@ -446,3 +468,37 @@ class _ProxiedStream:
                 self.proxy.stats.dropped += 1
                 log.debug("XDS proxy: dropped %s response: %s", typeurls.short(action.type_url), action.reason)
             del action  # handled: nothing of this push stays while the next one is awaited
+
+    def _convert_ecds(self, data: bytes) -> None:
+        """Start converting an ECDS response now; forward it (or NACK it) after the stream's previous one."""
+        assert self.ecds is not None
+        conversion = asyncio.ensure_future(self.ecds.rewrite(data, self.delta, self.ecds_version))
+        self.ecds_tail = self.proxy._spawn(self._forward_ecds(self.ecds_tail, conversion))
+
+    async def _forward_ecds(self, previous: asyncio.Task[None] | None, conversion: asyncio.Future[tuple[bytes, bool]]
+                            ) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            data, nack = await conversion
+        except Exception:
+            log.exception("XDS proxy: stream %d: ECDS conversion failed; the response is dropped", self.id)
+            return
+        if self.ended:
+            return
+        if nack:
+            self.proxy.stats.nacked += 1
+            self.proxy._event("agent_nack", typeurls.EXTENSION_CONFIG)
+            self.outbox.put_nowait(data)
+            return
+        assert self.write_lock is not None
+        try:
+            async with self.write_lock:
+                if self.ended:
+                    return
+                await self.context.write(data)
+        except Exception as exc:
+            log.info("XDS proxy: stream %d: ECDS write to Envoy failed: %s", self.id, exc)
+            return
+        self.proxy.stats.responses += 1
+        self.proxy._event("push", typeurls.EXTENSION_CONFIG)

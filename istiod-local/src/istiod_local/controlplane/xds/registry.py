@@ -27,6 +27,8 @@ istiod-local has no API server; the mesh is described by one YAML file:
       resolution: DNS                     # NONE | STATIC | DNS | DNS_ROUND_ROBIN
     workloadGroups: [...]                 # VMs: see `workloadgroups.py` (template, probe)
     workloadEntries: [...]                # non-pod endpoints, selected by services like pods
+    wasmPlugins: [...]                    # Wasm extensions (ECDS): see `wasmplugins.py`
+    wasmPullSecrets: [...]
 
 Workloads are unique by namespace and name, not by address: several may
 share an IP, as hostNetwork pods or the workloads of one VM do in a cluster
@@ -49,6 +51,12 @@ from yaml.constructor import SafeConstructor
 
 from istio_agent.config.textfile import non_utf8_problem
 from istiod_local.controlplane.xds.allocation import allocate_auto_vips, allocate_cluster_ips
+from istiod_local.controlplane.xds.wasmplugins import (
+    PullSecret,
+    WasmPlugin,
+    parse_pull_secrets,
+    parse_wasm_plugins,
+)
 from istiod_local.controlplane.xds.workloadgroups import (
     WorkloadEntry,
     WorkloadGroup,
@@ -159,6 +167,8 @@ class Registry:
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     workload_groups: tuple[WorkloadGroup, ...] = ()
     workload_entries: tuple[WorkloadEntry, ...] = ()
+    wasm_plugins: tuple[WasmPlugin, ...] = ()  # see `wasmplugins.py`
+    wasm_pull_secrets: tuple[PullSecret, ...] = ()
 
     def workload_group(self, namespace: str, name: str) -> WorkloadGroup | None:
         return next((g for g in self.workload_groups if g.namespace == namespace and g.name == name), None)
@@ -174,7 +184,8 @@ class Registry:
 
 
 _TOP = frozenset({"trustDomain", "domainSuffix", "services", "workloads", "peerAuthentication", "serviceEntries",
-                  "inboundTrafficPolicy", "namespaces", "workloadGroups", "workloadEntries"})
+                  "inboundTrafficPolicy", "namespaces", "workloadGroups", "workloadEntries", "wasmPlugins",
+                  "wasmPullSecrets"})
 _SERVICE = frozenset({"name", "namespace", "selector", "ports", "clusterIP"})
 _PORT = frozenset({"name", "targetPort", "protocol"})
 _WORKLOAD = frozenset({"name", "namespace", "serviceAccount", "labels", "ip", "nodeName", "annotations", "sidecar",
@@ -373,4 +384,6 @@ def parse_registry(text: str, source: str = "registry") -> Registry:
         namespaces=_namespaces(top),
         workload_groups=parse_workload_groups(top),
         workload_entries=parse_workload_entries(top),
+        wasm_plugins=parse_wasm_plugins(top),
+        wasm_pull_secrets=parse_pull_secrets(top),
     )

@@ -1,0 +1,70 @@
+"""pkg/wasm's metrics, on the agent's registry, named as the agent exports them upstream (`istio_agent_wasm_*`).
+
+Upstream's sums are exported without a `_total` suffix (its exporter is set so), and dashboards and tests
+query them by those names (`istio_agent_wasm_remote_fetch_count{result="download_failure"}`): they are
+written here under the same names, as untyped series, since a counter family is always written with
+`_total` in the text format.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from istio_agent.metrics import CollectorRegistry, Gauge, Histogram, Metric
+
+# wasm_remote_fetch_count results (upstream's)
+FETCH_SUCCESS = "success"
+DOWNLOAD_FAILURE = "download_failure"
+MANIFEST_FAILURE = "manifest_failure"
+CHECKSUM_MISMATCHED = "checksum_mismatched"
+FETCH_FAILURE = "fetch_failure"
+CONVERSION_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class _Sum:
+    """A monotonic sum by one label, written without a suffix."""
+
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, value: str, amount: float = 1) -> None:
+        with self._lock:
+            self._values[value] = self._values.get(value, 0) + amount
+
+    def get(self, value: str) -> float:
+        return self._values.get(value, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        metric = Metric(self.name, self.documentation, "unknown")
+        with self._lock:
+            for value, count in sorted(self._values.items()):
+                metric.add_sample(self.name, {self.label: value}, count)
+        yield metric
+
+
+class WasmMetrics:
+    """The five families of upstream's pkg/wasm/monitoring.go."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.cache_entries = Gauge("istio_agent_wasm_cache_entries", "number of Wasm remote fetch cache entries.",
+                                   registry=registry)
+        self.cache_lookups = _Sum("istio_agent_wasm_cache_lookup_count",
+                                  "number of Wasm remote fetch cache lookups.", "hit")
+        self.remote_fetches = _Sum(
+            "istio_agent_wasm_remote_fetch_count",
+            "number of Wasm remote fetches and results, including success, download failure, and checksum mismatch.",
+            "result")
+        self.conversions = _Sum(
+            "istio_agent_wasm_config_conversion_count",
+            "number of Wasm config conversions and results, including success, no remote load, marshal failure, "
+            "remote fetch failure, miss remote fetch hint.", "result")
+        self.conversion_duration = Histogram(
+            "istio_agent_wasm_config_conversion_duration",
+            "Total time in milliseconds istio-agent spends on converting remote load in Wasm config.",
+            buckets=CONVERSION_BUCKETS, registry=registry)
+        if registry is not None:
+            for family in (self.cache_lookups, self.remote_fetches, self.conversions):
+                registry.register(family)
