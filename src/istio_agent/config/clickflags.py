@@ -23,8 +23,9 @@ Decorator = Callable[[Any], Any]
 class Parsed(click.ParamType):
     """A value read by the flag's own parser; its ValueError is click's 'Invalid value for ...' error."""
 
+    name = "text"  # help shows TEXT, as for a value click does not convert
+
     def __init__(self, flag: Flag[Any] | Argument[Any]) -> None:
-        self.name = flag.type_name
         self.parse = flag.parse
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -54,9 +55,13 @@ def option(flag: Flag[Any], *, case_sensitive: bool = True, **extra: Any) -> Dec
     if flag.off:
         longs = [f"--{flag.name}/--{flag.off}"]
     names = [*longs, f"-{flag.short}"] if flag.short else longs
-    kwargs: dict[str, Any] = {"default": flag.default, "help": flag.description, "multiple": flag.multiple}
+    kwargs: dict[str, Any] = {"help": flag.description, "multiple": flag.multiple}
     if flag.required:
-        kwargs["required"] = True
+        kwargs["required"] = True  # and no default: click would take one as given
+    else:
+        kwargs["default"] = flag.default
+    if flag.default == "":
+        extra.pop("show_default", None)  # nothing to show (click would show `""`)
     if flag.type_name == "bool" and not flag.off:
         if flag.takes_value:  # pflag's bool: `--name` alone is true, `--name=false` false
             kwargs.update(is_flag=False, flag_value="true", type=Parsed(flag))
