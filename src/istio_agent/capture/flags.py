@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _DEFAULT: dict[str, Any] = {name: default for name, _, default in FIELDS}
-_COMPATIBILITY = "accepted for compatibility with upstream's logging flags; istio-iptables logs only errors"
+_COMPATIBILITY = "istio-iptables logs only its errors, to stderr"
 
 
 def dns_servers(value: str) -> dict[str, list[str]]:

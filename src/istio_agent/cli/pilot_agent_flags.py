@@ -94,7 +94,9 @@ SECRETS = Command(
      Flag("timeout", 5.0, "Seconds to wait for each side.", floating, "float", upstream=False)),
 )
 ISTIO_IPTABLES = Command(
-    "istio-iptables", "Set up iptables (or nftables) rules that redirect a pod's traffic through the Istio sidecar.")
+    "istio-iptables", "Set up iptables (or nftables) rules that redirect a pod's traffic through the Istio sidecar: "
+    "[istio-iptables](istio-iptables.md) itself, with its flags and variables (Istio's istio-init container runs "
+    "it so).")
 
 PILOT_AGENT = Program(
     "pilot-agent",

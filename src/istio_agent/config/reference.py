@@ -9,6 +9,7 @@ sync, so a page can never drift from what its program parses.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from istio_agent.config.settings import ACCEPTED, HONOURED, PARTIAL, Argument, Command, Flag, Program, Setting
@@ -29,8 +30,12 @@ def default_text(setting: Setting[Any]) -> str:
 
 
 def cell(content: str) -> str:
-    """Text for a Markdown table cell: pipes escaped, line breaks as spaces."""
-    return content.replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell: pipes escaped, line breaks as spaces, and `<`/`>` outside code spans
+    as entities (a renderer would take `<scope>` for a tag)."""
+    parts = content.replace("|", "\\|").replace("\n", " ").split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def _code(content: str) -> str:
@@ -65,20 +70,34 @@ def _flag_type(flag: Flag[Any]) -> str:
     return kind
 
 
+def _meaning(setting: Setting[Any], program_upstream: bool) -> str:
+    """The meaning column; without a support column (a program of our own), a setting not honoured says so."""
+    if program_upstream or setting.support == HONOURED or setting.note in setting.description:
+        return cell(setting.description)
+    return cell(f"{setting.description} ({support_text(setting, program_upstream)})")
+
+
 def flag_table(flags: Iterable[Flag[Any]], program_upstream: bool) -> list[str]:
-    lines = ["| Flag | Type | Default | Environment | Support | Meaning |", "|---|---|---|---|---|---|"]
+    """One row per flag; the support column only for an upstream program (ours honour all they declare)."""
+    support = " Support |" if program_upstream else ""
+    lines = [f"| Flag | Type | Default | Environment |{support} Meaning |",
+             "|---|---|---|---|---|---|" if program_upstream else "|---|---|---|---|---|"]
     for flag in flags:
         env = ", ".join(f"`{name}`" for name in flag.env)
+        support = f" {cell(support_text(flag, program_upstream))} |" if program_upstream else ""
         lines.append(f"| {_flag_names(flag)} | {cell(_flag_type(flag))} | {cell(_code(default_text(flag)))} | {env} |"
-                     f" {cell(support_text(flag, program_upstream))} | {cell(flag.description)} |")
+                     f"{support} {_meaning(flag, program_upstream)} |")
     return lines
 
 
 def variable_table(variables: Iterable[Setting[Any]], program_upstream: bool) -> list[str]:
-    lines = ["| Variable | Type | Default | Support | Meaning |", "|---|---|---|---|---|"]
+    support = " Support |" if program_upstream else ""
+    lines = [f"| Variable | Type | Default |{support} Meaning |",
+             "|---|---|---|---|---|" if program_upstream else "|---|---|---|---|"]
     for var in sorted(variables, key=lambda v: v.name):
-        lines.append(f"| `{var.name}` | {var.type_name} | {cell(_code(default_text(var)))} |"
-                     f" {cell(support_text(var, program_upstream))} | {cell(var.description)} |")
+        support = f" {cell(support_text(var, program_upstream))} |" if program_upstream else ""
+        lines.append(f"| `{var.name}` | {var.type_name} | {cell(_code(default_text(var)))} |{support}"
+                     f" {_meaning(var, program_upstream)} |")
     return lines
 
 
@@ -88,6 +107,8 @@ def _usage(program: Program, command: Command) -> str:
         words.append(arg.name.upper() if arg.required else f"[{arg.name.upper()}]")
     if command.flags:
         words.append("[flags]")
+    if not command.name and len(program.commands) > 1:
+        words.append("COMMAND ...")
     return " ".join(words)
 
 
@@ -95,8 +116,8 @@ def _argument_lines(arguments: tuple[Argument[Any], ...]) -> list[str]:
     lines = []
     for arg in arguments:
         default = default_text(arg)
-        extra = f" (default `{default}`)" if default else ""
-        lines.append(f"- `{arg.name.upper()}`{' (optional)' if not arg.required else ''}: {arg.description}{extra}")
+        optional = "" if arg.required else f" (optional, default `{default}`)" if default else " (optional)"
+        lines.append(f"- `{arg.name.upper()}`{optional}: {arg.description}")
     return lines
 
 
@@ -112,13 +133,19 @@ def render_markdown(program: Program) -> str:
         lines += ["", f"Support levels: {HONOURED} (as upstream), {PARTIAL} (the note says what is missing),"
                       f" {ACCEPTED} (read and checked, no effect here: the note says why);"
                       " \"not upstream\" marks this project's own."]
+    root_flags = program.commands[0].flags if program.commands and not program.commands[0].name else ()
     for command in program.commands:
         title = f"{program.name} {command.name}" if command.name else program.name
         lines += ["", f"## `{title}`", "", command.summary, "", "```", _usage(program, command), "```"]
         if command.arguments:
             lines += ["", *_argument_lines(command.arguments)]
-        if command.flags:
-            lines += ["", *flag_table(command.flags, program.upstream)]
+        own = [flag for flag in command.flags if not command.name or flag not in root_flags]
+        if own:
+            lines += ["", *flag_table(own, program.upstream)]
+        shared = [flag for flag in command.flags if flag not in own]
+        if shared:
+            names = ", ".join(f"`--{flag.name}`" for flag in shared)
+            lines += ["", f"It also takes the flags of `{program.name}` itself (above): {names}."]
         if command.variables:
             lines += ["", "Environment variables it reads:", "", *variable_table(command.variables, program.upstream)]
     lines += ["", "## Environment variables", ""]
@@ -135,3 +162,14 @@ def render_markdown(program: Program) -> str:
     elif not program.variables_page:
         lines.append("None besides those bound to a flag (above).")
     return "\n".join(lines) + "\n"
+
+
+def write_pages(programs: Iterable[Program], directory: Path) -> list[Path]:
+    """Write `<program>.md` for each program into `directory`; the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for program in programs:
+        path = directory / f"{program.name}.md"
+        path.write_text(render_markdown(program))
+        written.append(path)
+    return written

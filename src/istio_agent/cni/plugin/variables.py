@@ -11,7 +11,7 @@ nothing heavier than `config.settings` is imported.
 
 from __future__ import annotations
 
-from istio_agent.capture.flags import DRY_RUN_FILE_PATH, ENV_ONLY, ENVOY_USER
+from istio_agent.capture.flags import ENV_ONLY, ENVOY_USER
 from istio_agent.config.settings import Command, EnvVar, Program, integer, text
 
 TYPE_CHECKING = False
@@ -40,14 +40,17 @@ def go_duration(value: str) -> float:
     return parse_duration(value)
 
 
+DRY_RUN_FILE_PATH = EnvVar("DRY_RUN_FILE_PATH", "", "Record the pod's rules to this file instead of applying them "
+                           "(upstream's hook for tests).", text, "string")
+
 # Not upstream: tunables, so tests need not wait 30 s for "API down".
 POD_RETRIEVAL_MAX_RETRIES = EnvVar(
     "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES", 30,
-    "Not upstream. How many times ADD asks the API server for the pod before it fails with 'try again later' "
+    "How many times ADD asks the API server for the pod before it fails with 'try again later' "
     "(upstream's fixed 30): a whole number of at least 1.", integer, "int", upstream=False)
 POD_RETRIEVAL_INTERVAL = EnvVar(
     "ISTIO_CNI_POD_RETRIEVAL_INTERVAL", 1.0,
-    "Not upstream. The pause between two of those attempts (upstream's fixed 1s), a Go duration.",
+    "The pause between two of those attempts (upstream's fixed 1s), a Go duration.",
     go_duration, "duration", upstream=False)
 
 ISTIO_CNI = Program(
