@@ -97,11 +97,11 @@ def test_istio_iptables_usage_lists_its_table() -> None:
 # ---- the declaration shape
 
 
-def test_declarations_are_read_only() -> None:
+def test_a_flag_is_stored_under_its_name_unless_told() -> None:
     flag = Flag("concurrency", 0, "Worker threads.", integer, "int")
-    with pytest.raises(AttributeError):
-        flag.default = 2  # type: ignore[misc]
     assert flag.dest == "concurrency" and flag.takes_value and not flag.env
+    assert Flag("debug-port", 15000, "Port.", integer, "int").dest == "debug_port"
+    assert Flag("log_caller", "", "Accepted.", dest="").dest == ""
 
 
 def test_a_setting_not_honoured_says_why() -> None:

@@ -25,8 +25,9 @@ and `docs/reference/<program>.md` is generated from it (`config/reference.py`,
 
 This module is on `istio-iptables`' per-pod path, which runs under `python
 -IS`: it imports nothing at run time (no `os`, `dataclasses` or `typing`),
-so the classes are plain ones with `__slots__`, read-only once made, and the
-parsers that need another module import it when they first parse.
+so the classes are plain ones with `__slots__` (a declaration is never changed
+once made; enforcing that would cost istio-iptables ~50 us on every run), and
+the parsers that need another module import it when they first parse.
 """
 
 from __future__ import annotations
@@ -104,22 +105,17 @@ class Setting(_Typed[T]):
                  support: Support = HONOURED, note: str = "", upstream: bool = True) -> None:
         if support != HONOURED and not note:
             raise ValueError(f"{name} is {support}: say why in its note")
-        _init(self, name=name, default=default, description=description, parse=parse, type_name=type_name,
-              support=support, note=note, upstream=upstream)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} {self.name} is read-only")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{type(self).__name__} {self.name} is read-only")
+        self.name = name
+        self.default = default
+        self.description = description
+        self.parse = parse
+        self.type_name = type_name
+        self.support = support
+        self.note = note
+        self.upstream = upstream
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.default!r})"
-
-
-def _init(instance: object, **fields: object) -> None:
-    for field, value in fields.items():
-        object.__setattr__(instance, field, value)
 
 
 class EnvVar(Setting[T]):
@@ -156,9 +152,15 @@ class Flag(Setting[T]):
                  aliases: tuple[str, ...] = (), off: str = "", choices: tuple[str, ...] = (),
                  support: Support = HONOURED, note: str = "", upstream: bool = True) -> None:
         super().__init__(name, default, description, parse, type_name, support, note, upstream)
-        _init(self, short=short, env=env, multiple=multiple, dest=name.replace("-", "_") if dest is None else dest,
-              takes_value=type_name != "bool" if takes_value is None else takes_value, required=required,
-              aliases=aliases, off=off, choices=choices)
+        self.short = short
+        self.env = env
+        self.multiple = multiple
+        self.dest = name.replace("-", "_") if dest is None else dest
+        self.takes_value = type_name != "bool" if takes_value is None else takes_value
+        self.required = required
+        self.aliases = aliases
+        self.off = off
+        self.choices = choices
 
     def spellings(self) -> str:
         """How a user writes it, for messages and the reference: `-p/--envoy-port`, `--live/--plain`."""
@@ -178,7 +180,7 @@ class Argument(Setting[T]):
     def __init__(self, name: str, default: T, description: str, parse: Callable[[str], T] = text,  # type: ignore[assignment]
                  type_name: str = "string", *, required: bool = True) -> None:
         super().__init__(name, default, description, parse, type_name)
-        _init(self, required=required)
+        self.required = required
 
 
 class Command:
