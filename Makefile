@@ -56,9 +56,12 @@ test: lint typecheck pytest
 protos: setup
 	$(PY) -m istio_agent.protos.generate
 
-# Generated reference tables (a test checks they are in sync with the code).
+# Generated reference pages (a test checks they are in sync with the code): the agent's variables, and each
+# program's flags and variables from its table.
 docs: setup
 	$(PY) -m istio_agent.config.envtable docs/ENVIRONMENT.md
+	$(PY) -m istio_agent.cli.reference docs/reference
+	$(PY) -m istiod_local.cli.reference docs/reference
 
 # istiod-local up with the default mesh (MESH=... for another file, UP_ARGS=--check, --scale N, ...).
 MESH ?= examples/mesh.yaml

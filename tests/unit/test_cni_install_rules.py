@@ -58,7 +58,7 @@ def test_defaults_are_upstreams() -> None:
 
 
 def test_every_flag_has_upstreams_variable_name() -> None:
-    names = {name for name, *_ in FLAGS}
+    names = {flag.name for flag in FLAGS}
     for flag in ("mounted-cni-net-dir", "cni-conf-name", "chained-cni-plugin", "cni-network-config",
                  "cni-network-config-file", "istio-owned-cni-config", "istio-owned-cni-config-filename",
                  "log-level", "kubeconfig-mode", "cni-conf-group-read", "kube-ca-file", "skip-tls-verify",

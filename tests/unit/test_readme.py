@@ -1,10 +1,11 @@
 """The README stays short and the documentation's links hold (issue 22, item 8).
 
 README.md is what a newcomer reads first, so it stays under 10 KB and leaves the reference material to
-`docs/`: every `docs/*.md` page is linked from it, and every relative link in README.md and in `docs/*.md`
-reaches a file of the repository and, with a `#fragment`, a heading of that file. Anchors are made as
-GitHub makes them from a heading's text (lowercased, punctuation dropped, spaces as hyphens, `-1`, `-2`
-for repeats), so a renamed heading breaks the links to it here rather than on the rendered page.
+`docs/`: every `docs/*.md` page (and each program's generated `docs/reference/*.md`) is linked from it, and
+every relative link in README.md and in those pages reaches a file of the repository and, with a
+`#fragment`, a heading of that file. Anchors are made as GitHub makes them from a heading's text
+(lowercased, punctuation dropped, spaces as hyphens, `-1`, `-2` for repeats), so a renamed heading breaks
+the links to it here rather than on the rendered page.
 """
 
 from __future__ import annotations
@@ -75,15 +76,19 @@ def test_readme_is_under_ten_kilobytes() -> None:
     assert size < README_LIMIT, f"README.md is {size} bytes; move reference material to docs/"
 
 
+def docs_pages() -> list[Path]:
+    return [*sorted(DOCS.glob("*.md")), *sorted((DOCS / "reference").glob("*.md"))]
+
+
 def test_every_relative_link_of_the_readme_and_the_docs_reaches_a_file_and_heading() -> None:
-    pages = [README, *sorted(DOCS.glob("*.md"))]
+    pages = [README, *docs_pages()]
     problems = [problem for page in pages for problem in link_problems(page, REPO)]
     assert not problems, "\n".join(problems)
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(REPO / target.partition("#")[0]).resolve() for target in relative_links(README.read_text())}
-    unlinked = [page.name for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked]
+    unlinked = [str(page.relative_to(DOCS)) for page in docs_pages() if page.resolve() not in linked]
     assert not unlinked, f"docs pages the README does not link: {unlinked}"
 
 

@@ -1,11 +1,11 @@
 """`istio-iptables` (also `pilot-agent istio-iptables`): upstream's flags and environment.
 
-Every flag of upstream's command is declared once in `FLAGS`, with the
-environment variables that may set it; precedence is upstream's: default,
-then the flag's own variable (`--foo-bar` <- `FOO_BAR`), then its additional
-variables (e.g. `ISTIO_META_DNS_CAPTURE`), then the command line. Two flags
-are ours, to pin host facts for reproducible dry runs: `--enable-ipv6` and
-`--dns-servers`.
+Every flag is declared once in the program's table (`capture/flags.py`: its
+names, the environment variables that may set it, its meaning), and this
+module's parser reads argv and the environment from that table with Go's
+pflag syntax; precedence is upstream's: default, then the flag's own
+variable (`--foo-bar` <- `FOO_BAR`), then its additional variables (e.g.
+`ISTIO_META_DNS_CAPTURE`), then the command line.
 
 `main()` parses argv itself and does not import click: importing click costs
 more than applying the rules (see benchmarks/bench_capture.py). `command` is
@@ -20,129 +20,64 @@ from __future__ import annotations
 
 import sys
 
+from istio_agent.capture.flags import ENV_ONLY, FLAGS, ISTIO_IPTABLES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import TextIO
+    from typing import Any, TextIO
 
     import click
 
     from istio_agent.capture.config import CaptureConfig
+    from istio_agent.config.settings import Flag
 
-STR, BOOL, TRISTATE, LIST, IGNORED_STR, IGNORED_BOOL = "str", "bool", "tristate", "list", "ignored", "ignored-bool"
-
-# (long name, short name, CaptureConfig attribute, kind, environment variables, help)
-FLAGS: tuple[tuple[str, str, str, str, tuple[str, ...], str], ...] = (
-    ("envoy-port", "p", "proxy_port", STR, (), "Envoy port to which all outbound TCP traffic is redirected (15001)."),
-    ("inbound-capture-port", "z", "inbound_capture_port", STR, ("INBOUND_CAPTURE_PORT",),
-     "Port to which all inbound TCP traffic is redirected (15006)."),
-    ("inbound-tunnel-port", "e", "inbound_tunnel_port", STR, ("INBOUND_TUNNEL_PORT",),
-     "Istio tunnel port for inbound TCP traffic, never redirected (15008)."),
-    ("proxy-uid", "u", "proxy_uid", STR, ("PROXY_UID",),
-     "Comma list of UIDs whose traffic is not redirected (default: uid of $ENVOY_USER, else 1337)."),
-    ("proxy-gid", "g", "proxy_gid", STR, ("PROXY_GID",),
-     "Comma list of GIDs whose traffic is not redirected (default: -u)."),
-    ("istio-inbound-interception-mode", "m", "inbound_interception_mode", STR, ("ISTIO_INBOUND_INTERCEPTION_MODE",),
-     "Inbound redirection mode: REDIRECT or TPROXY."),
-    ("istio-inbound-ports", "b", "inbound_ports_include", STR, ("ISTIO_INBOUND_PORTS",),
-     "Comma list of inbound ports to redirect, '*' for all, empty for none."),
-    ("istio-local-exclude-ports", "d", "inbound_ports_exclude", STR, ("ISTIO_LOCAL_EXCLUDE_PORTS",),
-     "Comma list of inbound ports not redirected (only with -b '*')."),
-    ("istio-exclude-interfaces", "c", "exclude_interfaces", STR, ("ISTIO_EXCLUDE_INTERFACES",),
-     "Comma list of interfaces whose traffic is never captured."),
-    ("istio-service-cidr", "i", "outbound_ip_ranges_include", STR, ("ISTIO_SERVICE_CIDR",),
-     "Comma list of CIDRs to redirect outbound, '*' for all, empty for none."),
-    ("istio-service-exclude-cidr", "x", "outbound_ip_ranges_exclude", STR, ("ISTIO_SERVICE_EXCLUDE_CIDR",),
-     "Comma list of CIDRs never redirected outbound."),
-    ("istio-outbound-ports", "q", "outbound_ports_include", STR, ("ISTIO_OUTBOUND_PORTS",),
-     "Comma list of outbound ports always redirected."),
-    ("istio-local-outbound-ports-exclude", "o", "outbound_ports_exclude", STR, ("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE",),
-     "Comma list of outbound ports never redirected."),
-    ("kube-virt-interfaces", "k", "reroute_virtual_interfaces", STR, ("KUBE_VIRT_INTERFACES",),
-     "Comma list of virtual interfaces whose inbound traffic is treated as outbound."),
-    ("istio-inbound-tproxy-mark", "t", "inbound_tproxy_mark", STR, ("ISTIO_INBOUND_TPROXY_MARK",),
-     "Packet mark used in TPROXY mode (1337)."),
-    ("istio-inbound-tproxy-route-table", "r", "inbound_tproxy_route_table", STR, ("ISTIO_INBOUND_TPROXY_ROUTE_TABLE",),
-     "Routing table used in TPROXY mode (133)."),
-    ("dry-run", "n", "dry_run", BOOL, ("DRY_RUN",),
-     "Touch nothing; record the commands to $DRY_RUN_FILE_PATH or stdout."),
-    ("iptables-probe-port", "", "iptables_probe_port", STR, ("IPTABLES_PROBE_PORT",), "Validation probe port (15002)."),
-    ("probe-timeout", "", "probe_timeout", STR, ("PROBE_TIMEOUT",), "Validation timeout, a Go duration (5s)."),
-    ("skip-rule-apply", "", "skip_rule_apply", BOOL, ("SKIP_RULE_APPLY",), "Do not apply rules (validation only)."),
-    ("run-validation", "", "run_validation", BOOL, ("RUN_VALIDATION",),
-     "After applying, prove that redirection works; exit 126 if not."),
-    ("redirect-dns", "", "redirect_dns", BOOL, ("REDIRECT_DNS", "ISTIO_META_DNS_CAPTURE"),
-     "Redirect DNS to the agent on port 15053."),
-    ("drop-invalid", "", "drop_invalid", BOOL, ("DROP_INVALID", "INVALID_DROP"),
-     "Drop packets in conntrack state INVALID."),
-    ("dual-stack", "", "dual_stack", BOOL, ("DUAL_STACK", "ISTIO_DUAL_STACK"),
-     "Enable IPv4 and IPv6 redirection together."),
-    ("capture-all-dns", "", "capture_all_dns", BOOL, ("CAPTURE_ALL_DNS",),
-     "With --redirect-dns, capture all port-53 traffic, not only to resolv.conf servers."),
-    ("network-namespace", "", "network_namespace", STR, ("NETWORK_NAMESPACE",),
-     "Network namespace (a path such as /var/run/netns/x) to apply the rules in."),
-    ("cni-mode", "", "cni_mode", BOOL, ("CNI_MODE",), "Run as part of the CNI plugin."),
-    ("reconcile", "", "reconcile", BOOL, ("RECONCILE",), "Replace pre-existing, different Istio rules."),
-    ("cleanup-only", "", "cleanup_only", BOOL, ("CLEANUP_ONLY",), "Only remove Istio chains and rules."),
-    ("force-apply", "", "force_apply", BOOL, ("FORCE_APPLY",), "Apply even when the rules seem to be in place."),
-    ("native-nftables", "", "native_nftables", BOOL, ("NATIVE_NFTABLES",), "Use native nftables instead of iptables."),
-    ("force-iptables-binary", "", "force_iptables_binary", STR, ("FORCE_IPTABLES_BINARY",),
-     "Choose the iptables backend: legacy or nft."),
-    ("enable-ipv6", "", "enable_ipv6", TRISTATE, (), "Pin IPv6 on or off (true|false) instead of detecting it."),
-    ("dns-servers", "", "dns_servers", LIST, (),
-     "Pin the DNS servers (comma list, used verbatim) instead of resolv.conf."),
-    ("log_output_level", "", "", IGNORED_STR, (), "Accepted for compatibility."),
-    ("log_as_json", "", "", IGNORED_BOOL, (), "Accepted for compatibility."),
-    ("log_caller", "", "", IGNORED_STR, (), "Accepted for compatibility."),
-    ("log_stacktrace_level", "", "", IGNORED_STR, (), "Accepted for compatibility."),
-    ("log_target", "", "", IGNORED_STR, (), "Accepted for compatibility."),
-)  # fmt: skip
-
-# Settings upstream reads only from the environment (always, with these defaults).
-ENV_ONLY = (
-    ("owner_groups_include", "ISTIO_OUTBOUND_OWNER_GROUPS", "*"),
-    ("owner_groups_exclude", "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", ""),
-    ("host_ipv4_loopback_cidr", "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32"),
-)
-
-_BY_LONG = {f[0]: f for f in FLAGS}
-_BY_SHORT = {f[1]: f for f in FLAGS if f[1]}
+_BY_LONG = {flag.name: flag for flag in FLAGS}
+_BY_SHORT = {flag.short: flag for flag in FLAGS if flag.short}
 
 
 class UsageError(ValueError):
     """Bad command line or environment."""
 
 
-def _parse_bool(value: str, where: str) -> bool:
-    from istio_agent.config.gobool import parse_bool
-
+def _parse(flag: Flag[Any], value: str, where: str) -> Any:
+    """`value` read by the flag's parser; a UsageError naming `where` (the flag or the variable) if it is bad."""
     try:
-        return parse_bool(value)
-    except ValueError:
-        raise UsageError(f"invalid boolean {value!r} for {where}") from None
+        return flag.parse(value)
+    except ValueError as err:
+        if flag.type_name == "bool":
+            raise UsageError(f"invalid boolean {value!r} for {where}") from None
+        raise UsageError(f"invalid {where}: {err}") from None
 
 
 def describe_field(attr: str) -> str:
     """How a user sets a CaptureConfig attribute, for error messages."""
-    for name, short, field, _, envs, _ in FLAGS:
-        if field == attr or (attr.startswith("dns_servers") and field == "dns_servers"):
-            flag = f"-{short}/--{name}" if short else f"--{name}"
-            return f"{flag} ({', '.join(envs)})" if envs else flag
-    for field, env, _ in ENV_ONLY:
+    for flag in FLAGS:
+        if flag.dest == attr or (attr.startswith("dns_servers") and flag.dest == "dns_servers"):
+            spelling = flag.spellings()
+            return f"{spelling} ({', '.join(flag.env)})" if flag.env else spelling
+    for field, var in ENV_ONLY:
         if field == attr:
-            return f"${env}"
+            return f"${var.name}"
     return attr
+
+
+def _store(values: dict[str, object], flag: Flag[Any], value: object) -> None:
+    if isinstance(value, dict):  # one flag, several CaptureConfig fields (--dns-servers)
+        values.update(value)
+    elif flag.dest:  # no dest: accepted for compatibility, ignored
+        values[flag.dest] = value
 
 
 def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, object], bool]:
     """Config values from argv + environment (pflag syntax), and whether help was asked for."""
     values: dict[str, object] = {}
-    for _name, _, attr, kind, envs, _ in FLAGS:
-        for var in envs:
+    for flag in FLAGS:
+        for var in flag.env:
             if var in env:
-                values[attr] = _parse_bool(env[var], f"${var}") if kind == BOOL else env[var]
-    for attr, var, default in ENV_ONLY:
-        values[attr] = env.get(var, default)
+                _store(values, flag, _parse(flag, env[var], f"${var}") if flag.type_name == "bool" else env[var])
+    for field, variable in ENV_ONLY:
+        values[field] = env.get(variable.name, variable.default)
     want_help = False
     i = 0
     while i < len(args):
@@ -169,28 +104,15 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
             raise UsageError(f"unexpected argument {arg!r}")
         if spec is None:
             raise UsageError(f"unknown flag: {label}")
-        _, _, attr, kind, _, _ = spec
-        if kind in (BOOL, IGNORED_BOOL):
-            flag_value = _parse_bool(value, label) if has_value else True
-            if kind == BOOL:
-                values[attr] = flag_value
+        if not spec.takes_value:  # a bool: `--name` alone is true, `--name=false` false
+            _store(values, spec, _parse(spec, value, label) if has_value else True)
             continue
         if not has_value:
             if i >= len(args):
                 raise UsageError(f"flag needs an argument: {label}")
             value = args[i]
             i += 1
-        if kind == STR:
-            values[attr] = value
-        elif kind == TRISTATE:
-            values[attr] = _parse_bool(value, label)
-        elif kind == LIST:
-            from istio_agent.capture.hostfacts import split_servers
-
-            try:
-                values["dns_servers_v4"], values["dns_servers_v6"] = split_servers([s for s in value.split(",") if s])
-            except ValueError as err:
-                raise UsageError(f"invalid {label}: {err}") from None
+        _store(values, spec, _parse(spec, value, label))
     return values, want_help
 
 
@@ -198,19 +120,19 @@ def usage() -> str:
     lines = [
         "Usage: istio-iptables [flags]",
         "",
-        "Set up iptables (or nftables) rules that redirect a pod's traffic through the Istio sidecar.",
+        ISTIO_IPTABLES.commands[0].summary,
         "",
         "Flags:",
     ]
-    for name, short, _, kind, envs, text in FLAGS:
-        if kind in (IGNORED_STR, IGNORED_BOOL):
+    for flag in FLAGS:
+        if not flag.dest:
             continue
-        flag = f"-{short}, --{name}" if short else f"    --{name}"
-        arg = "" if kind == BOOL else " string"
-        env_note = f" [env {', '.join(envs)}]" if envs else ""
-        lines.append(f"  {flag}{arg}\n        {text}{env_note}")
+        names = f"-{flag.short}, --{flag.name}" if flag.short else f"    --{flag.name}"
+        arg = "" if flag.type_name == "bool" and not flag.takes_value else " string"
+        env_note = f" [env {', '.join(flag.env)}]" if flag.env else ""
+        lines.append(f"  {names}{arg}\n        {flag.description}{env_note}")
     lines.append("")
-    lines.append("Environment only: " + ", ".join(f"{var} (default {default!r})" for _, var, default in ENV_ONLY))
+    lines.append("Environment only: " + ", ".join(f"{var.name} (default {var.default!r})" for _, var in ENV_ONLY))
     return "\n".join(lines) + "\n"
 
 
@@ -288,7 +210,7 @@ def _build_click_command() -> click.Command:
         "istio-iptables",
         context_settings={"ignore_unknown_options": True, "help_option_names": []},
         add_help_option=False,
-        help="Set up iptables (or nftables) rules that redirect a pod's traffic through the Istio sidecar.",
+        help=ISTIO_IPTABLES.commands[0].summary,
     )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context

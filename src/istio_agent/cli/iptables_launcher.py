@@ -131,7 +131,8 @@ sys.meta_path.insert(0, BundleFinder(BUNDLE, TABLE))
 # What the tool can import from source files: the entry point and its packages, Go's boolean rules (a boolean
 # flag's value), `__future__` (every module's first import), and the whole capture package (found when written).
 BUNDLED = ("__future__", "istio_agent", "istio_agent.cli", "istio_agent.cli.iptables", "istio_agent.config",
-           "istio_agent.config.errors", "istio_agent.config.gobool", "istio_agent.libc", "istio_agent.capture")
+           "istio_agent.config.errors", "istio_agent.config.gobool", "istio_agent.config.settings", "istio_agent.libc",
+           "istio_agent.capture")
 BUNDLED_PACKAGES = ("istio_agent.capture",)
 # The extension modules it loads (rtnetlink and nfnetlink sockets; setns on Python 3.11): the bundle names their
 # files, which spares a walk over sys.path and a listing of lib-dynload. Absent or built-in ones are left out.

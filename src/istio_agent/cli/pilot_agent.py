@@ -1,10 +1,11 @@
 """`pilot-agent`: the command Istio's injector puts into every istio-proxy container.
 
 Subcommands keep upstream's names and flags: `proxy`, `wait`, `request`,
-`istio-iptables`, `version`. Unknown flags are accepted and ignored, as
-upstream does to keep old pod specs working. Heavy modules are imported only
-by the subcommand that needs them, so `wait` and `request` (run in lifecycle
-hooks) start fast.
+`istio-iptables`, `version`; each one's arguments, flags and help are
+declared in the program's table (`pilot_agent_flags.py`) and built into click
+options here. Unknown flags are accepted and ignored, as upstream does to keep
+old pod specs working. Heavy modules are imported only by the subcommand that
+needs them, so `wait` and `request` (run in lifecycle hooks) start fast.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 import click
 
 from istio_agent.cli.logging_setup import LogOptions, configure_logging
+from istio_agent.cli.pilot_agent_flags import LOG_FLAGS, PROXY, REQUEST, ROOT, VERSION, WAIT
 from istio_agent.cli.proxy_argv import merged_log_options
-from istio_agent.cli.proxy_flags import LOG_FLAGS, PROXY_FLAGS, PROXY_TYPE_DEFAULT, Flag
 from istio_agent.cli.proxy_run import run_proxy
+from istio_agent.config.clickflags import arguments, options
 
 LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]}
 
@@ -44,20 +46,6 @@ class PilotAgentGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-def table_options(table: tuple[Flag, ...]) -> Any:
-    """click options for the flags of `table` (`proxy_flags`), in the table's order."""
-    def decorate(command: Any) -> Any:
-        for flag in reversed(table):
-            command = click.option(f"--{flag.name}", flag.dest, default=flag.default, is_flag=flag.kind is bool,
-                                   type=int if flag.kind is int else None, multiple=flag.multiple,
-                                   help=flag.help)(command)
-        return command
-    return decorate
-
-
-log_flags = table_options(LOG_FLAGS)  # accepted on the root command and on every subcommand
-
-
 def log_options(ctx: click.Context, flags: dict[str, Any]) -> LogOptions:
     """The root's log flags, overridden by what the subcommand was given explicitly."""
     root = dict(ctx.obj or {}) if isinstance(ctx.obj, dict) else {}
@@ -66,36 +54,28 @@ def log_options(ctx: click.Context, flags: dict[str, Any]) -> LogOptions:
     return merged_log_options(root, flags, explicit)
 
 
-@click.group(cls=PilotAgentGroup, context_settings=LENIENT)
-@log_flags
+@click.group(cls=PilotAgentGroup, context_settings=LENIENT, help=ROOT.summary)
+@options(ROOT.flags)
 @click.pass_context
 def main(ctx: click.Context, **flags: Any) -> None:
-    """Istio Pilot agent: runs beside Envoy (or a proxyless gRPC app) and bootstraps it."""
     ctx.obj = flags  # the root's logging flags, for the subcommand to merge
     configure_logging(log_options(ctx, flags))
 
 
-@main.command(context_settings=LENIENT)
-@click.argument("proxy_type", required=False, default=PROXY_TYPE_DEFAULT)
-@table_options(PROXY_FLAGS)
-@log_flags
+@main.command(context_settings=LENIENT, help=PROXY.summary)
+@arguments(PROXY.arguments)
+@options(PROXY.flags)
 @click.pass_context
 def proxy(ctx: click.Context, proxy_type: str, **flags: Any) -> None:
-    """Run the agent: identity (SDS), XDS proxy, DNS, status server, and Envoy."""
     # Istio's own command lines never get here: `pilot_agent_entry` hands them to the same run_proxy.
     run_proxy(proxy_type, flags, log_options(ctx, flags), ctx.args)
 
 
-@main.command(context_settings=LENIENT)
-@click.option("--url", default="http://localhost:15021/healthz/ready", help="URL to poll until it answers 200.")
-@click.option("--timeoutSeconds", "timeout_seconds", default=60, type=int, help="Give up after this long.")
-@click.option("--periodMillis", "period_millis", default=500, type=int, help="Time between attempts.")
-@click.option("--requestTimeoutMillis", "request_timeout_millis", default=500, type=int, help="Per-attempt timeout.")
-@log_flags
+@main.command(context_settings=LENIENT, help=WAIT.summary)
+@options(WAIT.flags)
 @click.pass_context
 def wait(ctx: click.Context, url: str, timeout_seconds: int, period_millis: int, request_timeout_millis: int,
          **log: Any) -> None:
-    """Wait until the proxy is ready (the injector's postStart hook)."""
     import urllib.error  # here, not at the top: http.client and email cost every running agent ~1.3 MB
     import urllib.request
 
@@ -123,15 +103,11 @@ def wait(ctx: click.Context, url: str, timeout_seconds: int, period_millis: int,
 ALLOWED_DEBUG_PORTS = (15000, 15020, 15021, 15004)
 
 
-@main.command(context_settings=LENIENT)
-@click.argument("method")
-@click.argument("path")
-@click.argument("body", required=False, default="")
-@click.option("--debug-port", "debug_port", default=15000, type=int, help="Local port to send the request to.")
-@log_flags
+@main.command(context_settings=LENIENT, help=REQUEST.summary)
+@arguments(REQUEST.arguments)
+@options(REQUEST.flags)
 @click.pass_context
 def request(ctx: click.Context, method: str, path: str, body: str, debug_port: int, **log: Any) -> None:
-    """Send an HTTP request to a local debug port (Envoy admin or the agent) and print the body."""
     import urllib.error
     import urllib.request
 
@@ -154,13 +130,10 @@ def request(ctx: click.Context, method: str, path: str, body: str, debug_port: i
         sys.exit(1)
 
 
-@main.command(context_settings=LENIENT)
-@click.option("--short", "-s", is_flag=True, help="Print just the version number.")
-@click.option("--output", "-o", type=click.Choice(["", "json", "yaml"]), default="", help="Output format.")
-@log_flags
+@main.command(context_settings=LENIENT, help=VERSION.summary)
+@options(VERSION.flags)
 @click.pass_context
 def version(ctx: click.Context, short: bool, output: str, **log: Any) -> None:
-    """Print the version."""
     configure_logging(log_options(ctx, log))
     from istio_agent.version import build_info
 

@@ -3,7 +3,7 @@
 Istio's templates start every agent with a plain line (`pilot-agent proxy sidecar --domain
 ns.svc.cluster.local --proxyLogLevel=warning --proxyComponentLogLevel=misc:error
 --log_output_level=default:info`, `proxy router ...` for gateways). `parse` takes only lines made of
-the declared flags (`proxy_flags`) in the two long forms (`--name=value`, `--name value`; a bool flag as
+the declared flags (`pilot_agent_flags`) in the two long forms (`--name=value`, `--name value`; a bool flag as
 `--name`), root logging flags before `proxy`, and at most one positional (the proxy type). Anything else
 (`--help`, an unknown flag, a short or single-dash flag, `--`, a value that looks like a flag, an int
 flag whose value is not an int, a second positional) returns None and click parses the line as before,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from istio_agent.cli.logging_setup import LogOptions
-from istio_agent.cli.proxy_flags import LOG_FLAGS, PROXY_FLAGS, PROXY_TYPE_DEFAULT, Flag, defaults
+from istio_agent.cli.pilot_agent_flags import LOG_FLAGS, PROXY_FLAGS, PROXY_TYPE_DEFAULT, Flag, defaults
 
 SUBCOMMAND = "proxy"
 
@@ -54,7 +54,7 @@ class _Declined(Exception):
     """The line is not one this parser takes: click reads it."""
 
 
-def _options(argv: Sequence[str], start: int, table: Sequence[Flag], positionals: list[str],
+def _options(argv: Sequence[str], start: int, table: Sequence[Flag[Any]], positionals: list[str],
              stop_at_positional: bool) -> tuple[dict[str, Any], set[str], int]:
     """Flags from argv[start:] (values by dest, the dests given), up to the first positional when
     `stop_at_positional`; positionals are collected otherwise. Returns where it stopped."""
@@ -86,12 +86,10 @@ def _options(argv: Sequence[str], start: int, table: Sequence[Flag], positionals
                     raise _Declined
                 i += 1
                 value = argv[i]
-            converted: Any = value
-            if flag.kind is int:
-                try:
-                    converted = int(value)
-                except ValueError:
-                    raise _Declined from None
+            try:
+                converted = flag.parse(value)  # int(), for an int flag: click's
+            except ValueError:
+                raise _Declined from None
             if flag.multiple:
                 previous = values.get(flag.dest, ()) if flag.dest in given else ()
                 values[flag.dest] = (*previous, converted)

@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from istio_agent.cli.pilot_agent_flags import SECRETS
+from istio_agent.config.clickflags import options
 from istio_agent.status.secrets_debug import (
     CONFIG_DUMP_SECRETS_PATH,
     DEBUG_SECRETS_PATH,
@@ -71,14 +73,9 @@ def agent_secrets(status_port: int, timeout: float) -> list[SecretView]:
         raise Unreadable(f"the agent's {DEBUG_SECRETS_PATH}: {exc}") from None
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--output", "-o", type=click.Choice(["short", "json"]), default="short", help="Output format.")
-@click.option("--diff", "diff", is_flag=True, help="Compare Envoy's secrets with the agent's cache.")
-@click.option("--admin-port", "admin_port", default=15000, type=int, help="Envoy's admin port.")
-@click.option("--status-port", "status_port", default=15020, type=int, help="The agent's status port.")
-@click.option("--timeout", "timeout", default=5.0, type=float, help="Seconds to wait for each side.")
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=SECRETS.summary)
+@options(SECRETS.flags)
 def command(output: str, diff: bool, admin_port: int, status_port: int, timeout: float) -> None:
-    """Show the secrets Envoy holds (as `istioctl proxy-config secret`), or diff them with the agent's."""
     now = time.time()
     try:
         proxy = envoy_secrets(admin_port, now, timeout)

@@ -1,4 +1,5 @@
-"""Configuration, the bottom library: the env registry, ProxyConfig layering, node id and metadata, Go parsers.
+"""Configuration, the bottom library: how programs declare their flags and variables (`settings`), the agent's
+env registry, ProxyConfig layering, node id and metadata, Go parsers.
 
 It imports no component and nothing above it (only `config.*`, `version`, the
 standard library and third-party packages), so that every program and every

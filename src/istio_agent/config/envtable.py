@@ -1,7 +1,9 @@
-"""The environment-variable reference, generated from the registry (`python -m istio_agent.config.envtable`).
+"""The agent's environment-variable reference, generated from the registry (`python -m istio_agent.config.envtable`).
 
 `docs/ENVIRONMENT.md` is this module's output, checked by a test, so the table
-can never drift from what the agent actually reads and honours.
+can never drift from what the agent actually reads and honours. The other
+programs' variables are on their reference pages (`config/reference.py`,
+`docs/reference/`), whose cells it shares.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import sys
 from pathlib import Path
 
 from istio_agent.config import env
-from istio_agent.config.envvar import ACCEPTED, HONOURED, PARTIAL, EnvVar
+from istio_agent.config.envvar import ACCEPTED, HONOURED, PARTIAL
+from istio_agent.config.reference import cell, default_text
 
 DOC_PATH = Path("docs/ENVIRONMENT.md")
 _PREFIXES = (
@@ -19,21 +22,6 @@ _PREFIXES = (
     (env.XDS_HEADER_PREFIX, "each is sent to istiod as header `X` (honoured)"),
     (env.CA_HEADER_PREFIX, "each is sent to the CA as header `X` (honoured)"),
 )
-
-
-def _default(var: EnvVar[object]) -> str:
-    value = var.default
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value == "":
-        return ""
-    if var.type_name == "duration":
-        return f"{value:g}s"
-    return str(value)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def render_markdown() -> str:
@@ -56,8 +44,8 @@ def render_markdown() -> str:
     ]
     for var in variables:
         support = var.support if var.upstream else f"{var.support} (not upstream)"
-        lines.append(f"| `{var.name}` | {var.type_name} | {_cell(_default(var))} | {support} |"
-                     f" {_cell(var.description)} | {_cell(var.note)} |")
+        lines.append(f"| `{var.name}` | {var.type_name} | {cell(default_text(var))} | {support} |"
+                     f" {cell(var.description)} | {cell(var.note)} |")
     lines += ["", "Prefixes:", ""]
     lines += [f"- `{prefix}X`: {meaning}" for prefix, meaning in _PREFIXES]
     return "\n".join(lines) + "\n"

@@ -1,12 +1,10 @@
-"""How an environment variable is declared and read (the registry itself is `config/env.py`).
+"""How the agent's environment variables are declared and read (the registry itself is `config/env.py`).
 
 Upstream declares each variable once with its default and a description; so do
-we, and each declaration also says how much of upstream's meaning this agent
-honours:
-
-- `honoured`: it does what it does upstream;
-- `partial`: it has an effect, but not all of upstream's (the note says what is missing);
-- `accepted`: it is read and validated but changes nothing here (the note says why).
+we, in the shape every program's settings share (`config/settings.py`: the
+support levels, `EnvVar`), each declaration saying how much of upstream's
+meaning this agent honours. The helpers below (`string()`, `boolean()`, ...)
+declare a variable and register it in `REGISTRY`.
 
 `pilot-agent` warns at start about every set variable that is only accepted, and
 `docs/ENVIRONMENT.md` is generated from the registry (`make docs`).
@@ -20,34 +18,21 @@ tests pass a dict) for a registered `EnvVar` and gets a parsed, typed value or a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from istio_agent.config.durations import parse_duration
+from istio_agent.config import settings
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.gobool import parse_bool
+from istio_agent.config.settings import ACCEPTED, HONOURED, PARTIAL, EnvVar
+
+if TYPE_CHECKING:
+    from istio_agent.config.settings import Support
+
+__all__ = ["ACCEPTED", "HONOURED", "PARTIAL", "REGISTRY", "EnvVar", "Environment", "boolean", "duration",
+           "floating", "integer", "parse_bool", "string"]
 
 T = TypeVar("T")
-
-Support = Literal["honoured", "partial", "accepted"]
-HONOURED: Support = "honoured"
-PARTIAL: Support = "partial"
-ACCEPTED: Support = "accepted"
-
-@dataclass(frozen=True)
-class EnvVar(Generic[T]):
-    """One environment variable: its name, default (already parsed), parser, meaning and support here."""
-
-    name: str
-    default: T
-    description: str
-    parse: Callable[[str], T]
-    type_name: str
-    support: Support = HONOURED
-    note: str = ""  # for partial/accepted: what is missing and why
-    upstream: bool = True  # False: a variable of ours (listed under "Not upstream" in the README)
-
 
 REGISTRY: dict[str, EnvVar[Any]] = {}
 
@@ -55,44 +40,43 @@ REGISTRY: dict[str, EnvVar[Any]] = {}
 def _register(var: EnvVar[T]) -> EnvVar[T]:
     if var.name in REGISTRY:
         raise RuntimeError(f"environment variable {var.name} registered twice")
-    if var.support != HONOURED and not var.note:
-        raise RuntimeError(f"environment variable {var.name} is {var.support}: say why in its note")
     REGISTRY[var.name] = var
     return var
 
 
-def _int(text: str) -> int:
-    return int(text.strip())
-
-
-def _float(text: str) -> float:
-    return float(text.strip())
+def _declare(name: str, default: T, description: str, parse: Any, type_name: str, support: Support, note: str,
+             upstream: bool) -> EnvVar[T]:
+    try:
+        var: EnvVar[T] = EnvVar(name, default, description, parse, type_name, support, note, upstream)
+    except ValueError as exc:  # accepted or partial without a note
+        raise RuntimeError(f"environment variable {exc}") from None
+    return _register(var)
 
 
 def string(name: str, default: str, description: str, *, support: Support = HONOURED, note: str = "",
            upstream: bool = True) -> EnvVar[str]:
-    return _register(EnvVar(name, default, description, str, "string", support, note, upstream))
+    return _declare(name, default, description, settings.text, "string", support, note, upstream)
 
 
 def boolean(name: str, default: bool, description: str, *, support: Support = HONOURED, note: str = "",
             upstream: bool = True) -> EnvVar[bool]:
-    return _register(EnvVar(name, default, description, parse_bool, "bool", support, note, upstream))
+    return _declare(name, default, description, parse_bool, "bool", support, note, upstream)
 
 
 def integer(name: str, default: int, description: str, *, support: Support = HONOURED, note: str = "",
             upstream: bool = True) -> EnvVar[int]:
-    return _register(EnvVar(name, default, description, _int, "int", support, note, upstream))
+    return _declare(name, default, description, settings.integer, "int", support, note, upstream)
 
 
 def floating(name: str, default: float, description: str, *, support: Support = HONOURED, note: str = "",
              upstream: bool = True) -> EnvVar[float]:
-    return _register(EnvVar(name, default, description, _float, "float", support, note, upstream))
+    return _declare(name, default, description, settings.floating, "float", support, note, upstream)
 
 
 def duration(name: str, default: float, description: str, *, support: Support = HONOURED, note: str = "",
              upstream: bool = True) -> EnvVar[float]:
     """A Go-style duration (`100ms`, `1h30m`), parsed to seconds."""
-    return _register(EnvVar(name, default, description, parse_duration, "duration", support, note, upstream))
+    return _declare(name, default, description, settings.go_duration, "duration", support, note, upstream)
 
 
 class Environment:

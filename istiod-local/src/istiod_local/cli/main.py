@@ -1,4 +1,8 @@
-"""`istiod-local`: the single-node control plane's command line (serve, pod-files, token, kubeconfig)."""
+"""`istiod-local`: the single-node control plane's command line (serve, pod-files, token, kubeconfig, workload-entry).
+
+Every command's flags are declared in the program's table (`flags.py`) and
+built into click options here, with what only click checks (paths, ranges).
+"""
 
 from __future__ import annotations
 
@@ -10,70 +14,38 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from istio_agent.config.durations import parse_duration
-from istio_agent.config.gobool import parse_bool
+from istio_agent.config import clickflags
+from istio_agent.config.settings import EnvVar
 from istio_agent.netaddr import AddressError, split_host_port
+from istiod_local.cli import flags
+from istiod_local.cli.flags import AUTOREGISTRATION, GRACE_PERIOD, HEALTHCHECKS, VALIDATE_IDENTITY
 from istiod_local.cli.up import up
 from istiod_local.controlplane.assembly import ServeOptions, run_serve
-from istiod_local.controlplane.monitoring import DEFAULT_MONITORING_ADDR
 from istiod_local.controlplane.podfiles import pod_token, write_pod_files
-from istiod_local.controlplane.server import (
-    DEFAULT_GRPC_ADDR,
-    DEFAULT_SECURE_GRPC_ADDR,
-    DEFAULT_TRUST_DOMAIN,
-    ControlPlaneOptions,
-)
+from istiod_local.controlplane.server import ControlPlaneOptions
 from istiod_local.controlplane.state import ControlPlaneState, StateError, load_or_create_state
-from istiod_local.controlplane.xds.autoregistration import DEFAULT_GRACE_PERIOD, WorkloadEntryOptions
+from istiod_local.controlplane.xds.autoregistration import WorkloadEntryOptions
 
 log = logging.getLogger("istiod_local.controlplane")
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if seconds <= 0:
-        raise click.BadParameter(f"must be positive, got {value!r}")
-    return seconds
-
-
-def _grace_duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if seconds < 0:
-        raise click.BadParameter(f"must not be negative, got {value!r}")
-    return seconds
-
-
 def _workload_entry_options(grace: float | None) -> WorkloadEntryOptions:
     """istiod's variables for WorkloadEntries, read as it reads them (Go durations and booleans)."""
-    def env_bool(name: str) -> bool:
-        text = os.environ.get(name, "")
+    def env_value(var: EnvVar[Any]) -> Any:
+        text = os.environ.get(var.name, "")
         try:
-            return parse_bool(text) if text else True
+            return var.parse(text) if text else var.default
         except ValueError as exc:
-            raise click.UsageError(f"{name}: {exc}") from None
+            raise click.UsageError(f"{var.name}: {exc}") from None
 
     if grace is None:
-        text = os.environ.get("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "")
-        try:
-            grace = parse_duration(text) if text else DEFAULT_GRACE_PERIOD
-        except ValueError as exc:
-            raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: {exc}") from None
-        if grace < 0:
-            raise click.UsageError(f"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: must not be negative, got {text!r}")
-    return WorkloadEntryOptions(grace, env_bool("PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION"),
-                                env_bool("PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS"),
-                                env_bool("ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY"))
+        grace = env_value(GRACE_PERIOD)
+    return WorkloadEntryOptions(grace, env_value(AUTOREGISTRATION), env_value(HEALTHCHECKS),
+                                env_value(VALIDATE_IDENTITY))
 
 
 def _setup_logging(level: str) -> None:
@@ -90,55 +62,26 @@ def _open_state(state_dir: str, trust_domain: str) -> ControlPlaneState:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group()
+@click.group(help=flags.ISTIOD_LOCAL.commands[0].summary)
 def main() -> None:
-    """A local stand-in for istiod: a CA (IstioCertificateService) and a service-account token issuer."""
+    pass
 
 
-state_dir_option = click.option(
-    "--state-dir", required=True, type=click.Path(file_okay=False),
-    help="Directory holding the root CA, serving certificate and token-signing key (created on first use).",
-)
-trust_domain_option = click.option("--trust-domain", default=DEFAULT_TRUST_DOMAIN, show_default=True,
-                                   help="SPIFFE trust domain of issued identities.")
+_SERVE_EXTRA: dict[str, dict[str, Any]] = {
+    "state-dir": {"type": click.Path(file_okay=False)},
+    "log-level": {"case_sensitive": False},
+    "registry": {"type": click.Path(dir_okay=False)},
+    "kube-watch-history": {"type": click.IntRange(min=1)},
+}
 
 
-@main.command()
-@state_dir_option
-@click.option("--grpc-addr", default=DEFAULT_GRPC_ADDR, show_default=True,
-              help="Plaintext gRPC address (empty to disable; port 0 picks one).")
-@click.option("--secure-grpc-addr", default=DEFAULT_SECURE_GRPC_ADDR, show_default=True,
-              help="TLS gRPC address (empty to disable; port 0 picks one).")
-@click.option("--max-cert-ttl", default="24h", show_default=True, callback=_duration,
-              help="Longest workload certificate lifetime; longer requests are capped.")
-@trust_domain_option
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-@click.option("--registry", default=None, type=click.Path(dir_okay=False),
-              help="Mesh registry YAML (services, workloads, peerAuthentication, serviceEntries): serve ADS from it "
-                   "on the same ports, reloading it when it changes.")
-@click.option("--kube-api-addr", default="127.0.0.1:6443", show_default=True,
-              help="HTTPS address of the Kubernetes API (pods and namespaces from the registry); 'off' disables it, "
-                   "port 0 picks one.")
-@click.option("--kube-node-name", default=None,
-              help="spec.nodeName of pods whose workload names no nodeName (default: this host's name).")
-@click.option("--kube-bookmark-interval", default="60s", show_default=True, callback=_duration,
-              help="How often a watch asking for bookmarks gets one.")
-@click.option("--kube-watch-history", default=1000, show_default=True, type=click.IntRange(min=1),
-              help="Changes kept for watches to resume from; an older resourceVersion is 410 Expired.")
-@click.option("--monitoring-addr", default=DEFAULT_MONITORING_ADDR, show_default=True,
-              help="HTTP address of istiod's monitoring port: /metrics, /debug/connections, /debug/syncz; 'off' "
-                   "disables it, port 0 picks one.")
-@click.option("--workload-entry-grace-period", default=None, callback=_grace_duration,
-              help="How long an auto-registered WorkloadEntry outlives its proxy's last stream "
-                   "[default: $PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, else 10s].")
+@main.command(help=f"{flags.SERVE.summary}\n\nThe flags resolve to `ServeOptions`; what runs is "
+                   "`controlplane/assembly.py`'s.")
+@clickflags.options(flags.SERVE.flags, _SERVE_EXTRA, show_default=True)
 def serve(state_dir: str, grpc_addr: str, secure_grpc_addr: str, max_cert_ttl: float, trust_domain: str,
           log_level: str, registry: str | None, kube_api_addr: str, kube_node_name: str | None,
           kube_bookmark_interval: float, kube_watch_history: int, monitoring_addr: str,
           workload_entry_grace_period: float | None) -> None:
-    """Serve the CA (and, with --registry, xDS), and the Kubernetes API, until SIGTERM or SIGINT.
-
-    The flags resolve to `ServeOptions`; what runs is `controlplane/assembly.py`'s."""
     _setup_logging(log_level)
     if monitoring_addr != "off":
         try:
@@ -177,51 +120,32 @@ def _node_ip(kube_api_addr: str) -> str:
     return "127.0.0.1" if ip.is_unspecified else str(ip)
 
 
-@main.command("pod-files")
-@state_dir_option
-@click.option("--namespace", required=True, help="The pod's namespace.")
-@click.option("--service-account", required=True, help="The pod's service account.")
-@click.option("--pod", default="", help="Pod name, bound into the token like a projected token's pod claim.")
-@click.option("--token-ttl", default="1h", show_default=True, callback=_duration, help="Token lifetime.")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Pod root: files go under OUT/var/run/secrets/.")
-@trust_domain_option
+_PATHS: dict[str, dict[str, Any]] = {"state-dir": {"type": click.Path(file_okay=False)}}
+
+
+@main.command("pod-files", help=flags.POD_FILES.summary)
+@clickflags.options(flags.POD_FILES.flags, {**_PATHS, "out": {"type": click.Path(file_okay=False)}}, show_default=True)
 def pod_files(state_dir: str, namespace: str, service_account: str, pod: str, token_ttl: float, out: str,
               trust_domain: str) -> None:
-    """Write the root certificate and service-account token Kubernetes would mount into a pod."""
     state = _open_state(state_dir, trust_domain)
     files = write_pod_files(state, out, namespace, service_account, pod, token_ttl, time.time())
     click.echo(f"wrote {files.root_cert}")
     click.echo(f"wrote {files.token}")
 
 
-@main.command()
-@state_dir_option
-@click.option("--namespace", required=True)
-@click.option("--service-account", required=True)
-@click.option("--pod", default="")
-@click.option("--token-ttl", default="1h", show_default=True, callback=_duration)
-@trust_domain_option
+@main.command(help=flags.TOKEN.summary)
+@clickflags.options(flags.TOKEN.flags, _PATHS, show_default=True)
 def token(state_dir: str, namespace: str, service_account: str, pod: str, token_ttl: float, trust_domain: str) -> None:
-    """Print a service-account token istiod-local accepts."""
     state = _open_state(state_dir, trust_domain)
     click.echo(pod_token(state, namespace, service_account, pod, token_ttl, time.time()))
 
 
-@main.command()
-@state_dir_option
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The kubeconfig to write (0600).")
-@click.option("--server", default="https://127.0.0.1:6443", show_default=True,
-              help="The API server URL the kubeconfig names.")
-@click.option("--identity", default="kube-system/istiod-local-admin", show_default=True,
-              help="namespace/serviceaccount the token speaks for (istio-system/istio-cni for the CNI).")
-@click.option("--token-ttl", default="24h", show_default=True, callback=_duration, help="Token lifetime.")
-@click.option("--service-account-dir", default=None, type=click.Path(file_okay=False),
-              help="Also write token, ca.crt and namespace here, as Kubernetes mounts a service account.")
-@trust_domain_option
+@main.command(help=flags.KUBECONFIG.summary)
+@clickflags.options(flags.KUBECONFIG.flags, {**_PATHS, "out": {"type": click.Path(dir_okay=False)},
+                                             "service-account-dir": {"type": click.Path(file_okay=False)}},
+                    show_default=True)
 def kubeconfig(state_dir: str, out: str, server: str, identity: str, token_ttl: float,
                service_account_dir: str | None, trust_domain: str) -> None:
-    """Write a kubeconfig (and optionally a service-account directory) for istiod-local's Kubernetes API."""
     from istiod_local.controlplane.kubeapi.credentials import (
         api_token,
         parse_identity,
@@ -249,53 +173,20 @@ def kubeconfig(state_dir: str, out: str, server: str, identity: str, token_ttl: 
         click.echo(f"wrote {directory}")
 
 
-@main.group("workload-entry")
+@main.group("workload-entry", help=flags.WORKLOAD_ENTRY.summary)
 def workload_entry() -> None:
-    """VMs and other machines outside Kubernetes (the role of `istioctl x workload entry`)."""
+    pass
 
 
-def _go_bool(ctx: click.Context, param: click.Parameter, value: str) -> bool:
-    try:
-        return parse_bool(value)
-    except ValueError:
-        raise click.BadParameter(f"not a boolean: {value!r}") from None
-
-
-@workload_entry.command("configure")
-@state_dir_option
-@click.option("--name", default="", help="The WorkloadGroup's name.")
-@click.option("-n", "--namespace", default="", help="The namespace the workload instances belong to.")
-@click.option("-f", "--file", "filename", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="A WorkloadGroup object (YAML), when the registry defines no such group.")
-@click.option("--registry", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="istiod-local's registry: the group is taken from it when it defines one.")
-@click.option("-o", "--output", "--out", "output", required=True, type=click.Path(file_okay=False),
-              help="Output directory for the generated files.")
-@click.option("--autoregister", is_flag=True, help="Create a WorkloadEntry when the VM's proxy connects.")
-@click.option("--capture-dns", default="true", is_flag=False, flag_value="true", callback=_go_bool,
-              help="Capture the VM's outgoing DNS (port 53) for the agent  [default: true].")
-@click.option("--clusterID", "cluster_id", default="Kubernetes", show_default=True,
-              help="The ID of the cluster (ISTIO_META_CLUSTER_ID).")
-@click.option("--externalIP", "external_ip", default="", help="External IP address of the workload.")
-@click.option("--internalIP", "internal_ip", default="", help="Internal IP address of the workload.")
-@click.option("--ingressIP", "ingress_ip", default="",
-              help="The address `hosts` maps istiod's name to (default: the host of --discovery-address).")
-@click.option("--ingressService", "ingress_service", default="istio-eastwestgateway", show_default=True,
-              help="Accepted for istioctl's sake; istiod-local has no ingress gateway to look up.")
-@click.option("--tokenDuration", "token_duration", default=3600, show_default=True, type=click.IntRange(min=1),
-              help="The token's lifetime in seconds.")
-@click.option("-r", "--revision", default="", help="Control plane revision (istiod-<revision> names).")
-@click.option("--istio-namespace", "istio_namespace", default="istio-system", show_default=True,
-              help="istiod's namespace (its name in mesh.yaml and hosts).")
-@click.option("--discovery-address", default=DEFAULT_SECURE_GRPC_ADDR, show_default=True,
-              help="host:port where the VM reaches istiod-local's TLS port: its port goes into mesh.yaml's "
-                   "discoveryAddress, its host (an IP) into hosts.")
-@trust_domain_option
+@workload_entry.command("configure", help=flags.WORKLOAD_ENTRY_CONFIGURE.summary)
+@clickflags.options(flags.WORKLOAD_ENTRY_CONFIGURE.flags, {
+    **_PATHS, "file": {"type": click.Path(dir_okay=False, exists=True)},
+    "registry": {"type": click.Path(dir_okay=False, exists=True)}, "output": {"type": click.Path(file_okay=False)},
+    "tokenDuration": {"type": click.IntRange(min=1)}}, show_default=True)
 def workload_entry_configure(state_dir: str, name: str, namespace: str, filename: str | None, registry: str | None,
                              output: str, autoregister: bool, capture_dns: bool, cluster_id: str, external_ip: str,
                              internal_ip: str, ingress_ip: str, ingress_service: str, token_duration: int,
                              revision: str, istio_namespace: str, discovery_address: str, trust_domain: str) -> None:
-    """Write cluster.env, mesh.yaml, root-cert.pem, istio-token and hosts for a WorkloadGroup's VMs."""
     from istiod_local.controlplane.onboarding import FILE_MODE, OnboardingOptions, istiod_host, render_onboarding
     from istiod_local.controlplane.tokens import TokenIdentity, issue_token
     from istiod_local.controlplane.xds.registry import decode_registry, parse_registry

@@ -1,7 +1,8 @@
 """`install-cni`: the Istio CNI node agent's command line (the edge: flags in, the node agent run).
 
-Upstream's flags (each also read from its variable, see `options.py`) and
-Istio's logging flags; `main()` resolves them into `InstallOptions`, checks
+Upstream's flags (each also read from its variable) and Istio's logging
+flags, built from the program's table (`flags.py`); `main()` resolves them
+into `InstallOptions` (`options.py`), checks
 what the API access and the plugin's source need, then runs the node agent
 `assembly.py` composes (the log socket, the istio-cni fast path, the health and
 metrics servers, the installer loop and the repair controller, on the one
@@ -21,14 +22,10 @@ from typing import Any
 import click
 
 from istio_agent.cni.install import binaries
-from istio_agent.cni.install.options import (
-    BOOL,
-    FLAGS,
-    KUBERNETES_ENV,
-    OptionsError,
-    env_name,
-    resolve_install_options,
-)
+from istio_agent.cni.install.flags import FLAGS, INSTALL_CNI, KUBERNETES_ENV, LOG_FLAGS
+from istio_agent.cni.install.options import OptionsError, resolve_install_options
+from istio_agent.config import clickflags
+from istio_agent.config.reference import default_text
 from istio_agent.kube.access import KubeAccessError, in_cluster
 
 log = logging.getLogger("istio_agent.cni.install")
@@ -90,27 +87,29 @@ def configure_logging(output_level: str, as_json: bool) -> None:
 
 
 def _flag_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    for name, kind, default, help_text in reversed(FLAGS):
-        extra: dict[str, Any] = {"is_flag": False, "flag_value": "true"} if kind == BOOL else {}
-        function = click.option(f"--{name}", name.replace("-", "_"), default=None, envvar=env_name(name),
-                                metavar="BOOL" if kind == BOOL else ("INT" if kind == "int" else "TEXT"),
-                                help=f"{help_text} [env {env_name(name)}; default {default!r}]", **extra)(function)
+    """The table's flags as raw text (resolved with Go's rules by `resolve_install_options`), each from the
+    command line or its variable."""
+    for flag in reversed(FLAGS):
+        extra: dict[str, Any] = {"is_flag": False, "flag_value": "true"} if flag.type_name == "bool" else {}
+        variables = ", ".join(flag.env)
+        function = click.option(f"--{flag.name}", flag.name.replace("-", "_"), default=None, envvar=list(flag.env),
+                                metavar={"bool": "BOOL", "int": "INT"}.get(flag.type_name, "TEXT"),
+                                help=f"{flag.description} [env {variables}; default {default_text(flag)!r}]",
+                                **extra)(function)
     for variable in reversed(KUBERNETES_ENV):  # environment only, as upstream; hidden flags are how click reads it
-        function = click.option(f"--{variable.lower().replace('_', '-')}", variable.lower(), default="",
-                                envvar=variable, hidden=True)(function)
+        function = click.option(f"--{variable.name.lower().replace('_', '-')}", variable.name.lower(), default="",
+                                envvar=variable.name, hidden=True)(function)
     return function
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
-@click.option("--log_output_level", default="default:info",
-              help="Comma-separated scope:level pairs (scopes: default, cni-agent, cni-plugin, all).")
-@click.option("--log_as_json", is_flag=True, default=False, help="Log lines as JSON objects.")
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+               help=INSTALL_CNI.commands[0].summary)
+@clickflags.options(LOG_FLAGS)
 @_flag_options
 def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None:
-    """Install and configure the Istio CNI plugin on a node, keep it installed, repair pods broken by the race."""
     configure_logging(log_output_level, log_as_json)
-    values = {name: raw[name.replace("-", "_")] for name, *_ in FLAGS if raw.get(name.replace("-", "_")) is not None}
-    env = {variable: raw.get(variable.lower()) or "" for variable in KUBERNETES_ENV}
+    values = {flag.name: raw[key] for flag in FLAGS if raw.get(key := flag.name.replace("-", "_")) is not None}
+    env = {variable.name: raw.get(variable.name.lower()) or "" for variable in KUBERNETES_ENV}
     try:
         options = resolve_install_options({k: str(v) for k, v in values.items()}, env, socket.gethostname(),
                                           log_output_level)

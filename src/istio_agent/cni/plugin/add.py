@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 
+from istio_agent.cni.plugin import variables
 from istio_agent.cni.plugin.protocol import (
     ERR_INTERNAL,
     ERR_INVALID_ENVIRONMENT,
@@ -43,11 +44,11 @@ if TYPE_CHECKING:
 
 KUBECONFIG_NAME = "istio-cni-kubeconfig"
 CNI_POD_PREFIX = "istio-cni-node-"
-POD_RETRIEVAL_MAX_RETRIES = 30  # upstream's podRetrievalMaxRetries
-POD_RETRIEVAL_INTERVAL = 1.0  # upstream's podRetrievalInterval, seconds
-# Not upstream: tunables, so tests need not wait 30 s for "API down".
-RETRIES_ENV = "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES"
-INTERVAL_ENV = "ISTIO_CNI_POD_RETRIEVAL_INTERVAL"
+POD_RETRIEVAL_MAX_RETRIES: int = variables.POD_RETRIEVAL_MAX_RETRIES.default  # upstream's podRetrievalMaxRetries
+POD_RETRIEVAL_INTERVAL: float = variables.POD_RETRIEVAL_INTERVAL.default  # upstream's podRetrievalInterval, seconds
+# Not upstream: tunables, so tests need not wait 30 s for "API down" (declared in `variables.py`).
+RETRIES_ENV = variables.POD_RETRIEVAL_MAX_RETRIES.name
+INTERVAL_ENV = variables.POD_RETRIEVAL_INTERVAL.name
 
 
 def retry_settings(env: Mapping[str, str]) -> tuple[int, float]:
@@ -137,7 +138,7 @@ def cmd_add(req: Request, conf: PluginConfig, env: Mapping[str, str], log: Plugi
     if conf.ambient_enabled:
         log.info("ambient_enabled is set, but ambient mode is not supported by this istio-cni: "
                  "pods are handled as upstream handles pods not selected for ambient (sidecar rules)")
-    dry_run = bool(env.get("DRY_RUN_FILE_PATH", ""))
+    dry_run = bool(env.get(variables.DRY_RUN_FILE_PATH.name, ""))
     if not dry_run and same_netns_as_plugin(req.netns):
         raise CniError(ERR_INVALID_NETNS, f"CNI_NETNS {req.netns}: plugin's netns and netns from CNI_NETNS should "
                        "not be the same")

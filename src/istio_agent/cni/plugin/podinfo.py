@@ -20,6 +20,7 @@ naming `traffic.sidecar.istio.io/excludeInterfaces` before any rule exists.
 from __future__ import annotations
 
 from istio_agent.capture.config import CaptureConfig
+from istio_agent.capture.flags import ENV_ONLY
 from istio_agent.capture.validation import ConfigError, validate
 from istio_agent.config.gobool import parse_bool
 
@@ -43,12 +44,6 @@ KUBEVIRT_INTERFACES = "traffic.sidecar.istio.io/kubevirtInterfaces"  # deprecate
 REROUTE_VIRTUAL_INTERFACES = "istio.io/reroute-virtual-interfaces"
 ALWAYS_EXCLUDED_INBOUND = "15020,15021,15090"  # appended to every inbound exclusion, as upstream does
 DEFAULT_UID = "1337"
-# Env-only settings istio-iptables reads from the plugin's own environment (upstream's FillConfigFromEnvironment).
-ENV_ONLY = (
-    ("owner_groups_include", "ISTIO_OUTBOUND_OWNER_GROUPS", "*"),
-    ("owner_groups_exclude", "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", ""),
-    ("host_ipv4_loopback_cidr", "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32"),
-)
 
 
 class PodError(ValueError):
@@ -237,8 +232,8 @@ def capture_config(info: PodInfo, netns: str, *, dry_run: bool, native_nftables:
                    warn: Callable[[str], None]) -> CaptureConfig:
     """The validated istio-iptables configuration for this pod (PodError naming the source of a bad value)."""
     settings = redirect_settings(info, warn)
-    for field, var, default in ENV_ONLY:
-        settings[field] = Setting(env.get(var, default), f"istio-cni environment variable {var}")
+    for field, var in ENV_ONLY:  # istio-iptables' environment-only settings, read from the plugin's environment
+        settings[field] = Setting(env.get(var.name, var.default), f"istio-cni environment variable {var.name}")
     values: dict[str, object] = {field: s.value for field, s in settings.items()}
     values.update(proxy_env_flags(info, warn))
     cfg = CaptureConfig(proxy_port="15001", dry_run=dry_run, network_namespace=netns, cni_mode=True,
