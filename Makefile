@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl tmux
 PYTEST_ARGS ?=
 
-.PHONY: setup debs test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs upstream-template test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,7 +30,23 @@ debs:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; fi; \
 	fi
 
-setup: $(STAMP) debs
+# Upstream's Envoy bootstrap template, which its Go pilot-agent reads from its image
+# (./var/lib/istio/envoy/envoy_bootstrap_tmpl.json): copied from the Go module cache of the pinned version
+# into .upstream/share/ (ignored; upstream's source, never committed), where the local node takes it for a
+# pod on upstream's agent (docs/MESH.md, "Upstream's agent and CNI"). Nothing to do without `go`.
+UPSTREAM_PIN ?= $(shell cat upstream.version 2>/dev/null || echo v0.0.0-20260827124520-eed52ebb66ad)
+UPSTREAM_TEMPLATE := $(CURDIR)/.upstream/share/envoy_bootstrap_tmpl.json
+GO_CMD ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
+
+upstream-template:
+	@if [ -z "$(GO_CMD)" ] || [ -f "$(UPSTREAM_TEMPLATE)" ]; then exit 0; fi; \
+	src="$$("$(GO_CMD)" mod download -json istio.io/istio@$(UPSTREAM_PIN) 2>/dev/null | \
+	  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')/tools/packaging/common/envoy_bootstrap.json"; \
+	if [ -f "$$src" ]; then mkdir -p "$(dir $(UPSTREAM_TEMPLATE))" && install -m 0644 "$$src" "$(UPSTREAM_TEMPLATE)" && \
+	  echo "upstream-template: $(UPSTREAM_TEMPLATE)"; \
+	else echo "upstream-template: istio.io/istio@$(UPSTREAM_PIN) not in the Go module cache: upstream's agent unavailable"; fi
+
+setup: $(STAMP) debs upstream-template
 
 # ruff, then the import rules between and inside the two packages ([tool.importlinter] in pyproject.toml).
 lint: setup
