@@ -104,6 +104,7 @@ class UpOptions:
     mesh_file: Path
     directory: Path
     capture: str = "cni"
+    cni: str = "istio-agent"  # the node's CNI agent: ours or upstream's install-cni (NodeOptions.cni)
     scale: int = 1
     timeout: float = 120.0
     pod_cidr: str = "10.244.0.0/24"
@@ -182,10 +183,12 @@ class MeshRun:
             workdir=self.directory / "node", istiod_state=self.directory / "istiod",
             registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
             ready_timeout=self.options.timeout, proxy_config=self.options.proxy_config,
-            capture=self.options.capture, python=self.options.python, upstream_bin=self.options.upstream.bin))
+            capture=self.options.capture, python=self.options.python, upstream_bin=self.options.upstream.bin,
+            cni=self.options.cni if self.options.capture == "cni" else "istio-agent"))
         node.create()
+        agent = " by upstream's install-cni" if node.cni is not None and node.cni.upstream is not None else ""
         self.log.event(f"node {node.plan.netns}: bridge {node.plan.bridge} {node.plan.gateway}/"
-                       f"{node.plan.network.prefixlen}, capture {self.options.capture}, logs in {node.logs}")
+                       f"{node.plan.network.prefixlen}, capture {self.options.capture}{agent}, logs in {node.logs}")
         plans = node.plan_pods(self.plan.pods)
         self._write_registry(plans)
         node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])

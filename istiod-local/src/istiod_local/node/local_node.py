@@ -181,12 +181,15 @@ class NodeOptions:
     cni_repair: str = "label"
     start_parallelism: int = 0  # pods `add_pods` prepares at once; 0: DEFAULT_START_PARALLELISM
     upstream_bin: Path | None = None  # upstream's Go commands (`upstream.py`); None: ISTIO_UPSTREAM_BIN or default
+    cni: str = "istio-agent"  # the node's CNI agent (capture "cni"): our install-cni, or upstream's ("upstream")
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"NodeOptions.capture {self.capture!r}: one of {', '.join(CAPTURE_MODES)}")
         if self.cni_repair not in REPAIR_MODES:
             raise ValueError(f"NodeOptions.cni_repair {self.cni_repair!r}: one of {', '.join(REPAIR_MODES)}")
+        if self.cni not in upstream.CNI_IMPLEMENTATIONS:
+            raise ValueError(f"NodeOptions.cni {self.cni!r}: one of {', '.join(upstream.CNI_IMPLEMENTATIONS)}")
 
 
 class PodInitError(NodeError):
@@ -272,7 +275,8 @@ class LocalNode:
         if self.options.capture == "cni":
             self.cni = NodeCni(self.plan, self.runtime.path, self.options.bin_dir, self.logs, self.istiod_state,
                                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.options.cni_repair,
-                               self.options.ready_timeout)
+                               self.options.ready_timeout,
+                               upstream=self.upstream if self.options.cni == upstream.UPSTREAM else None)
         self.neighbour_limits: dict[str, int] = {}  # the host's ARP table limits create() raised (neighbours.py)
         self._state_lock = threading.Lock()
         self._pod_state: ControlPlaneState | None = None
@@ -347,6 +351,8 @@ class LocalNode:
         if self.plan.netns in ours:
             remove_netns(self.plan.netns)  # the node's last: the pods' veths end on its bridge
         self._mountpoints.release()  # after remove_netns: no container of ours holds a mount any more
+        if self.cni is not None:
+            self.cni.release()
         self._vm_mountpoints.release()
         self.runtime.remove()
         if self._own_workdir:
