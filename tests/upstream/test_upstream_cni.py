@@ -14,11 +14,14 @@ annotations), `go-1` (upstream's Go agent: all of upstream's side at once), `pla
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +30,7 @@ from needs import need_root, need_tool, need_upstream_commands
 
 from istiod_local.node.demo import CLIENT_SPIFFE, ECHO_SERVICE, ECHO_SPIFFE, registry_yaml, request
 from istiod_local.node.plan import PodSpec
-from istiod_local.node.upstream import UPSTREAM
+from istiod_local.node.upstream import UPSTREAM, UPSTREAM_BIN_ENV
 
 pytestmark = pytest.mark.root
 
@@ -141,3 +144,14 @@ def test_upstreams_install_cni_cleaned_up_on_sigterm(runs: dict[str, NodeRun]) -
     assert run.agent_exit == 0
     assert json.loads(run.conflist_at_stop) == json.loads(run.conflist_written)
     assert not run.plugin_left_at_stop
+
+
+def test_up_refuses_upstreams_cni_when_it_is_not_installed(tmp_path: Path) -> None:
+    need_root()
+    env = {**os.environ, UPSTREAM_BIN_ENV: str(tmp_path / "bin")}
+    done = subprocess.run([str(Path(sys.executable).parent / "istiod-local"), "up", "--cni", "upstream", "--once",
+                           "--dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--cni upstream: upstream's Go install-cni, istio-cni not installed in {tmp_path / 'bin'}" in done.stderr
+    assert not (tmp_path / "run").exists()
