@@ -111,6 +111,7 @@ from istiod_local.node.plan import (
     capture_args,
     downward_api_text,
     in_netns,
+    injector_capture_flags,
     node_setup_commands,
     plan_node,
     plan_pod,
@@ -163,6 +164,9 @@ class NodeOptions:
     the plugin captures, and the `istio-validation` init container checks it; "init": the node wires
     pods itself and runs istio-iptables as the `istio-init` container would. `cni_repair`: what
     install-cni's repair controller does to a pod whose validation failed ("label", "delete", "off").
+    `cni`: the node's CNI agent in capture "cni": our install-cni ("istio-agent") or upstream's Go one
+    ("upstream"); `upstream_bin` is where upstream's Go commands are (`upstream.py`; None: ISTIO_UPSTREAM_BIN,
+    else the checkout's `.upstream/bin`), for `cni="upstream"` and for pods on upstream's agent.
     """
 
     workdir: Path | None = None
@@ -644,8 +648,16 @@ class LocalNode:
                             self.logs / f"{plan.name}-app.log", env=proxyless.app_environment(plan, os.environ))
 
     def _istio_init(self, pod: Pod) -> None:
-        """What the istio-init container does: program capture in the pod namespace."""
-        argv = [str(self.options.bin_dir / "istio-iptables"), *capture_args(pod.plan)]
+        """What the istio-init container does: program capture in the pod namespace.
+
+        Upstream's image runs `pilot-agent istio-iptables` inside the pod's namespace, as its istio-init
+        container does (given `--network-namespace` from outside instead, it picks the iptables flavour of the
+        namespace it was started in, here the host's)."""
+        if pod.upstream_agent:
+            argv = in_netns(pod.netns, [self._pilot_agent(pod), "istio-iptables",
+                                        *injector_capture_flags(pod.plan.spec)])
+        else:
+            argv = [str(self.options.bin_dir / "istio-iptables"), *capture_args(pod.plan)]
         log = self.logs / f"{pod.name}-init.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
