@@ -39,12 +39,14 @@ UPSTREAM_TEMPLATE := $(CURDIR)/.upstream/share/envoy_bootstrap_tmpl.json
 GO_CMD ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
 
 upstream-template:
-	@if [ -z "$(GO_CMD)" ] || [ -f "$(UPSTREAM_TEMPLATE)" ]; then exit 0; fi; \
+	@stamp="$(dir $(UPSTREAM_TEMPLATE)).version"; \
+	if [ -z "$(GO_CMD)" ] || { [ -f "$(UPSTREAM_TEMPLATE)" ] && [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_PIN)" ]; }; \
+	then exit 0; fi; \
 	src="$$("$(GO_CMD)" mod download -json istio.io/istio@$(UPSTREAM_PIN) 2>/dev/null | \
 	  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')/tools/packaging/common/envoy_bootstrap.json"; \
 	if [ -f "$$src" ]; then mkdir -p "$(dir $(UPSTREAM_TEMPLATE))" && install -m 0644 "$$src" "$(UPSTREAM_TEMPLATE)" && \
-	  echo "upstream-template: $(UPSTREAM_TEMPLATE)"; \
-	else echo "upstream-template: istio.io/istio@$(UPSTREAM_PIN) not in the Go module cache: upstream's agent unavailable"; fi
+	  echo "$(UPSTREAM_PIN)" > "$$stamp" && echo "upstream-template: $(UPSTREAM_TEMPLATE) ($(UPSTREAM_PIN))"; \
+	else echo "upstream-template: istio.io/istio@$(UPSTREAM_PIN) not in the Go module proxy: upstream's agent unavailable"; fi
 
 setup: $(STAMP) debs upstream-template
 
