@@ -7,7 +7,7 @@ DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils 
 	wabt docker-registry skopeo apache2-utils
 PYTEST_ARGS ?=
 
-.PHONY: setup debs oras test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs oras upstream-template test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -38,7 +38,26 @@ oras:
 	@if [ ! -x $(ORAS) ] && command -v go >/dev/null; then echo "installing: oras $(ORAS_VERSION)"; \
 	  GOBIN=$(CURDIR)/.upstream/bin go install oras.land/oras/cmd/oras@$(ORAS_VERSION); fi
 
-setup: $(STAMP) debs oras
+
+# Upstream's Envoy bootstrap template, which its Go pilot-agent reads from its image
+# (./var/lib/istio/envoy/envoy_bootstrap_tmpl.json): copied from the Go module cache of the pinned version
+# into .upstream/share/ (ignored; upstream's source, never committed), where the local node takes it for a
+# pod on upstream's agent (docs/MESH.md, "Upstream's agent and CNI"). Nothing to do without `go`.
+UPSTREAM_PIN ?= $(shell cat upstream.version 2>/dev/null || echo v0.0.0-20260827124520-eed52ebb66ad)
+UPSTREAM_TEMPLATE := $(CURDIR)/.upstream/share/envoy_bootstrap_tmpl.json
+GO_CMD ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
+
+upstream-template:
+	@stamp="$(dir $(UPSTREAM_TEMPLATE)).version"; \
+	if [ -z "$(GO_CMD)" ] || { [ -f "$(UPSTREAM_TEMPLATE)" ] && [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_PIN)" ]; }; \
+	then exit 0; fi; \
+	src="$$("$(GO_CMD)" mod download -json istio.io/istio@$(UPSTREAM_PIN) 2>/dev/null | \
+	  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')/tools/packaging/common/envoy_bootstrap.json"; \
+	if [ -f "$$src" ]; then mkdir -p "$(dir $(UPSTREAM_TEMPLATE))" && install -m 0644 "$$src" "$(UPSTREAM_TEMPLATE)" && \
+	  echo "$(UPSTREAM_PIN)" > "$$stamp" && echo "upstream-template: $(UPSTREAM_TEMPLATE) ($(UPSTREAM_PIN))"; \
+	else echo "upstream-template: istio.io/istio@$(UPSTREAM_PIN) not in the Go module proxy: upstream's agent unavailable"; fi
+
+setup: $(STAMP) debs oras upstream-template
 
 # ruff, then the import rules between and inside the two packages ([tool.importlinter] in pyproject.toml).
 lint: setup

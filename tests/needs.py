@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from support import CONFORMANCE, ENVOY, ISTIOD_LOCAL, PILOT_AGENT
+
+if TYPE_CHECKING:
+    from istiod_local.node.upstream import UpstreamCommands
 
 
 def require_all() -> bool:
@@ -54,3 +58,14 @@ def need_sidecar_binaries() -> None:
     """istiod-local, pilot-agent and Envoy, for a test that starts a sidecar without the tier's fixtures."""
     for binary in (ISTIOD_LOCAL, PILOT_AGENT, ENVOY):
         need_file(binary)
+
+
+def need_upstream_commands(*commands: str) -> UpstreamCommands:
+    """Upstream's Go commands (and, with pilot-agent, its bootstrap template) where the local node looks for them
+    (`ISTIO_UPSTREAM_BIN`, else `<checkout>/.upstream/bin`: `istiod_local.node.upstream`)."""
+    from istiod_local.node.upstream import upstream_commands
+
+    found = upstream_commands()
+    missing = found.missing(*commands)
+    need(not missing, missing)
+    return found

@@ -103,9 +103,10 @@ def test_the_live_view_of_the_default_mesh(terminal: Terminal, tmp_path: Path) -
     print(screen)
     for ns, pod, account in MESHED:
         assert f"spiffe://cluster.local/ns/{ns}/sa/{account}" in table[f"{ns}/{pod}"], table[f"{ns}/{pod}"]
-    assert table["default/legacy-1"][2] == "none"
+    assert table["default/legacy-1"][2] == "none" and table["default/legacy-1"][3] == "-"
     sidecar = table["default/sleep-1"]
-    assert re.search(r"CDS \d+/0", sidecar[7]) and sidecar[4].endswith("h"), sidecar
+    assert sidecar[3] == "istio-agent", sidecar  # whose agent: ours (the mesh's default)
+    assert re.search(r"CDS \d+/0", sidecar[8]) and sidecar[5].endswith("h"), sidecar
     tcp = table["tcp-echo.secure"]
     assert float(tcp[5]) > 0, tcp  # connections per second
     assert re.search(r"istiod-local: [89] proxies connected, mesh version \d+", screen), screen

@@ -114,3 +114,35 @@ def test_pod_files(tmp_path: Path) -> None:
         "default", "sleep", "sleep-1")
     assert claims.expires_at == NOW + 600
     assert not files.token.read_text().endswith("\n")
+
+
+def _serving_ips(state: object) -> list[str]:
+    from cryptography import x509
+
+    cert = state.serving_cert  # type: ignore[attr-defined]
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+
+
+def test_serving_cert_names_the_address_serve_listens_on_and_keeps_it(tmp_path: Path) -> None:
+    """An agent given CA_ADDR as an address (upstream's Go agent ignores ISTIOD_SAN then) verifies that address."""
+    first = load_or_create_state(tmp_path, "cluster.local", NOW)
+    assert _serving_ips(first) == ["127.0.0.1"]
+    served = load_or_create_state(tmp_path, "cluster.local", NOW + 60, ("10.244.0.1",))
+    assert _serving_ips(served) == ["127.0.0.1", "10.244.0.1"]
+    assert served.serving_cert != first.serving_cert and verify_signed_by(served.serving_cert, first.ca.cert)
+    assert served.serving_key.private_numbers() == first.serving_key.private_numbers()  # type: ignore[union-attr]
+    # A reader that asks for no address (pod-files) takes the certificate as it is; another address is added.
+    assert load_or_create_state(tmp_path, "cluster.local", NOW + 120).serving_cert == served.serving_cert
+    other = load_or_create_state(tmp_path, "cluster.local", NOW + 180, ("10.245.0.1",))
+    assert set(_serving_ips(other)) == {"127.0.0.1", "10.244.0.1", "10.245.0.1"}
+
+
+def test_serve_names_a_listening_ip_but_not_a_wildcard_or_a_name() -> None:
+    from istiod_local.controlplane.server import serving_ips
+
+    assert serving_ips("10.244.0.1:15012") == ("10.244.0.1",)
+    assert serving_ips("[::1]:15012") == ("::1",)
+    assert serving_ips("0.0.0.0:15012") == ()
+    assert serving_ips("localhost:15012") == ()
+    assert serving_ips("") == ()

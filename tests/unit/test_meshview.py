@@ -385,3 +385,34 @@ def test_a_pem_workload_certificate_gives_identity_expiry_and_serial() -> None:
     assert parse_pem_certificate(certs.cert_to_pem(ca.cert).encode()) is None  # no SPIFFE SAN in a root
     with pytest.raises(ValueError):
         parse_pem_certificate(b"not a certificate")
+
+
+UPSTREAM_AGENT_METRICS = """\
+istio_agent_cert_expiry_seconds{resource_name="default"} 86398.9
+istio_agent_dns_requests_total 7
+istio_agent_dns_upstream_requests_total 2
+istio_agent_dns_upstream_failures_total 1
+"""
+
+
+def test_upstreams_go_agent_counts_dns_in_its_own_series() -> None:
+    agent = parse_agent_metrics(UPSTREAM_AGENT_METRICS)
+    assert (agent.dns_local, agent.dns_forwarded, agent.dns_failed) == (5, 2, 1)
+    # ours wins where both appear (a merged scrape never has both, but our names are the view's own)
+    assert parse_agent_metrics(AGENT_METRICS + UPSTREAM_AGENT_METRICS).dns_local == 6
+
+
+def test_the_view_says_which_agent_each_pod_runs() -> None:
+    go = ViewTarget("go-1", "default", "10.244.0.5", "ns-go", "sidecar", "go", agent="upstream")
+    history = History()
+    history.add_pods([PodSample(go, 0.0, ready=True), PodSample(ECHO_POD, 0.0, ready=True), PodSample(PLAIN, 0.0)],
+                     0.0)
+    view = build_view(history, 0.0)
+    assert [p.agent for p in view.pods] == ["upstream", "istio-agent", ""]
+    lines = render_text(view, width=200).splitlines()
+    header = next(line for line in lines if "identity" in line)
+    assert [c.strip() for c in header.split("┃")[1:5]] == ["pod", "ip", "mode", "agent"], header
+    assert "upstream" in next(line for line in lines if "default/go-1" in line)
+    assert "istio-agent" in next(line for line in lines if "default/echo-1" in line)
+    assert changes(None, view)[0] == "pod default/go-1 added: 10.244.0.5 sidecar (upstream's agent) " \
+                                     "spiffe://cluster.local/ns/default/sa/go"

@@ -161,6 +161,9 @@ UP = Command(
              type_name="path", dest="directory"),
         Flag("capture", "cni", "Who programs a sidecar pod's capture: the Istio CNI plugin or istio-init.",
              choices=("cni", "init")),
+        Flag("cni", "istio-agent", "The node's CNI agent (with --capture cni): our install-cni and istio-cni, or "
+             "upstream Istio's Go ones (installed by `make upstream`, or in ISTIO_UPSTREAM_BIN).",
+             choices=("istio-agent", "upstream")),
         Flag("scale", 1, "Multiply every deployment's replicas.", integer, "int"),
         Flag("check", False, "Probe every pair of workloads against the file's policies, print the table, exit 0 if "
              "every expectation held, 1 otherwise.", go_bool, "bool"),

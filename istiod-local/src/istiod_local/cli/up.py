@@ -26,13 +26,20 @@ from istiod_local.cli.flags import UP
 @clickflags.options(UP.flags, {
     "dir": {"type": click.Path(file_okay=False, path_type=Path)}, "scale": {"type": click.IntRange(min=1)},
     "timeout": {"type": click.FloatRange(min=1)}}, show_default=True)
-def up(mesh_file: Path | None, directory: Path, capture: str, scale: int, check: bool, once: bool, timeout: float,
-       pod_cidr: str, live: bool | None) -> None:
+def up(mesh_file: Path | None, directory: Path, capture: str, cni: str, scale: int, check: bool, once: bool,
+       timeout: float, pod_cidr: str, live: bool | None) -> None:
     if os.geteuid() != 0:
         raise click.UsageError("istiod-local up builds network namespaces and iptables rules: run it as root")
     from istiod_local.mesh.up import UpOptions, default_mesh, interrupt_on_signals, run_up
+    from istiod_local.node.upstream import upstream_commands
 
+    if cni == "upstream":
+        if capture != "cni":
+            raise click.UsageError("--cni upstream is the node's CNI agent: it needs --capture cni")
+        missing = upstream_commands().missing("install-cni", "istio-cni")
+        if missing:
+            raise click.UsageError(f"--cni upstream: {missing}")
     interrupt_on_signals()
     options = UpOptions(mesh_file=(mesh_file or default_mesh()).resolve(), directory=directory, capture=capture,
-                        scale=scale, timeout=timeout, pod_cidr=pod_cidr)
+                        cni=cni, scale=scale, timeout=timeout, pod_cidr=pod_cidr)
     sys.exit(run_up(options, check, once, live))

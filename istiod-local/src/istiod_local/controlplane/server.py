@@ -21,6 +21,7 @@ it (`assembly.py` composes `istiod-local serve`).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Callable
@@ -64,6 +65,16 @@ def _with_port(address: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def serving_ips(address: str) -> tuple[str, ...]:
+    """The IP address a `host:port` listens on, for the serving certificate: none for a name or a wildcard."""
+    host = address.rsplit(":", 1)[0].strip("[]") if address else ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return ()
+    return () if ip.is_unspecified else (str(ip),)
+
+
 class ControlPlane:
     """istiod-local's gRPC servers and state; `async start()` / `async stop()`, or `async with`."""
 
@@ -76,7 +87,8 @@ class ControlPlane:
             raise ValueError(f"max certificate TTL must be positive, got {options.max_cert_ttl_seconds}s")
         self.options = options
         self._clock = clock
-        self.state: ControlPlaneState = load_or_create_state(options.state_dir, options.trust_domain, clock())
+        self.state: ControlPlaneState = load_or_create_state(options.state_dir, options.trust_domain, clock(),
+                                                             serving_ips(options.secure_grpc_addr))
         self.verifier = TokenVerifier(self.state.token_key.public_key())
         self.signer = WorkloadSigner(self.state.ca, self.verifier, options.trust_domain, options.max_cert_ttl_seconds)
         self._registrars: list[ServiceRegistrar] = [register_ca_service(IstioCertificateServicer(self.signer, clock))]

@@ -42,7 +42,10 @@ SERVING_CERT = "istiod-cert.pem"
 TOKEN_KEY = "token-signing-key.pem"
 LOCK = ".lock"
 
-# The names istiod's own serving certificate answers to, as agents dial it.
+# The names istiod's own serving certificate answers to, as agents dial it. `serve` adds the address it
+# listens on (`serving_ips`): an agent given `CA_ADDR` as an address verifies that address, not ISTIOD_SAN
+# (upstream's pilot-agent applies ISTIOD_SAN only when CA_ADDR is unset), so the local node's gateway
+# address (10.244.0.1) must be on the certificate for upstream's Go agent to get one.
 SERVING_DNS_NAMES = ("istiod.istio-system.svc", "localhost")
 SERVING_IPS = ("127.0.0.1",)
 
@@ -138,8 +141,19 @@ def _load_or_create_root(directory: Path, trust_domain: str, now: float) -> Cert
     return ca
 
 
-def _serving_cert_usable(ca: CertificateAuthority, key: PrivateKey, cert: x509.Certificate, now: float) -> bool:
+def _cert_ips(cert: x509.Certificate) -> set[str]:
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+
+
+def _serving_cert_usable(ca: CertificateAuthority, key: PrivateKey, cert: x509.Certificate, now: float,
+                         ips: tuple[str, ...]) -> bool:
     if not public_key_matches(cert, key) or cert.issuer != ca.cert.subject:
+        return False
+    if not set(ips) <= _cert_ips(cert):
         return False
     try:
         cert.verify_directly_issued_by(ca.cert)
@@ -148,17 +162,19 @@ def _serving_cert_usable(ca: CertificateAuthority, key: PrivateKey, cert: x509.C
     return not_after(cert) - now > SERVING_RENEW_BEFORE
 
 
-def _load_or_create_serving(directory: Path, ca: CertificateAuthority, now: float) -> tuple[PrivateKey,
-                                                                                            x509.Certificate]:
+def _load_or_create_serving(directory: Path, ca: CertificateAuthority, now: float,
+                            extra_ips: tuple[str, ...]) -> tuple[PrivateKey, x509.Certificate]:
     key_path, cert_path = directory / SERVING_KEY, directory / SERVING_CERT
+    ips = tuple(dict.fromkeys((*SERVING_IPS, *extra_ips)))
     if key_path.exists() and cert_path.exists():
         key, cert = _read_key(key_path), _read_cert(cert_path)
-        if _serving_cert_usable(ca, key, cert, now):
+        if _serving_cert_usable(ca, key, cert, now, ips):
             return key, cert
+        ips = tuple(dict.fromkeys((*ips, *sorted(_cert_ips(cert)))))  # keep the addresses it named
     else:
         key = generate_key("ECDSA")
         write_file_atomic(key_path, key_to_pem(key), 0o600)
-    cert = issue_server_cert(ca, key, SERVING_DNS_NAMES, SERVING_IPS, now, SERVING_TTL)
+    cert = issue_server_cert(ca, key, SERVING_DNS_NAMES, ips, now, SERVING_TTL)
     write_file_atomic(cert_path, cert_to_pem(cert).encode(), 0o644)
     return key, cert
 
@@ -172,8 +188,12 @@ def _load_or_create_token_key(directory: Path) -> PrivateKey:
     return key
 
 
-def load_or_create_state(directory: Path | str, trust_domain: str, now: float) -> ControlPlaneState:
-    """Open the state directory, creating whatever is missing; StateError when what is there is unusable."""
+def load_or_create_state(directory: Path | str, trust_domain: str, now: float,
+                         serving_ips: tuple[str, ...] = ()) -> ControlPlaneState:
+    """Open the state directory, creating whatever is missing; StateError when what is there is unusable.
+
+    `serving_ips`: addresses the serving certificate must name besides SERVING_IPS (where `serve` listens);
+    one that lacks any is re-issued with them (same key and root, the addresses it had kept)."""
     path = Path(directory)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -183,6 +203,6 @@ def load_or_create_state(directory: Path | str, trust_domain: str, now: float) -
         raise StateError(f"state directory {path} is not a directory")
     with _locked(path):
         ca = _load_or_create_root(path, trust_domain, now)
-        serving_key, serving_cert = _load_or_create_serving(path, ca, now)
+        serving_key, serving_cert = _load_or_create_serving(path, ca, now, serving_ips)
         token_key = _load_or_create_token_key(path)
     return ControlPlaneState(path, ca, serving_key, serving_cert, token_key)

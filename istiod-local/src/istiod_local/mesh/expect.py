@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from istiod_local.mesh.model import GRPC_CONTROL_PORT, Deployment, Mesh, Service
+from istiod_local.mesh.model import AGENTS, GRPC_CONTROL_PORT, Deployment, Mesh, Service
 from istiod_local.mesh.planner import MeshPlan, pod_name
 
 MTLS, PLAINTEXT, REFUSED = "mtls", "plaintext", "refused"
@@ -254,10 +254,38 @@ def _short(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def table(rows: Sequence[Row]) -> str:
-    """One table: client, target, via, expected, observed, ok."""
-    head = ("client", "target", "via", "expected", "observed", "ok")
-    cells = [head] + [(r.probe.pod, r.probe.target, r.probe.via, r.expected.show(),
+def _agent(deployment: Deployment | None) -> str:
+    return "none" if deployment is None or deployment.mode == "none" else deployment.agent
+
+
+def agents(plan: MeshPlan, probe: Probe) -> str:
+    """Whose agents a probe went between, `client→server` ("istio-agent", "upstream", "none" outside the mesh;
+    a service whose pods run both shows both, joined by `+`)."""
+    mesh = plan.mesh
+    if probe.backend:
+        servers = [mesh.deployment(probe.backend)]
+    elif probe.entry:
+        entry = mesh.entry(probe.entry)
+        servers = [mesh.deployment(e.deployment) for e in (entry.endpoints if entry else ()) if e.deployment]
+    else:
+        service = mesh.service(probe.service)
+        servers = list(_live_backends(plan, service)) if service is not None else []
+    server = "+".join(dict.fromkeys(_agent(d) for d in servers)) or "-"
+    return f"{_agent(mesh.deployment(probe.client))}→{server}"
+
+
+def mixed(plan: MeshPlan) -> bool:
+    """Whether the mesh runs upstream's agent anywhere (the table then says whose agents each probe went between)."""
+    return any(d.agent != AGENTS[0] and d.mode != "none" for d in plan.mesh.deployments)
+
+
+def table(rows: Sequence[Row], plan: MeshPlan | None = None) -> str:
+    """One table: client, target, via, expected, observed, ok; with a `plan` that mixes agent implementations,
+    also `agents` (client→server, `agents()`)."""
+    show_agents = plan is not None and mixed(plan)
+    head = ("client", "target", "via", *(("agents",) if show_agents else ()), "expected", "observed", "ok")
+    cells = [head] + [(r.probe.pod, r.probe.target, r.probe.via,
+                       *((agents(plan, r.probe),) if show_agents and plan is not None else ()), r.expected.show(),
                        r.observed.show() + (f" ({_short(r.observed.detail)})" if r.observed.kind == REFUSED
                                             and r.observed.detail else ""),
                        "ok" if r.ok else "FAIL") for r in rows]

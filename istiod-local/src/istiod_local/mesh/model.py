@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from istiod_local.node.upstream import AGENT_IMPLEMENTATIONS
+
 MTLS_MODES = ("STRICT", "PERMISSIVE", "DISABLE")
 PROTOCOLS = ("HTTP", "HTTP2", "GRPC", "TCP")
 MODES = ("sidecar", "proxyless", "none")
+# Whose pilot-agent a meshed deployment's pods run: ours (the default), or upstream's Go one.
+AGENTS = AGENT_IMPLEMENTATIONS
 APP_KINDS = ("http-echo", "tcp-echo", "grpc-server", "grpc-client", "client", "none")
 # The app kinds that listen (need a port) and those that call others in the background.
 SERVER_KINDS = ("http-echo", "tcp-echo", "grpc-server")
@@ -98,6 +102,7 @@ class Deployment:
     mode: str
     app: App
     dns_capture: bool = False
+    agent: str = "istio-agent"
 
     @property
     def key(self) -> str:

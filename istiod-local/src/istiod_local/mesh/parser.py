@@ -25,6 +25,7 @@ except where noted)::
       labels: {app: reviews, version: v1}   # default: {app: <name>}
       mode: sidecar                         # sidecar (Envoy, default) | proxyless (gRPC) | none (no mesh)
       dnsCapture: true                      # the agent's DNS proxy (sidecar only), default false
+      agent: istio-agent                    # istio-agent (ours, default) | upstream (upstream's Go pilot-agent)
       app:                                  # or a bare kind: `app: client`
         kind: http-echo                     # http-echo | tcp-echo | grpc-server | grpc-client | client | none
         port: 8080                          # what a server listens on
@@ -76,6 +77,7 @@ from istiod_local.controlplane.xds.yamlfields import (
     protocol_from_name,
 )
 from istiod_local.mesh.model import (
+    AGENTS,
     APP_KINDS,
     CLIENT_KINDS,
     DEFAULT_CALL_INTERVAL,
@@ -111,7 +113,8 @@ _NAMESPACE = frozenset({"name", "peerAuthentication", "labels"})
 _SERVICE = frozenset({"name", "namespace", "selector", "clusterIP", "ports"})
 _PORT = frozenset({"name", "port", "targetPort", "protocol"})
 _ENTRY_PORT = frozenset({"name", "number", "targetPort", "protocol"})
-_DEPLOYMENT = frozenset({"name", "namespace", "replicas", "serviceAccount", "labels", "mode", "dnsCapture", "app"})
+_DEPLOYMENT = frozenset({"name", "namespace", "replicas", "serviceAccount", "labels", "mode", "dnsCapture", "app",
+                         "agent"})
 _APP = frozenset({"kind", "port", "next", "calls", "interval"})
 _ENTRY = frozenset({"name", "namespace", "hosts", "addresses", "ports", "resolution", "endpoints"})
 _ENDPOINT = frozenset({"address", "deployment"})
@@ -378,10 +381,13 @@ def _deployments(top: Fields, namespaces: dict[str, Namespace], resolver: _Resol
         dns_capture = _boolean(f, "dnsCapture", False)
         if dns_capture and mode != "sidecar":
             f.fail(f.value_node("dnsCapture"), "dnsCapture", f"DNS capture is the sidecar agent's; mode is {mode}")
+        agent = choice(f, "agent", AGENTS, AGENTS[0])
+        if mode == "none" and f.has("agent"):
+            f.fail(f.value_node("agent"), "agent", "a pod outside the mesh (mode: none) runs no agent")
         labels = f.string_map("labels") if f.has("labels") else {"app": name}
         out.append(Deployment(name, namespace, f.integer("replicas", 1, 0, MAX_REPLICAS),
                               dns_label(f, "serviceAccount", name), labels, mode,
-                              _app(f, resolver, namespace, mode, dns_capture), dns_capture))
+                              _app(f, resolver, namespace, mode, dns_capture), dns_capture, agent))
     return out
 
 

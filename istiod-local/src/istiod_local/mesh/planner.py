@@ -110,7 +110,8 @@ def pod_spec(deployment: Deployment, index: int, mesh: Mesh, ips: Mapping[str, s
     return PodSpec(name, namespace=deployment.namespace,
                    service_account=deployment.service_account, labels=dict(deployment.labels),
                    app=tuple(app_argv(deployment, mesh, ips, python, name)), sidecar=deployment.mode != "none",
-                   dns_capture=deployment.dns_capture, proxyless=deployment.mode == "proxyless")
+                   dns_capture=deployment.dns_capture, proxyless=deployment.mode == "proxyless",
+                   agent_implementation=deployment.agent)
 
 
 def plan_mesh(mesh: Mesh, scale: int = 1, python: str = "python3") -> MeshPlan:

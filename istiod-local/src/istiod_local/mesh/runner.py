@@ -43,6 +43,7 @@ from istiod_local.node.local_node import LocalNode, NodeOptions, Pod
 from istiod_local.node.plan import PlanError, PodPlan, PodSpec
 from istiod_local.node.processes import NodeError
 from istiod_local.node.proxyless import OUTPUT_CERTS
+from istiod_local.node.upstream import UPSTREAM, UpstreamCommands, upstream_commands
 
 # Istio's default stats inclusion list leaves out what the check and the live view read: TLS handshakes,
 # and the per-cluster request counters and latency histograms the request rates come from.
@@ -57,15 +58,23 @@ class MeshFileError(RuntimeError):
     """The mesh file cannot be read or parsed (the message names the line and field)."""
 
 
-def load_mesh(path: Path) -> Mesh:
+def load_mesh(path: Path, upstream: UpstreamCommands | None = None) -> Mesh:
+    """The mesh file parsed; with `upstream`, refused when a deployment asks for upstream's agent and it is
+    not installed there (before anything is built, or, for an edit, instead of applying it)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise MeshFileError(f"{path}: {exc}") from None
     try:
-        return parse_mesh(text, str(path))
+        mesh = parse_mesh(text, str(path))
     except RegistryError as exc:
         raise MeshFileError(str(exc)) from None
+    wanting = [d.name for d in mesh.deployments if d.agent == UPSTREAM and d.mode != "none"]
+    missing = upstream.missing("pilot-agent") if upstream is not None and wanting else ""
+    if missing:
+        raise MeshFileError(f"{path}: deployment{'s' if len(wanting) > 1 else ''} {', '.join(wanting)} ask for "
+                            f"agent: upstream, but {missing}")
+    return mesh
 
 
 class EventLog:
@@ -95,11 +104,13 @@ class UpOptions:
     mesh_file: Path
     directory: Path
     capture: str = "cni"
+    cni: str = "istio-agent"  # the node's CNI agent: ours or upstream's install-cni (NodeOptions.cni)
     scale: int = 1
     timeout: float = 120.0
     pod_cidr: str = "10.244.0.0/24"
     python: str = sys.executable
     proxy_config: Mapping[str, Any] = field(default_factory=lambda: dict(MESH_PROXY_CONFIG))
+    upstream: UpstreamCommands = field(default_factory=upstream_commands)  # for `agent: upstream` deployments
 
 
 def _rss_kb(pid: int) -> int:
@@ -161,7 +172,7 @@ class MeshRun:
 
         `before_pods` runs once istiod-local is up and before the first pod is made (the live view starts
         there, so it shows the pods coming up)."""
-        mesh = load_mesh(self.options.mesh_file)  # a broken file fails before anything is built
+        mesh = load_mesh(self.options.mesh_file, self.options.upstream)  # a broken file fails before anything
         self._signature = self._stat()
         self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
         problem = cidr_problem(len(self.plan.pods), self.options.pod_cidr)
@@ -172,10 +183,12 @@ class MeshRun:
             workdir=self.directory / "node", istiod_state=self.directory / "istiod",
             registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
             ready_timeout=self.options.timeout, proxy_config=self.options.proxy_config,
-            capture=self.options.capture, python=self.options.python))
+            capture=self.options.capture, python=self.options.python, upstream_bin=self.options.upstream.bin,
+            cni=self.options.cni if self.options.capture == "cni" else "istio-agent"))
         node.create()
+        agent = " by upstream's install-cni" if node.cni is not None and node.cni.upstream is not None else ""
         self.log.event(f"node {node.plan.netns}: bridge {node.plan.bridge} {node.plan.gateway}/"
-                       f"{node.plan.network.prefixlen}, capture {self.options.capture}, logs in {node.logs}")
+                       f"{node.plan.network.prefixlen}, capture {self.options.capture}{agent}, logs in {node.logs}")
         plans = node.plan_pods(self.plan.pods)
         self._write_registry(plans)
         node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])
@@ -200,7 +213,8 @@ class MeshRun:
             # A proxyless pod has no Envoy to ask for its certificate: read the one its agent writes.
             cert = str(pod.dir / OUTPUT_CERTS.lstrip("/") / "cert-chain.pem") if spec.proxyless else ""
             out.append(ViewTarget(name=pod.name, namespace=spec.namespace, ip=pod.ip, netns=pod.netns, mode=mode,
-                                  service_account=spec.service_account, cert_file=cert))
+                                  service_account=spec.service_account, cert_file=cert,
+                                  agent=spec.agent_implementation))
         return out
 
     def close(self) -> None:
@@ -233,7 +247,8 @@ class MeshRun:
 
     @staticmethod
     def _mode(spec: PodSpec) -> str:
-        return "proxyless" if spec.proxyless else "sidecar" if spec.sidecar else "no mesh"
+        mode = "proxyless" if spec.proxyless else "sidecar" if spec.sidecar else "no mesh"
+        return f"{mode} (upstream's agent)" if spec.sidecar and spec.agent_implementation == UPSTREAM else mode
 
     def _remove_pod(self, name: str) -> None:
         assert self.node is not None
@@ -281,7 +296,7 @@ class MeshRun:
             return
         self._signature = signature
         try:
-            mesh = load_mesh(self.options.mesh_file)
+            mesh = load_mesh(self.options.mesh_file, self.options.upstream)
         except MeshFileError as exc:
             if str(exc) != self._last_error:
                 self.log.event(f"mesh file refused, keeping the last good mesh: {exc}")

@@ -62,7 +62,7 @@ def run_up(options: UpOptions, check: bool, once: bool, live: bool | None = None
             passed: bool | None = None
             if check:
                 rows, passed = run.check()
-                print(table(rows), flush=True)
+                print(table(rows, run.plan), flush=True)
             result = {"pods": len(run.pods), "ready_s": round(run.ready_s or 0.0, 1),
                       "rss_per_pod_mb": run.rss_per_pod_mb(), "check_passed": passed}
             status = 0 if passed in (None, True) else 1

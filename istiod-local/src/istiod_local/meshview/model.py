@@ -23,6 +23,7 @@ from istiod_local.meshview.stats import (
 )
 
 MODES = ("sidecar", "proxyless", "none")
+UPSTREAM_AGENT = "upstream"  # `ViewTarget.agent` of a pod on upstream's Go pilot-agent
 XDS_TYPES = ("cds", "eds", "lds", "rds", "nds")
 
 
@@ -34,6 +35,8 @@ class ViewTarget:
     "none" (no mesh: only listed). The status port is the agent's :15020 inside the pod.
     `cert_file`: a PEM file on this host with the pod's workload certificate, read where no Envoy
     says which one it serves (a proxyless pod's OUTPUT_CERTS `cert-chain.pem`); "" for none.
+    `agent`: whose pilot-agent the pod runs, "istio-agent" (ours) or "upstream" (upstream's Go one),
+    shown beside its mode.
     """
 
     name: str
@@ -47,6 +50,7 @@ class ViewTarget:
     status_port: int = 15020
     admin_host: str = "127.0.0.1"
     cert_file: str = ""
+    agent: str = "istio-agent"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -125,6 +129,7 @@ class PodView:
     dns_local: int
     dns_forwarded: int
     error: str = ""
+    agent: str = "istio-agent"
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ def pod_view(newest: PodSample, now: float) -> PodView:
         ready=newest.ready, cert_expires_in=None if expiry is None else expiry - now,
         rotations=_rotations(agent), xds=_xds(agent),
         dns_local=int(agent.dns_local) if agent else 0, dns_forwarded=int(agent.dns_forwarded) if agent else 0,
-        error=newest.error,
+        error=newest.error, agent=target.agent if target.mode != "none" else "",
     )
 
 
@@ -314,7 +319,9 @@ def changes(before: MeshView | None, after: MeshView) -> list[str]:
         was = old.get(key)
         where = f"pod {pod.namespace}/{pod.name}"
         if was is None:
-            lines.append(f"{where} added: {pod.ip} {pod.mode}" + (f" {pod.identity}" if pod.identity else ""))
+            lines.append(f"{where} added: {pod.ip} {pod.mode}" + (" (upstream's agent)" if pod.agent == UPSTREAM_AGENT
+                                                                    else "")
+                         + (f" {pod.identity}" if pod.identity else ""))
             if pod.ready:
                 lines.append(f"{where} ready")
             continue

@@ -68,14 +68,14 @@ def pods_table(view: MeshView, max_rows: int | None = None) -> Table:
     meshed = sum(1 for p in pods if p.mode != "none")
     table = Table(title=f"pods ({len(pods)}; {ready} of {meshed} in the mesh ready)", title_justify="left",
                   expand=False, pad_edge=False)
-    for column in ("pod", "ip", "mode", "identity", "cert", "rot", "ready", "xDS ack/nack", "dns loc/fwd"):
+    for column in ("pod", "ip", "mode", "agent", "identity", "cert", "rot", "ready", "xDS ack/nack", "dns loc/fwd"):
         table.add_column(column, no_wrap=True)
     shown, hidden = _shown(pods, max_rows)
     for pod in shown:
         identity = Text(pod.identity or "-", style="" if pod.identity_confirmed else "dim")
         cert = "-" if pod.mode == "none" else _duration(pod.cert_expires_in)
         dns = "-" if pod.mode == "none" else f"{pod.dns_local}/{pod.dns_forwarded}"
-        table.add_row(f"{pod.namespace}/{pod.name}", pod.ip, pod.mode, identity, cert,
+        table.add_row(f"{pod.namespace}/{pod.name}", pod.ip, pod.mode, pod.agent or "-", identity, cert,
                       "-" if pod.mode == "none" else str(pod.rotations), _ready(pod), _xds(pod), dns)
     if hidden:
         table.add_row(Text(f"… {len(hidden)} more ({sum(1 for p in hidden if p.ready)} ready)", style="dim"))

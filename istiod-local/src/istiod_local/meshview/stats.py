@@ -147,13 +147,20 @@ def prometheus_samples(text: str, prefix: str = "") -> list[tuple[str, dict[str,
     return out
 
 
+# Upstream's Go agent counts DNS in other series (every query, those forwarded, forwarding failures).
+_UPSTREAM_DNS = {"istio_agent_dns_requests_total": "all", "istio_agent_dns_upstream_requests_total": "forwarded",
+                 "istio_agent_dns_upstream_failures_total": "failed"}
+
+
 def parse_agent_metrics(text: str) -> AgentStats:
-    """The `istio_agent_*` series the view shows, from the agent's merged Prometheus text."""
+    """The `istio_agent_*` series the view shows, from the agent's merged Prometheus text (ours; for upstream's Go
+    agent its DNS counters, its xDS and certificate series having other shapes)."""
     expiry: float | None = None
     rotations = issued = 0.0
     pushes: dict[str, float] = {}
     nacks: dict[str, float] = {}
     dns = {"local": 0.0, "forwarded": 0.0, "failed": 0.0}
+    upstream_dns = {"all": 0.0, "forwarded": 0.0, "failed": 0.0}
     for name, labels, value in prometheus_samples(text, "istio_agent_"):
         if name == "istio_agent_cert_expiry_timestamp_seconds" and labels.get("resource_name") == "default":
             expiry = value
@@ -169,6 +176,11 @@ def parse_agent_metrics(text: str) -> AgentStats:
             nacks[kind] = nacks.get(kind, 0.0) + value
         elif name == "istio_agent_dns_queries_total" and labels.get("outcome") in dns:
             dns[labels["outcome"]] += value
+        elif name in _UPSTREAM_DNS:
+            upstream_dns[_UPSTREAM_DNS[name]] += value
+    if not any(dns.values()) and upstream_dns["all"]:  # upstream's Go agent: answered = all - forwarded
+        dns = {"local": max(0.0, upstream_dns["all"] - upstream_dns["forwarded"]),
+               "forwarded": upstream_dns["forwarded"], "failed": upstream_dns["failed"]}
     return AgentStats(expiry, rotations, issued, pushes, nacks, dns["local"], dns["forwarded"], dns["failed"])
 
 

@@ -17,4 +17,7 @@ chain: `cni_runtime` is the CNI runtime (what libcni does: run a conflist's
 plugins, cache results, DEL and CHECK), `cni_plan` the node's CNI layout,
 install-cni's command line and the kubelet's status reports (pure), and
 `cni_node` runs install-cni, the chain, istio-validation and those reports.
+`upstream` finds upstream Istio's own Go commands, which may replace ours:
+a pod's agent (`PodSpec.agent_implementation`) and the node's install-cni
+(`NodeOptions.cni`).
 """

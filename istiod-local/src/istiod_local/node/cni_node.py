@@ -20,6 +20,15 @@ the layout and the reasons):
 - `stop_agent()` sends install-cni SIGTERM so its cleanup removes our entry,
   the plugin's kubeconfig and the binary.
 
+With `upstream` (`NodeOptions.cni="upstream"`) the node agent is upstream's
+Go install-cni, which installs upstream's Go istio-cni plugin: same
+directories, API and chain; it runs as root in its own mount namespace
+where the paths of its image and DaemonSet are bound (`/opt/cni/bin`
+holding only the plugin, `/host/opt/cni/bin`, the service account's
+in-cluster path; `cni_plan.upstream_install_cni_mounts`), on mount points
+created on the host if missing and removed by `release()`, as proxyless
+pods' are.
+
 The API lives on the gateway address inside the node namespace, out of the
 host namespace's reach: `KubeApi` (the product's builtins-only client,
 `istio_agent.kube.client`) opens each connection from a short-lived thread
@@ -42,10 +51,13 @@ from typing import Any
 
 from istio_agent.capture.netns import enter_netns
 from istio_agent.kube import client as kube
+from istiod_local.node import proxyless
 from istiod_local.node.cni_plan import (
     CNI_IDENTITY,
+    DEFAULT_EXCLUDED_NAMESPACES,
     INSTALL_CNI_READY_PORT,
     SYSTEM_CNI_BIN,
+    UPSTREAM_MOUNT_TARGETS,
     CniPaths,
     container_id,
     host_veth,
@@ -58,6 +70,8 @@ from istiod_local.node.cni_plan import (
     pod_status_patch,
     primary_conflist,
     result_address,
+    upstream_install_cni_argv,
+    upstream_install_cni_mounts,
     validation_status,
 )
 from istiod_local.node.cni_runtime import (
@@ -69,8 +83,10 @@ from istiod_local.node.cni_runtime import (
     load_network_file,
     loopback_network,
 )
+from istiod_local.node.mountpoints import MountPoints
 from istiod_local.node.plan import NodePlan, PodPlan, in_netns
 from istiod_local.node.processes import NetnsProcess, NodeError, run_ip, spawn
+from istiod_local.node.upstream import UpstreamCommands
 
 
 class KubeApiError(NodeError):
@@ -180,8 +196,10 @@ class NodeCni:
 
     def __init__(self, node: NodePlan, runtime_path: Path, bin_dir: Path, logs: Path, istiod_state: Path,
                  base_env: Mapping[str, str], repair: str = "label", ready_timeout: float = 60.0,
-                 plugin_timeout: float = 60.0) -> None:
+                 plugin_timeout: float = 60.0, upstream: UpstreamCommands | None = None) -> None:
         self.node = node
+        self.upstream = upstream  # upstream's install-cni and istio-cni in place of ours
+        self._mountpoints = MountPoints(UPSTREAM_MOUNT_TARGETS, f"{node.owner}-{node.index}-cni")
         self.paths = CniPaths(runtime_path / "cni")
         self.bin_dir = bin_dir
         self.logs = logs
@@ -206,6 +224,13 @@ class NodeCni:
         """The CNI directories and the primary network (before any pod or agent)."""
         for folder in self.paths.directories():
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.upstream is not None:
+            missing = self.upstream.missing("install-cni", "istio-cni")
+            if missing:
+                raise NodeError(f"the node's CNI agent is to be upstream's: {missing}")
+            self.paths.upstream_image_bin.mkdir(mode=0o700, exist_ok=True)
+            (self.paths.upstream_image_bin / "istio-cni").touch(mode=0o755)  # upstream's plugin is bound on it
+            self._mountpoints.acquire()
         conflist = primary_conflist(self.node, self.paths.ipam_dir)
         partial = self.paths.net_dir / f".{self.paths.conflist.name}.partial"
         self.conflist_written = (json.dumps(conflist, indent=2) + "\n").encode()
@@ -226,10 +251,19 @@ class NodeCni:
                 str(self.paths.kubeconfig), "--service-account-dir", str(self.paths.node_service_account_dir),
                 "--server", server], timeout=60)
         self.api = KubeApi(read_kubeconfig(self.paths.kubeconfig), self.node.netns_path())
-        argv = install_cni_argv(str(self.bin_dir / "install-cni"), self.paths, self.repair)
-        argv += ["--repair-node-name", self.node.name] if self.repair != "off" else []
         env = install_cni_environment(self.node, self.base_env)
-        self.agent = spawn("install-cni", in_netns(self.node.netns, argv), self.logs / "install-cni.log", env=env)
+        if self.upstream is None:
+            argv = install_cni_argv(str(self.bin_dir / "install-cni"), self.paths, self.repair)
+        else:
+            argv = upstream_install_cni_argv(str(self.upstream.install_cni), self.paths, self.repair)
+            env["EXCLUDE_NAMESPACES"] = ",".join(DEFAULT_EXCLUDED_NAMESPACES)
+        argv += ["--repair-node-name", self.node.name] if self.repair != "off" else []
+        if self.upstream is None:
+            command = in_netns(self.node.netns, argv)
+        else:
+            mounts = upstream_install_cni_mounts(self.paths, str(self.upstream.istio_cni))
+            command = proxyless.in_container(self.node.netns, mounts, argv)
+        self.agent = spawn("install-cni", command, self.logs / "install-cni.log", env=env)
         self.wait_agent_ready()
         return self.agent
 
@@ -280,6 +314,10 @@ class NodeCni:
             self.conflist_at_stop = b""
         self.plugin_left_at_stop = (self.paths.bin_dir / "istio-cni").exists()
         return self.agent_exit
+
+    def release(self) -> None:
+        """Give back the host mount points upstream's install-cni used (after it stopped)."""
+        self._mountpoints.release()
 
     # ---- pods
 

@@ -52,6 +52,13 @@ VALIDATION_CONTAINER = "istio-validation"
 VALIDATION_FAILED = 126  # what istio-iptables --run-validation exits with when capture is missing
 REPAIR_MODES = ("label", "delete", "off")
 NETWORK_CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
+# Upstream's install-cni reads fixed paths of its image and DaemonSet: the plugin it installs from
+# /opt/cni/bin, into the host's /opt/cni/bin mounted at /host/opt/cni/bin, and its service account at
+# the in-cluster path. The node gives it those in a mount namespace of its own (`upstream_install_cni_mounts`).
+UPSTREAM_PLUGIN_SOURCE = "/opt/cni/bin"
+UPSTREAM_PLUGIN_TARGET = "/host/opt/cni/bin"
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+UPSTREAM_MOUNT_TARGETS = (UPSTREAM_PLUGIN_SOURCE, UPSTREAM_PLUGIN_TARGET, SERVICE_ACCOUNT_PATH)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,12 @@ class CniPaths:
     @property
     def conflist(self) -> Path:
         return self.net_dir / CONFLIST_NAME
+
+    @property
+    def upstream_image_bin(self) -> Path:
+        """What upstream's install-cni sees as its image's /opt/cni/bin: one empty file, `istio-cni`, onto which
+        upstream's plugin is bound in its mount namespace."""
+        return self.root / "upstream-image-bin"
 
     def directories(self) -> list[Path]:
         return [self.root, self.net_dir, self.bin_dir, self.cache_dir, self.ipam_dir, self.run_dir]
@@ -201,6 +214,34 @@ def install_cni_argv(install_cni: str, paths: CniPaths, repair: str,
         argv += [f"--repair-label-pods={'true' if repair == 'label' else 'false'}",
                  f"--repair-delete-pods={'true' if repair == 'delete' else 'false'}"]
     return argv
+
+
+def upstream_install_cni_argv(install_cni: str, paths: CniPaths, repair: str) -> list[str]:
+    """Upstream's install-cni as the istio-cni DaemonSet runs it: the same choices as `install_cni_argv`, in the
+    flags it has (its plugin and service-account paths are its image's, see `upstream_install_cni_mounts`; its
+    log socket is `<run dir>/log.sock`; the excluded namespaces come from EXCLUDE_NAMESPACES)."""
+    if repair not in REPAIR_MODES:
+        raise ValueError(f"cni repair {repair!r}: one of {', '.join(REPAIR_MODES)}")
+    argv = [install_cni,
+            "--mounted-cni-net-dir", str(paths.net_dir),
+            "--cni-agent-run-dir", str(paths.run_dir),
+            "--chained-cni-plugin=true",
+            "--monitoring-port", str(INSTALL_CNI_MONITORING_PORT),
+            f"--repair-enabled={'false' if repair == 'off' else 'true'}"]
+    if repair != "off":
+        argv += [f"--repair-label-pods={'true' if repair == 'label' else 'false'}",
+                 f"--repair-delete-pods={'true' if repair == 'delete' else 'false'}"]
+    return argv
+
+
+def upstream_install_cni_mounts(paths: CniPaths, istio_cni: str) -> list[tuple[str, str]]:
+    """(host path, container path) binds, in order, that give upstream's install-cni its image and volumes: the
+    plugin at /opt/cni/bin/istio-cni (the only file there), the node's CNI bin directory as the host's, the
+    service-account directory at the in-cluster path."""
+    return [(str(paths.upstream_image_bin), UPSTREAM_PLUGIN_SOURCE),
+            (istio_cni, f"{UPSTREAM_PLUGIN_SOURCE}/istio-cni"),
+            (str(paths.bin_dir), UPSTREAM_PLUGIN_TARGET),
+            (str(paths.service_account_dir), SERVICE_ACCOUNT_PATH)]
 
 
 def install_cni_environment(node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:

@@ -94,7 +94,7 @@ from typing import Any, TypeVar
 
 from istiod_local.controlplane.podfiles import write_pod_files
 from istiod_local.controlplane.state import ControlPlaneState, StateError, load_or_create_state
-from istiod_local.node import container, neighbours, proxyless, vm
+from istiod_local.node import container, neighbours, proxyless, upstream, vm
 from istiod_local.node.cni_node import Attachment, NodeCni
 from istiod_local.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
 from istiod_local.node.mountpoints import MountPoints
@@ -111,6 +111,7 @@ from istiod_local.node.plan import (
     capture_args,
     downward_api_text,
     in_netns,
+    injector_capture_flags,
     node_setup_commands,
     plan_node,
     plan_pod,
@@ -163,6 +164,9 @@ class NodeOptions:
     the plugin captures, and the `istio-validation` init container checks it; "init": the node wires
     pods itself and runs istio-iptables as the `istio-init` container would. `cni_repair`: what
     install-cni's repair controller does to a pod whose validation failed ("label", "delete", "off").
+    `cni`: the node's CNI agent in capture "cni": our install-cni ("istio-agent") or upstream's Go one
+    ("upstream"); `upstream_bin` is where upstream's Go commands are (`upstream.py`; None: ISTIO_UPSTREAM_BIN,
+    else the checkout's `.upstream/bin`), for `cni="upstream"` and for pods on upstream's agent.
     """
 
     workdir: Path | None = None
@@ -180,12 +184,16 @@ class NodeOptions:
     capture: str = "cni"
     cni_repair: str = "label"
     start_parallelism: int = 0  # pods `add_pods` prepares at once; 0: DEFAULT_START_PARALLELISM
+    upstream_bin: Path | None = None  # upstream's Go commands (`upstream.py`); None: ISTIO_UPSTREAM_BIN or default
+    cni: str = "istio-agent"  # the node's CNI agent (capture "cni"): our install-cni, or upstream's ("upstream")
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"NodeOptions.capture {self.capture!r}: one of {', '.join(CAPTURE_MODES)}")
         if self.cni_repair not in REPAIR_MODES:
             raise ValueError(f"NodeOptions.cni_repair {self.cni_repair!r}: one of {', '.join(REPAIR_MODES)}")
+        if self.cni not in upstream.CNI_IMPLEMENTATIONS:
+            raise ValueError(f"NodeOptions.cni {self.cni!r}: one of {', '.join(upstream.CNI_IMPLEMENTATIONS)}")
 
 
 class PodInitError(NodeError):
@@ -221,6 +229,11 @@ class Pod:
         return self.plan.spec.proxyless
 
     @property
+    def upstream_agent(self) -> bool:
+        """Whether the pod runs upstream's Go pilot-agent (`PodSpec.agent_implementation`)."""
+        return self.plan.spec.agent_implementation == upstream.UPSTREAM
+
+    @property
     def name(self) -> str:
         return self.plan.name
 
@@ -254,6 +267,8 @@ class LocalNode:
         self.envoy_source = Path(self.options.envoy_binary or envoy_binary())
         self.proxy_config = {"binaryPath": str(self.envoy_source), **self.options.proxy_config}
         self.envoy_install = ""  # how uid 1337 gets its Envoy, once a sidecar needs it (`NodeRuntime.envoy_for`)
+        self.upstream = upstream.UpstreamCommands(self.options.upstream_bin or upstream.upstream_bin())
+        self._upstream_agent = ""  # upstream's pilot-agent as uid 1337 execs it, once a pod needs it
         self._mountpoints = MountPoints(proxyless.mount_targets(), f"{os.getpid()}-{self.plan.index}")
         self._vm_mountpoints = MountPoints(vm.mount_targets(), f"{os.getpid()}-{self.plan.index}-vm")
         self.vms: dict[str, vm.Vm] = {}
@@ -264,7 +279,8 @@ class LocalNode:
         if self.options.capture == "cni":
             self.cni = NodeCni(self.plan, self.runtime.path, self.options.bin_dir, self.logs, self.istiod_state,
                                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.options.cni_repair,
-                               self.options.ready_timeout)
+                               self.options.ready_timeout,
+                               upstream=self.upstream if self.options.cni == upstream.UPSTREAM else None)
         self.neighbour_limits: dict[str, int] = {}  # the host's ARP table limits create() raised (neighbours.py)
         self._state_lock = threading.Lock()
         self._pod_state: ControlPlaneState | None = None
@@ -339,6 +355,8 @@ class LocalNode:
         if self.plan.netns in ours:
             remove_netns(self.plan.netns)  # the node's last: the pods' veths end on its bridge
         self._mountpoints.release()  # after remove_netns: no container of ours holds a mount any more
+        if self.cni is not None:
+            self.cni.release()
         self._vm_mountpoints.release()
         self.runtime.remove()
         if self._own_workdir:
@@ -420,6 +438,8 @@ class LocalNode:
         order given) is raised; every pod is in `self.pods` either way, so `close()` removes them all.
         """
         plans = [pod if isinstance(pod, PodPlan) else self.plan_pods([pod])[0] for pod in pods]
+        if any(plan.spec.agent_implementation == upstream.UPSTREAM for plan in plans):
+            self._install_upstream_agent()
         started = [self._register_pod(plan) for plan in plans]
         if any(pod.plan.spec.sidecar and not pod.proxyless for pod in started):
             self._install_envoy()
@@ -505,8 +525,8 @@ class LocalNode:
                                 self.logs / f"{spec.name}-app.log", env=env, cwd=running.dir)
         if spec.sidecar and spec.agent:
             env = agent_environment(self.plan, plan, os.environ, self.proxy_config)
-            argv = agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
-            wrapped = container.agent_command(plan.netns, self._image.script(), argv)
+            argv = agent_argv(plan, self._pilot_agent(running))
+            wrapped = container.agent_command(plan.netns, self._image_for(running), argv)
             running.agent = spawn(f"{spec.name} pilot-agent", wrapped, self.logs / f"{spec.name}-agent.log", env=env,
                                   cwd=running.dir, umask=AGENT_UMASK)
 
@@ -522,8 +542,8 @@ class LocalNode:
     def _istio_validation(self, pod: Pod) -> None:
         """The istio-validation init container: must pass before the app starts (else the pod crash-loops)."""
         assert self.cni is not None
-        argv = [str(self.options.bin_dir / "pilot-agent"), "istio-iptables", *validation_args(pod.plan)]
-        wrapped = container.agent_command(pod.netns, self._image.script(), argv)
+        argv = [self._pilot_agent(pod), "istio-iptables", *validation_args(pod.plan)]
+        wrapped = container.agent_command(pod.netns, self._image_for(pod), argv)
         pod.validation = self.cni.validate(pod.plan, wrapped)
         if pod.validation[-1] != 0:
             self.cni.report(pod.plan, pod.ip, pod.validation, [], _containers(pod, planned=True))
@@ -559,6 +579,31 @@ class LocalNode:
                             f"{exc}") from None
         self.proxy_config["binaryPath"] = str(path)
 
+    def _install_upstream_agent(self) -> None:
+        """Give uid 1337 upstream's Go pilot-agent (the first pod running it asks); refuse if it is not there."""
+        if self._upstream_agent:
+            return
+        missing = self.upstream.missing("pilot-agent")
+        if missing:
+            raise NodeError(f"a pod asks for upstream's agent: {missing}")
+        try:
+            path, _ = self.runtime.binary_for(self.upstream.pilot_agent, self.runtime.path / "bin" / "pilot-agent")
+        except OSError as exc:
+            raise NodeError(f"making {self.upstream.pilot_agent} reachable for uid 1337: {exc}") from None
+        self._upstream_agent = str(path)
+
+    def _pilot_agent(self, pod: Pod) -> str:
+        """The pilot-agent of the pod's istio-proxy image: ours, or upstream's Go one."""
+        if pod.upstream_agent:
+            assert self._upstream_agent, "add_pods installs upstream's agent first"
+            return self._upstream_agent
+        return str(self.options.bin_dir / "pilot-agent")
+
+    def _image_for(self, pod: Pod) -> str:
+        """What the istio-proxy container mounts first: our agent's interpreter (`container.AgentImage`); upstream's
+        agent is one Go binary that needs nothing mounted."""
+        return "" if pod.upstream_agent else self._image.script()
+
     def _prepare_proxyless(self, pod: Pod) -> None:
         """The grpc-agent template's istio-proxy container's volumes (a worker's part)."""
         self._pod_files(pod)
@@ -570,10 +615,10 @@ class LocalNode:
     def _start_proxyless_agent(self, pod: Pod) -> None:
         """The grpc-agent template's istio-proxy container: the agent in its mount namespace."""
         plan = pod.plan
-        argv = proxyless.agent_argv(plan, str(self.options.bin_dir / "pilot-agent"))
+        argv = proxyless.agent_argv(plan, self._pilot_agent(pod))
         mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
         env = proxyless.agent_environment(self.plan, plan, os.environ)
-        wrapped = proxyless.in_container(plan.netns, mounts, argv, AGENT_UID, AGENT_GID, image=self._image.script())
+        wrapped = proxyless.in_container(plan.netns, mounts, argv, AGENT_UID, AGENT_GID, image=self._image_for(pod))
         pod.agent = spawn(f"{plan.name} pilot-agent", wrapped, self.logs / f"{plan.name}-agent.log", env=env,
                           umask=AGENT_UMASK)
 
@@ -582,11 +627,11 @@ class LocalNode:
         its error, if not (the hooks of several pods run from worker threads: each waits on its own process)."""
         plan = pod.plan
         timeout = int(self.options.ready_timeout)
-        hook = proxyless.post_start_argv(str(self.options.bin_dir / "pilot-agent"), timeout)
+        hook = proxyless.post_start_argv(self._pilot_agent(pod), timeout)
         agent_mounts = proxyless.volume_mounts(str(pod.dir), proxyless.AGENT_VOLUMES)
         watch = pod.processes() + ([self.istiod] if self.istiod else [])
         in_agent = proxyless.in_container(plan.netns, agent_mounts, hook, AGENT_UID, AGENT_GID,
-                                          image=self._image.script())  # a hook runs as its container's user
+                                          image=self._image_for(pod))  # a hook runs as its container's user
         try:
             wait_for(in_agent, f"pod {plan.name}'s postStart hook", timeout + 5, watch)
         except NodeError as exc:
@@ -603,8 +648,16 @@ class LocalNode:
                             self.logs / f"{plan.name}-app.log", env=proxyless.app_environment(plan, os.environ))
 
     def _istio_init(self, pod: Pod) -> None:
-        """What the istio-init container does: program capture in the pod namespace."""
-        argv = [str(self.options.bin_dir / "istio-iptables"), *capture_args(pod.plan)]
+        """What the istio-init container does: program capture in the pod namespace.
+
+        Upstream's image runs `pilot-agent istio-iptables` inside the pod's namespace, as its istio-init
+        container does (given `--network-namespace` from outside instead, it picks the iptables flavour of the
+        namespace it was started in, here the host's)."""
+        if pod.upstream_agent:
+            argv = in_netns(pod.netns, [self._pilot_agent(pod), "istio-iptables",
+                                        *injector_capture_flags(pod.plan.spec)])
+        else:
+            argv = [str(self.options.bin_dir / "istio-iptables"), *capture_args(pod.plan)]
         log = self.logs / f"{pod.name}-init.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
@@ -626,6 +679,8 @@ class LocalNode:
         info.mkdir(parents=True, exist_ok=True)
         (info / "labels").write_text(downward_api_text(spec.labels))
         (info / "annotations").write_text(downward_api_text({"sidecar.istio.io/status": "{}"}))
+        if pod.upstream_agent and not spec.proxyless:
+            upstream.lay_bootstrap_template(self.upstream, pod.dir)
         container.lay_out_pod(pod.dir)
 
     def _istiod_state(self) -> ControlPlaneState:

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from istiod_local.node.upstream import AGENT_IMPLEMENTATIONS
+
 NETNS_PREFIX = "ia-"
 NETNS_DIR = "/var/run/netns"
 DEFAULT_POD_CIDR = "10.244.0.0/24"
@@ -76,6 +78,9 @@ class PodSpec:
     they shape its capture in either capture mode. `agent=False` leaves a
     sidecar pod's istio-proxy container unstarted (the pod still is one, with
     its capture; a test may put its own listeners on Envoy's ports).
+    `agent_implementation` is whose istio-proxy image the pod runs: ours
+    ("istio-agent") or upstream's Go `pilot-agent` ("upstream", `upstream.py`),
+    with the same user, volumes, environment and arguments.
     """
 
     name: str
@@ -93,6 +98,7 @@ class PodSpec:
     proxyless: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
     agent: bool = True
+    agent_implementation: str = "istio-agent"
 
 
 CAPTURE_MODES = ("cni", "init")
@@ -176,6 +182,9 @@ def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
         raise PlanError(f"pod name {spec.name!r}: lower-case letters, digits and '-', at most 42 characters")
     if any(p.name == spec.name for p in existing):
         raise PlanError(f"pod {spec.name!r} already exists on this node")
+    if spec.agent_implementation not in AGENT_IMPLEMENTATIONS:
+        raise PlanError(f"pod {spec.name!r}: agent implementation {spec.agent_implementation!r}: one of "
+                        f"{', '.join(AGENT_IMPLEMENTATIONS)}")
     taken = {node.gateway, *(p.ip for p in existing)}
     if spec.ip:
         try:

@@ -131,22 +131,27 @@ class NodeRuntime:
 
         Returns the path and how it got there ("as is", "hard link", "copy").
         """
+        return self.binary_for(source, self.envoy)
+
+    def binary_for(self, source: Path, here: Path) -> tuple[Path, str]:
+        """A binary uid 1337 will exec (Envoy, upstream's Go pilot-agent): `source` when reachable, else a hard
+        link or copy at `here` (in this directory's `bin/`), and how it got there."""
         if reachable_by_others(source):
             return source, "as is"
-        if self.envoy.exists():
-            return self.envoy, "hard link" if self.envoy.stat().st_ino == source.stat().st_ino else "copy"
-        self.envoy.parent.mkdir(parents=True, exist_ok=True)
+        if here.exists():
+            return here, "hard link" if here.stat().st_ino == source.stat().st_ino else "copy"
+        here.parent.mkdir(parents=True, exist_ok=True)
         if source.stat().st_mode & 0o005 == 0o005:  # a link shares the file's mode: only if others may run it
             try:
-                os.link(source, self.envoy)
-                return self.envoy, "hard link"
+                os.link(source, here)
+                return here, "hard link"
             except OSError:  # another filesystem (EXDEV), or links refused: copy
                 pass
-        partial = self.envoy.with_name(".envoy.partial")
+        partial = here.with_name(f".{here.name}.partial")
         shutil.copyfile(source, partial)
         partial.chmod(0o755)
-        partial.replace(self.envoy)  # a crash mid-copy leaves only the partial file, swept with the directory
-        return self.envoy, "copy"
+        partial.replace(here)  # a crash mid-copy leaves only the partial file, swept with the directory
+        return here, "copy"
 
     def remove(self) -> None:
         """Delete the node's directory, and the root when no other node uses it."""
