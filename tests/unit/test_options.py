@@ -300,3 +300,13 @@ def test_wasm_variables_reach_the_wasm_cache_options(tmp_path: Path) -> None:
     assert (wasm.module_expiry, wasm.purge_interval, wasm.http_request_timeout) == (7200, 600, 3)
     assert (wasm.http_request_max_retries, wasm.max_module_size) == (2, 1000)
     assert resolve(tmp_path, ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION="false").wasm is None
+
+
+def test_istiod_san_names_the_ca_only_when_the_ca_is_the_discovery_address(tmp_path: Path) -> None:
+    """Upstream's rule: ISTIOD_SAN is the CA's expected name when CA_ADDR is unset; a CA_ADDR is verified as written.
+    The XDS connection to istiod takes ISTIOD_SAN either way."""
+    default_ca = resolve(tmp_path, ISTIOD_SAN="istiod.example")
+    assert default_ca.security.istiod_san == "istiod.example"
+    own_ca = resolve(tmp_path, ISTIOD_SAN="istiod.example", CA_ADDR="10.0.0.9:15012")
+    assert own_ca.security.istiod_san == "" and own_ca.security.ca_address == "10.0.0.9:15012"
+    assert own_ca.xds.upstream.istiod_san == "istiod.example"

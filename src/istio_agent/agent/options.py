@@ -322,7 +322,9 @@ def security_options(config: AgentConfig, host: HostFacts | None = None, *,
         ca_root_ca=ca_root(environment),
         keepalive_interval=environment.get(env.GRPC_KEEPALIVE_INTERVAL),
         keepalive_timeout=environment.get(env.GRPC_KEEPALIVE_TIMEOUT),
-        istiod_san=environment.get(env.ISTIOD_SAN),
+        # As upstream: ISTIOD_SAN names the CA's certificate only when the CA is the discovery address (CA_ADDR
+        # unset); a CA_ADDR given is verified as written.
+        istiod_san="" if environment.get(env.CA_ADDR) else environment.get(env.ISTIOD_SAN),
         prov_cert=environment.get(env.PROV_CERT),
         ca_headers=headers,
         cert_signer=environment.get(env.ISTIO_META_CERT_SIGNER),
