@@ -11,6 +11,8 @@ from istiod_local.controlplane.kubeapi.patch import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,
     PatchError,
+    PatchLimits,
+    PatchTooLarge,
     apply_patch,
     json_patch,
     merge_patch,
@@ -94,3 +96,29 @@ def test_apply_patch_dispatches_on_the_content_type() -> None:
         "metadata"]["labels"]["k"] == "v"
     with pytest.raises(PatchError, match="unknown format"):
         apply_patch("application/apply-patch+yaml", POD, body)
+
+
+def test_copies_are_bounded_by_the_size_they_add_before_the_document_grows() -> None:
+    copies = [{"op": "copy", "from": "", "path": f"/x{n}"} for n in range(20)]
+    with pytest.raises(PatchError, match=r"accumulated size increase of copy is \d+, exceeding the limit 3145728"):
+        json_patch(POD, copies)  # each copy of the root doubles it: 2**20 times the pod otherwise
+    small = json_patch({"a": 1}, copies[:3], PatchLimits(max_copy_bytes=100))
+    assert set(small) == {"a", "x0", "x1", "x2"}
+    with pytest.raises(PatchError, match="limit 40"):
+        json_patch({"a": 1}, copies[:4], PatchLimits(max_copy_bytes=40))
+
+
+def test_more_operations_than_the_apiserver_allows_are_refused_before_any_is_applied() -> None:
+    with pytest.raises(PatchTooLarge, match="The allowed maximum operations in a JSON patch is 10000, got 10001"):
+        json_patch(POD, [{"op": "add", "path": "/x", "value": 1}] * 10_001)
+
+
+def test_moves_that_nest_a_document_ever_deeper_end_in_a_patch_error_not_a_recursion_error() -> None:
+    ops: list[dict[str, Any]] = []
+    for n in range(3000):  # each step wraps what the last built one level deeper
+        ops += [{"op": "add", "path": f"/w{n}", "value": {}},
+                {"op": "move", "from": "/a" if n == 0 else f"/w{n - 1}", "path": f"/w{n}/inner"}]
+    deep = apply_patch(JSON_PATCH, {"a": {}}, ops)  # moves copy nothing: built without recursion
+    assert list(deep) == ["w2999"]
+    with pytest.raises(PatchError, match="nested too deeply"):
+        apply_patch(JSON_PATCH, {"a": {}}, [*ops, {"op": "copy", "from": "/w2999", "path": "/again"}])

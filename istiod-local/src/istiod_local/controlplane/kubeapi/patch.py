@@ -10,12 +10,19 @@
 
 Every function returns a new object and never changes its inputs; a patch
 that cannot apply raises `PatchError` with a message for the 4xx Status.
+
+A JSON patch is bounded as the apiserver bounds it: at most 10,000 operations
+(`PatchTooLarge`, a 413), and `copy` operations may add at most 3 MiB in all
+(their values' JSON sizes summed), since each copy can double the document:
+twenty copies of the root would otherwise grow a Pod past a gigabyte.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -50,8 +57,22 @@ MERGE_KEYS = {
 _DIRECTIVE = "$patch"
 
 
+MAX_OPERATIONS = 10_000  # the apiserver's maxJSONPatchOperations
+MAX_COPY_BYTES = 3 * 1024 * 1024  # the apiserver's JSONPatchMaxCopyBytes
+
+
+@dataclass(frozen=True)
+class PatchLimits:
+    max_operations: int = MAX_OPERATIONS
+    max_copy_bytes: int = MAX_COPY_BYTES
+
+
 class PatchError(ValueError):
     """A patch that cannot be applied (bad document, failed test, missing path)."""
+
+
+class PatchTooLarge(PatchError):
+    """A JSON patch with more operations than allowed (the apiserver answers 413)."""
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -192,11 +213,19 @@ def _remove(doc: Any, path: str) -> Any:
     return doc
 
 
-def json_patch(target: Any, operations: Any) -> Any:
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def json_patch(target: Any, operations: Any, limits: PatchLimits = PatchLimits()) -> Any:
     """RFC 6902 over a copy of `target`."""
     if not isinstance(operations, list):
         raise PatchError("json patch: the body must be an array of operations")
+    if len(operations) > limits.max_operations:
+        raise PatchTooLarge(f"The allowed maximum operations in a JSON patch is {limits.max_operations}, "
+                            f"got {len(operations)}")
     doc = copy.deepcopy(target)
+    copied = 0
     for number, op in enumerate(operations):
         if not isinstance(op, Mapping) or "op" not in op or "path" not in op:
             raise PatchError(f"json patch: operation {number} needs 'op' and 'path'")
@@ -218,8 +247,14 @@ def json_patch(target: Any, operations: Any) -> Any:
             source = op.get("from")
             if not isinstance(source, str):
                 raise PatchError(f"json patch: operation {number} ({kind}) needs 'from'")
-            value = copy.deepcopy(_get(doc, source))
-            if kind == "move":
+            value = _get(doc, source)
+            if kind == "copy":
+                copied += _json_size(value)
+                if copied > limits.max_copy_bytes:
+                    raise PatchError(f"Unable to complete the copy, the accumulated size increase of copy is "
+                                     f"{copied}, exceeding the limit {limits.max_copy_bytes}")
+                value = copy.deepcopy(value)
+            else:  # moved, not copied: the value itself changes place
                 doc = _remove(doc, source)
             doc = _add(doc, path, value)
         else:
@@ -227,14 +262,17 @@ def json_patch(target: Any, operations: Any) -> Any:
     return doc
 
 
-def apply_patch(content_type: str, target: Any, body: Any) -> Any:
+def apply_patch(content_type: str, target: Any, body: Any, limits: PatchLimits = PatchLimits()) -> Any:
     """Dispatch on the request's Content-Type (parameters after `;` ignored)."""
     kind = content_type.split(";", 1)[0].strip().lower()
-    if kind == MERGE_PATCH:
-        return merge_patch(target, body)
-    if kind == STRATEGIC_MERGE_PATCH:
-        return strategic_merge_patch(target, body)
-    if kind == JSON_PATCH:
-        return json_patch(target, body)
+    try:
+        if kind == MERGE_PATCH:
+            return merge_patch(target, body)
+        if kind == STRATEGIC_MERGE_PATCH:
+            return strategic_merge_patch(target, body)
+        if kind == JSON_PATCH:
+            return json_patch(target, body, limits)
+    except RecursionError:  # `move`/`copy` can nest a document ever deeper
+        raise PatchError("the patched object is nested too deeply") from None
     raise PatchError(f"the body of the request was in an unknown format - accepted media types include: "
                      f"{', '.join(PATCH_TYPES)}")
