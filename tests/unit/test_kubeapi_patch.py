@@ -122,3 +122,24 @@ def test_moves_that_nest_a_document_ever_deeper_end_in_a_patch_error_not_a_recur
     assert list(deep) == ["w2999"]
     with pytest.raises(PatchError, match="nested too deeply"):
         apply_patch(JSON_PATCH, {"a": {}}, [*ops, {"op": "copy", "from": "/w2999", "path": "/again"}])
+
+
+def test_json_patch_copies_on_write_shares_what_it_does_not_change_and_never_aliases_a_copy() -> None:
+    target = {"a": {"list": [1, 2], "deep": {"x": 1}}, "b": {"untouched": True}}
+    ops = [{"op": "copy", "from": "/a", "path": "/c"},
+           {"op": "add", "path": "/c/deep/x", "value": 2},  # the copy changes, the original does not
+           {"op": "add", "path": "/a/list/-", "value": 3},
+           {"op": "copy", "from": "", "path": "/self"},  # the root into itself: a snapshot, not a cycle
+           {"op": "add", "path": "/self/b/untouched", "value": False}]
+    out = json_patch(target, ops)
+    assert out["a"] == {"list": [1, 2, 3], "deep": {"x": 1}} and out["c"] == {"list": [1, 2], "deep": {"x": 2}}
+    assert out["self"]["c"]["deep"]["x"] == 2 and "self" not in out["self"]
+    assert out["b"] == {"untouched": True} and out["self"]["b"] == {"untouched": False}
+    assert out["b"] is target["b"], "what no operation touched is shared with the target"
+    assert target == {"a": {"list": [1, 2], "deep": {"x": 1}}, "b": {"untouched": True}}, "the target is unchanged"
+
+
+def test_copies_within_the_budget_cost_no_memory_of_their_own() -> None:
+    big = {"blob": "x" * 100_000}
+    out = json_patch(big, [{"op": "copy", "from": "/blob", "path": f"/c{n}"} for n in range(30)])
+    assert all(out[f"c{n}"] is big["blob"] for n in range(30))

@@ -8,7 +8,8 @@ closed; a handler that fails is logged and answered 500.
 
 For a port that untrusted clients reach, `Limits` can also cap the connections
 (shared by source, `admission.ConnectionSlots`), bound how long a write may
-wait for a client that stopped reading, and give a new connection a short
+wait for a client that stopped reading (and, with a small kernel send buffer,
+how much is written before that shows), and give a new connection a short
 deadline for its first request; `start(tls=...)` serves HTTPS through
 `tls.TlsStream` (small per-connection buffers, the TLS handshake within the
 request deadline). `head_check` sees a request's head before its body is read
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -137,6 +139,10 @@ class HttpServer:
             if not self._admit(task, _peer_host(writer)):
                 cut = True
                 return
+            if self.limits.send_buffer_bytes is not None:
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
             if self._tls is not None:
                 from istio_agent.httpio.tls import TlsStream
 

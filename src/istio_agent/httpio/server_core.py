@@ -60,6 +60,9 @@ class Limits:
     # Connection slots (None: no cap), shared by source as `admission.ConnectionSlots` decides.
     max_connections: int | None = None
     max_per_source: int | None = None
+    # A connection's kernel send buffer (SO_SNDBUF; None: the kernel's autotuning, up to tcp_wmem's maximum, 4 MiB
+    # by default). Smaller bounds what a client that stops reading costs before the server sees it blocked.
+    send_buffer_bytes: int | None = None
 
 
 class Malformed(Exception):

@@ -51,7 +51,7 @@ KINDS = {PODS: "Pod", NAMESPACES: "Namespace"}
 # Namespaces every cluster has, whether or not the registry names them.
 BUILTIN_NAMESPACES = ("default", "istio-system", "kube-system")
 DEFAULT_HISTORY = 1000
-DEFAULT_HISTORY_BYTES = 8 * 1024 * 1024
+DEFAULT_HISTORY_BYTES = 4 * 1024 * 1024
 OBJECT_SIZE_GUESS = 4096  # what an object costs in the log when its encoded size is not known (a rendered pod)
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for namespaces

@@ -42,7 +42,7 @@ def dumps(value: Any) -> bytes:
 class ObjectJson:
     """Objects' JSON, encoded once: the last `max_bytes` worth, keyed by the (never changed) object itself."""
 
-    def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 2 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
         self._held = 0
         self._cache: OrderedDict[int, tuple[dict[str, Any], bytes]] = OrderedDict()
@@ -175,8 +175,12 @@ class WatchStream:
     async def _slices(frames: AsyncIterator[tuple[bytes, ...]]) -> AsyncIterator[bytes]:
         async for frame in frames:
             for part in frame:
+                if len(part) <= SLICE:
+                    yield part
+                    continue
+                view = memoryview(part)  # slices of the shared frame, not copies of it
                 for start in range(0, len(part), SLICE):
-                    yield part[start:start + SLICE] if len(part) > SLICE else part
+                    yield view[start:start + SLICE]  # type: ignore[misc]
 
     async def _frames(self) -> AsyncIterator[tuple[bytes, ...]]:
         if self._expired is not None:
