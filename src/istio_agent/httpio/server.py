@@ -238,8 +238,10 @@ class HttpServer:
 
     async def _drain(self, writer: _Writer) -> None:
         """Wait for the client to take what was written (TimeoutError after `write_timeout`)."""
-        if self.limits.write_timeout is None:
-            await writer.drain()
+        transport = writer.transport
+        if self.limits.write_timeout is None or transport.get_write_buffer_size() <= \
+                transport.get_write_buffer_limits()[1]:
+            await writer.drain()  # below the high-water mark: returns at once, no deadline needed
         else:
             await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
 
