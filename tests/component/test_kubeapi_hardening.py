@@ -180,6 +180,9 @@ async def test_unknown_fields_are_dropped_with_warnings_or_refused_when_strict(a
     assert status == 422 and "status.phase" in body["message"]
     status, _, body = await api.request("PATCH", POD + "?fieldValidation=Sometimes", b"{}")
     assert status == 422 and "fieldValidation: Unsupported value" in body["message"]
+    for timeout in ("nan", "inf", "-1"):
+        status, _, body = await api.request("GET", f"/api/v1/pods?watch=1&timeoutSeconds={timeout}")
+        assert (status, body["message"]) == (400, "timeoutSeconds must be a number")
 
 
 # ---- item 2: connections that never complete a request ------------------------------------------------------

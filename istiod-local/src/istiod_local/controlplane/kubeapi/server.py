@@ -37,6 +37,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import math
 import ssl
 import tempfile
 import time
@@ -399,6 +400,8 @@ class KubeApiServer:
         try:
             timeout = float(query.get("timeoutSeconds", "") or self.options.watch_timeout)
         except ValueError:
+            raise errors.bad_request("timeoutSeconds must be a number") from None
+        if not math.isfinite(timeout) or timeout < 0:
             raise errors.bad_request("timeoutSeconds must be a number") from None
         # sendInitialEvents (client-go's WatchList): every object first, whatever the resourceVersion.
         initial_events = query.get("sendInitialEvents", "") in TRUE_SPELLINGS
