@@ -90,8 +90,10 @@ class Watcher:
 class Vm:
     """A VM's proxy: its ADS stream on the TLS port with its token."""
 
-    def __init__(self, istiod: IstiodLocal, ip: str, service_account: str = "vm-sa", probe: bool = False) -> None:
+    def __init__(self, istiod: IstiodLocal, ip: str, service_account: str = "vm-sa", probe: bool = False,
+                 instance_ips: str | None = None) -> None:
         self.istiod, self.ip, self.service_account, self.probe = istiod, ip, service_account, probe
+        self.instance_ips = ip if instance_ips is None else instance_ips
         creds = grpc.ssl_channel_credentials(root_certificates=istiod.root_pem())
         self.channel = grpc.aio.secure_channel(istiod.secure, creds,
                                                options=[("grpc.ssl_target_name_override", "istiod.istio-system.svc")])
@@ -104,7 +106,7 @@ class Vm:
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
         self.call = stub.StreamAggregatedResources(metadata=[("authorization", f"Bearer {token}")])
         meta: dict[str, Any] = {"AUTO_REGISTER_GROUP": "vm", "SERVICE_ACCOUNT": self.service_account,
-                                "INSTANCE_IPS": self.ip}
+                                "INSTANCE_IPS": self.instance_ips}
         if self.probe:
             meta["PROXY_CONFIG"] = PROBE
         await self.call.write(discovery_pb2.DiscoveryRequest(node=_node("vm-host", self.ip, **meta),
@@ -171,6 +173,65 @@ async def test_a_token_for_another_service_account_cannot_register(istiod: Istio
         await intruder.close()
         await vm.close()
         await watcher.close()
+
+
+async def test_instance_ips_that_are_not_addresses_are_refused_and_never_pushed(istiod: IstiodLocal) -> None:
+    watcher = Watcher(istiod)
+    bad = [Vm(istiod, "10.0.0.8", instance_ips=ips) for ips in ("evil", "300.1.1.1", "1.2.3.4 ; rm", "10.0.0.1/8",
+                                                               "fe80::1%eth0")]
+    vm = Vm(istiod, "10.0.0.5")
+    try:
+        assert await watcher.start() == set()
+        for each in bad:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await each.connect()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"INSTANCE_IPS {each.instance_ips!r}" in (info.value.details() or "")
+            assert "is not an IP address" in (info.value.details() or "")
+        await vm.connect()
+        assert await watcher.next() == {"10.0.0.5"}, "no refused address ever reached EDS"
+    finally:
+        for each in [*bad, vm]:
+            await each.close()
+        await watcher.close()
+
+
+async def test_a_burst_of_registrations_is_answered_and_pushed_in_few_rebuilds() -> None:
+    """In-process: 300 VMs register at a concurrency of 100 and stay; each is answered, each is registered, and
+    the mesh is rebuilt for the burst a few times, not once per VM (each rebuild pushes to every VM)."""
+    ads = AdsServer(parse_registry(REGISTRY),
+                    workload_entries=AutoRegistration(options=WorkloadEntryOptions(validate_identity=False)))
+    server = grpc.aio.server()
+    ads.register(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
+    calls: list[Any] = []
+    gate = asyncio.Semaphore(100)
+    first = ads.snapshot.version
+
+    async def register(n: int) -> None:
+        async with gate:
+            ip = f"10.1.{n // 250}.{n % 250 + 1}"
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channels[n % 4]).StreamAggregatedResources()
+            calls.append(call)
+            await call.write(discovery_pb2.DiscoveryRequest(
+                node=_node("vm-host", ip, AUTO_REGISTER_GROUP="vm", INSTANCE_IPS=ip), type_url=typeurls.CLUSTER))
+            await asyncio.wait_for(call.read(), 60)
+
+    try:
+        await asyncio.gather(*(register(n) for n in range(300)))
+        assert len(ads.workload_entry_status()) == 300
+        await eventually(lambda: sum(1 for w in ads.snapshot.workloads if w.ip.startswith("10.1.")) == 300,
+                         "every entry in the mesh")
+        rebuilds = ads.snapshot.version - first
+        assert rebuilds < 100, f"{rebuilds} rebuilds for 300 registrations"
+    finally:
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            await channel.close()
+        await server.stop(None)
 
 
 async def test_health_reports_take_the_entry_out_of_eds_and_back(istiod: IstiodLocal) -> None:

@@ -349,3 +349,15 @@ def test_registry_that_breaks_generation_is_not_served() -> None:
     assert ads.registry is good and ads.snapshot.version == version
     assert ads.update_registry(parse_registry(REGISTRY.replace("name: db\n", "name: pg\n"))) == version + 1
     assert "outbound|5432||pg.data.svc.cluster.local" in ads.snapshot.memo["cds"]  # warmed by the probe
+
+
+@pytest.mark.parametrize("listed", ["evil", "300.1.1.1", "1.2.3.4 ; rm", "10.0.0.1/8", "fe80::1%eth0",
+                                    "10.0.0.1,evil", "010.0.0.1"])
+def test_instance_ips_that_are_not_ip_addresses_refuse_the_proxy_naming_them(listed: str) -> None:
+    with pytest.raises(ProxyError, match=r"INSTANCE_IPS .* is not an IP address"):
+        parse_node_id("sidecar~10.0.0.1~vm.default~default.svc.cluster.local", {"INSTANCE_IPS": listed})
+
+
+def test_instance_ips_that_are_addresses_are_the_proxys_addresses() -> None:
+    proxy = parse_node_id("sidecar~10.0.0.1~vm.default~d", {"INSTANCE_IPS": " 10.0.0.2, fd00::2 ,::ffff:1.2.3.4"})
+    assert proxy.ips == ["10.0.0.1", "10.0.0.2", "fd00::2", "::ffff:1.2.3.4"]

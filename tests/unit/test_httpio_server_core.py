@@ -137,3 +137,50 @@ async def test_router_exact_prefix_404_and_405() -> None:
     assert (refused.body, dict(refused.headers)["Allow"]) == (b"405: Method Not Allowed", "GET,HEAD")
     missing = router.resolve("GET", "/healthz/ready/")
     assert isinstance(missing, Response) and (missing.status, missing.body) == (404, b"404: Not Found")
+
+
+def test_a_head_check_sees_the_head_before_the_body_and_can_lower_the_body_limit() -> None:
+    heads: list[Request] = []
+
+    def check(head: Request) -> int | None:
+        heads.append(head)
+        return None if head.header("Authorization") else 10
+
+    conn = ServerConnection(0.0, "10.0.0.9", Limits(), check)
+    conn.receive(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n", 0.0)
+    with pytest.raises(Malformed) as caught:
+        conn.next_request()
+    assert (caught.value.status, caught.value.limit) == (413, 10)
+    assert [h.path for h in heads] == ["/x"] and heads[0].body == b""
+    trusted = ServerConnection(0.0, None, Limits(), check)
+    trusted.receive(b"POST /x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t\r\nContent-Length: 11\r\n\r\n"
+                    b"hello world", 0.0)
+    request = trusted.next_request()
+    assert isinstance(request, Request) and request.body == b"hello world"
+
+
+def test_a_chunked_body_over_the_checked_limit_is_refused_as_it_arrives() -> None:
+    conn = ServerConnection(0.0, None, Limits(), lambda head: 4)
+    conn.receive(b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", 0.0)
+    with pytest.raises(Malformed) as caught:
+        conn.next_request()
+    assert (caught.value.status, caught.value.limit) == (413, 4)
+
+
+def test_a_new_connection_may_get_a_shorter_deadline_for_its_first_request_only() -> None:
+    limits = Limits(first_request_timeout=2.0, idle_timeout=75.0)
+    conn = ServerConnection(100.0, None, limits)
+    assert conn.deadline() == 102.0
+    conn.receive(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 100.5)
+    assert isinstance(conn.next_request(), Request)
+    conn.h11.send(h11.Response(status_code=204, headers=[]))
+    conn.h11.send(h11.EndOfMessage())
+    assert conn.next_cycle(101.0) and conn.deadline() == 176.0
+
+
+def test_refusals_can_be_worded_by_the_server() -> None:
+    data = error_bytes(413, "too big", body=b'{"code":413}', content_type="application/json",
+                       headers=[("Retry-After", "1")])
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"Content-Type: application/json" in head
+    assert b"Retry-After: 1" in head and b"Connection: close" in head and body == b'{"code":413}'

@@ -6,7 +6,7 @@ import pytest
 
 from istiod_local.controlplane.kubeapi import errors, rbac
 from istiod_local.controlplane.kubeapi.credentials import kubeconfig, parse_identity, serving_names
-from istiod_local.controlplane.kubeapi.server import ResourcePath, parse_path, request_verb, resource_path
+from istiod_local.controlplane.kubeapi.paths import ResourcePath, parse_path, request_verb, resource_path
 from istiod_local.controlplane.tokens import TokenIdentity
 
 

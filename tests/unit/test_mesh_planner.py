@@ -10,7 +10,8 @@ import yaml
 
 from istiod_local.controlplane.xds.registry import parse_registry
 from istiod_local.mesh.parser import parse_mesh
-from istiod_local.mesh.planner import plan_mesh, registry_document
+from istiod_local.mesh.planner import MAX_PODS, CapacityError, check_capacity, plan_mesh, registry_document
+from istiod_local.mesh.runner import MeshFileError, MeshRun, UpOptions
 from istiod_local.node.plan import PodPlan, PodSpec, plan_node, plan_pod
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
@@ -88,3 +89,23 @@ def test_cluster_ips_are_stable_across_edits() -> None:
     first = plan_mesh(parse_mesh(EXAMPLE)).cluster_ips
     edited = plan_mesh(parse_mesh(EXAMPLE.replace("- name: reviews-v1\n", "- name: reviews-v1\n  replicas: 3\n")))
     assert edited.cluster_ips == first
+
+
+def test_capacity_is_checked_before_anything_is_planned_and_names_the_limit() -> None:
+    many = parse_mesh("deployments:\n" + "".join(f"- {{name: d{n}, replicas: 100}}\n" for n in range(10_000)))
+    with pytest.raises(CapacityError, match=rf"1000000 pods .* a local node holds at most {MAX_PODS}"):
+        plan_mesh(many)
+    example = parse_mesh(EXAMPLE)
+    with pytest.raises(CapacityError, match=r"times --scale 100000\); a local node holds at most"):
+        plan_mesh(example, scale=100_000)
+    assert check_capacity(example, 2) == 2 * len(plan_mesh(example).pods)
+
+
+def test_up_refuses_a_mesh_over_capacity_or_its_pod_cidr_before_building_anything(tmp_path: Path) -> None:
+    mesh_file = tmp_path / "mesh.yaml"
+    mesh_file.write_text(EXAMPLE)
+    for scale, words in ((100_000, "a local node holds at most"), (100, "--pod-cidr 10.244.0.0/24 holds 253")):
+        run = MeshRun(UpOptions(mesh_file, tmp_path / "up", scale=scale))
+        with pytest.raises(MeshFileError, match=words):
+            run.start()
+        assert not (tmp_path / "up" / "node").exists(), "nothing was built"

@@ -10,7 +10,11 @@ decide itself, with time passed in:
   1 MiB are refused (400, 431 or 413), as aiohttp's limits did;
 - a request's head and body must arrive within `request_timeout` of its first
   byte (slowloris), and an idle keep-alive connection is closed after
-  `idle_timeout`;
+  `idle_timeout` (`first_request_timeout`, when set, for a new connection's
+  first request to begin);
+- a server that authenticates may look at a request's head before its body is
+  read (`head_check`): refuse it, or give it a smaller body limit, so a client
+  without credentials cannot make the server buffer megabytes;
 - pipelined requests are answered one after another, in order.
 
 A refused request is a `Malformed` with the status to answer; the connection
@@ -19,7 +23,7 @@ is closed after that answer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol
@@ -48,14 +52,27 @@ class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     request_timeout: float = REQUEST_TIMEOUT
     idle_timeout: float = IDLE_TIMEOUT
+    # None: as `idle_timeout`. A port open to untrusted clients wants a new connection to start talking soon.
+    first_request_timeout: float | None = None
+    # How long one write of a response may wait for the client to read (None: as long as it takes); a client
+    # that stops reading a streamed response is cut off after it.
+    write_timeout: float | None = None
+    # Connection slots (None: no cap), shared by source as `admission.ConnectionSlots` decides.
+    max_connections: int | None = None
+    max_per_source: int | None = None
+    # A connection's kernel send buffer (SO_SNDBUF; None: the kernel's autotuning, up to tcp_wmem's maximum, 4 MiB
+    # by default). Smaller bounds what a client that stops reading costs before the server sees it blocked.
+    send_buffer_bytes: int | None = None
 
 
 class Malformed(Exception):
-    """A request refused before any handler saw it: answer `status` with `reason`, then close."""
+    """A request refused before any handler saw it: answer `status` with `reason`, then close.
 
-    def __init__(self, reason: str, status: int = 400) -> None:
+    `limit` is the number a 413 or 431 exceeded, for servers that word their own refusals."""
+
+    def __init__(self, reason: str, status: int = 400, limit: int | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.status = reason, status
+        self.reason, self.status, self.limit = reason, status, limit
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,10 @@ def json_response(status: int, text: str) -> Response:
     return Response(status, text.encode(), [("Content-Type", JSON)])
 
 
+# A request's head (its body not yet read) -> the body limit for it (None: the connection's), or Malformed.
+HeadCheck = Callable[[Request], int | None]
+
+
 def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -110,11 +131,15 @@ def _phrase(status: int) -> str:
         return ""
 
 
-def error_bytes(status: int, reason: str) -> bytes:
-    """A complete answer to a request h11 could not take (its state may be ERROR): always closes."""
-    body = reason.encode("utf-8", "replace")
-    return (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {TEXT}\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: close\r\n\r\n").encode() + body
+def error_bytes(status: int, reason: str, *, body: bytes | None = None, content_type: str = TEXT,
+                headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A complete answer to a request h11 could not take (its state may be ERROR): always closes.
+
+    The body is `reason` as text unless a server words its refusals itself (`body`, `content_type`)."""
+    data = reason.encode("utf-8", "replace") if body is None else body
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    return (f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {content_type}\r\nContent-Length: {len(data)}\r\n"
+            f"{extra}Connection: close\r\n\r\n").encode() + data
 
 
 def _latin1(value: bytes) -> str:
@@ -139,14 +164,18 @@ def check_request_start(buffered: bytes) -> None:
 class ServerConnection:
     """The request/response cycle of one connection; the edge feeds bytes and the time, and writes what it gets."""
 
-    def __init__(self, now: float, remote: str | None = None, limits: Limits = Limits()) -> None:
+    def __init__(self, now: float, remote: str | None = None, limits: Limits = Limits(),
+                 head_check: HeadCheck | None = None) -> None:
         self.limits = limits
         self.remote = remote
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
         self._head: h11.Request | None = None
+        self._head_check = head_check
         self._body = bytearray()
+        self._body_limit = limits.max_body_bytes
         self._started: float | None = None  # first byte of the request being read
         self._idle_since = now
+        self._served = False  # a request has been answered (the first request's wait is over)
         self._eof = False
 
     # ---- receiving ---------------------------------------------------------------------------------------
@@ -163,6 +192,9 @@ class ServerConnection:
         """Until when to wait for more bytes before giving up on the connection."""
         if self._started is not None:
             return self._started + self.limits.request_timeout
+        first = self.limits.first_request_timeout
+        if first is not None and not self._served:
+            return self._idle_since + first
         return self._idle_since + self.limits.idle_timeout
 
     @property
@@ -192,9 +224,15 @@ class ServerConnection:
             if isinstance(event, h11.Request):
                 self._check_head(event)
                 self._head = event
+                self._body_limit = self.limits.max_body_bytes
+                if self._head_check is not None:
+                    limit = self._head_check(self._make_request(event, b""))
+                    if limit is not None:
+                        self._body_limit = min(limit, self._body_limit)
+                        self._check_length(event, self._body_limit)
             elif isinstance(event, h11.Data):
-                if len(self._body) + len(event.data) > self.limits.max_body_bytes:
-                    raise Malformed(f"request body over {self.limits.max_body_bytes} bytes", 413)
+                if len(self._body) + len(event.data) > self._body_limit:
+                    raise Malformed(f"request body over {self._body_limit} bytes", 413, self._body_limit)
                 self._body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 return self._request()
@@ -208,9 +246,7 @@ class ServerConnection:
         if len(event.target) > self.limits.max_field_bytes:
             raise Malformed(f"request target over {self.limits.max_field_bytes} bytes", 414)
         size = len(event.target)
-        for name, value in event.headers:
-            if name == b"content-length" and int(value) > self.limits.max_body_bytes:
-                raise Malformed(f"request body over {self.limits.max_body_bytes} bytes", 413)
+        self._check_length(event, self.limits.max_body_bytes)
         for name, value in event.headers.raw_items():
             field_size = len(name) + len(value) + 2
             if field_size > self.limits.max_field_bytes:
@@ -219,20 +255,29 @@ class ServerConnection:
         if size > self.limits.max_head_bytes:
             raise Malformed(f"request head over {self.limits.max_head_bytes} bytes", 431)
 
+    @staticmethod
+    def _check_length(event: h11.Request, limit: int) -> None:
+        for name, value in event.headers:
+            if name == b"content-length" and int(value) > limit:
+                raise Malformed(f"request body over {limit} bytes", 413, limit)
+
     def _request(self) -> Request:
         head = self._head
         assert head is not None
+        request = self._make_request(head, bytes(self._body))
+        self._head, self._body = None, bytearray()
+        return request
+
+    def _make_request(self, head: h11.Request, body: bytes) -> Request:
         target = _latin1(head.target)
         path, _, query = target.partition("?")
         if "://" in path and not path.startswith("/"):  # absolute form: the path is what follows the authority
             rest = path.split("://", 1)[1]
             path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
-        request = Request(
+        return Request(
             method=_latin1(head.method), target=target, path=unquote(path), query_string=query,
             headers=tuple((_latin1(n), _latin1(v)) for n, v in head.headers.raw_items()),
-            remote=self.remote, http_version=_latin1(head.http_version), body=bytes(self._body))
-        self._head, self._body = None, bytearray()
-        return request
+            remote=self.remote, http_version=_latin1(head.http_version), body=body)
 
     # ---- sending -----------------------------------------------------------------------------------------
 
@@ -256,6 +301,7 @@ class ServerConnection:
         if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
             return False
         self.h11.start_next_cycle()
+        self._served = True
         self._idle_since = now
         self._started = now if self.h11.trailing_data[0] else None  # a pipelined request is already under way
         return True

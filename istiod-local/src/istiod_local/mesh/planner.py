@@ -7,6 +7,12 @@ app command lines can name it for pods without DNS capture; pods with DNS
 capture call by name (`<service>.<namespace>.svc.cluster.local`), which
 their agent's DNS proxy answers from istiod-local's NameTable.
 
+Capacity is checked before anything is planned (`check_capacity`): a node
+holds at most `MAX_PODS` pods (each a network namespace with an agent and
+an Envoy), so 10,000 deployments of 100 replicas, or `--scale 100000`, is
+refused in microseconds with the limit named instead of planning a million
+pods.
+
 `registry_document` is the registry istiod-local serves
 (`controlplane/xds/registry.py`): the services, one workload per planned
 pod (`node.plan.registry_workloads`), the namespaces with their labels, the
@@ -22,8 +28,9 @@ from typing import Any
 
 from istiod_local.controlplane.xds.allocation import allocate_cluster_ips
 from istiod_local.mesh.model import GRPC_CONTROL_PORT, Deployment, Mesh, Target
-from istiod_local.node.plan import PodPlan, PodSpec, registry_workloads
+from istiod_local.node.plan import PlanError, PodPlan, PodSpec, registry_workloads
 
+MAX_PODS = 4096  # a /20 pod CIDR's worth; far more than one machine runs
 APPS_MODULE = "istiod_local.mesh.apps"
 GRPC_APPS_MODULE = "istiod_local.node.grpc_apps"
 
@@ -114,10 +121,30 @@ def pod_spec(deployment: Deployment, index: int, mesh: Mesh, ips: Mapping[str, s
                    agent_implementation=deployment.agent)
 
 
-def plan_mesh(mesh: Mesh, scale: int = 1, python: str = "python3") -> MeshPlan:
-    """Every pod of the mesh (`replicas * scale` per deployment), in file order."""
+class CapacityError(PlanError):
+    """The mesh has more pods than a node holds."""
+
+
+def pod_count(mesh: Mesh, scale: int = 1) -> int:
+    """How many pods the mesh has at this scale (without planning them)."""
+    return sum(d.replicas for d in mesh.deployments) * scale
+
+
+def check_capacity(mesh: Mesh, scale: int = 1, max_pods: int = MAX_PODS) -> int:
+    """The mesh's pod count; CapacityError naming the limit when it is over it."""
     if scale < 1:
         raise ValueError(f"scale must be at least 1, got {scale}")
+    count = pod_count(mesh, scale)
+    if count > max_pods:
+        replicas = sum(d.replicas for d in mesh.deployments)
+        raise CapacityError(f"the mesh has {count} pods ({replicas} replicas across {len(mesh.deployments)} "
+                            f"deployments, times --scale {scale}); a local node holds at most {max_pods}")
+    return count
+
+
+def plan_mesh(mesh: Mesh, scale: int = 1, python: str = "python3", max_pods: int = MAX_PODS) -> MeshPlan:
+    """Every pod of the mesh (`replicas * scale` per deployment), in file order."""
+    check_capacity(mesh, scale, max_pods)
     ips = cluster_ips(mesh)
     pods: list[PodSpec] = []
     owners: dict[str, str] = {}

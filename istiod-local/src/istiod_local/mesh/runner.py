@@ -37,7 +37,14 @@ from istiod_local.mesh import expect
 from istiod_local.mesh.lock import RunLock
 from istiod_local.mesh.model import Mesh
 from istiod_local.mesh.parser import parse_mesh
-from istiod_local.mesh.planner import APPS_MODULE, MeshPlan, plan_mesh, registry_document
+from istiod_local.mesh.planner import (
+    APPS_MODULE,
+    CapacityError,
+    MeshPlan,
+    check_capacity,
+    plan_mesh,
+    registry_document,
+)
 from istiod_local.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
 from istiod_local.node.local_node import LocalNode, NodeOptions, Pod
 from istiod_local.node.plan import PlanError, PodPlan, PodSpec
@@ -174,10 +181,13 @@ class MeshRun:
         there, so it shows the pods coming up)."""
         mesh = load_mesh(self.options.mesh_file, self.options.upstream)  # a broken file fails before anything
         self._signature = self._stat()
-        self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
-        problem = cidr_problem(len(self.plan.pods), self.options.pod_cidr)
+        try:  # capacity first, before anything is planned
+            problem = cidr_problem(check_capacity(mesh, self.options.scale), self.options.pod_cidr)
+        except CapacityError as exc:
+            raise MeshFileError(str(exc)) from None
         if problem:
             raise MeshFileError(problem)
+        self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
         self.lock.acquire()
         self.node = node = LocalNode(NodeOptions(
             workdir=self.directory / "node", istiod_state=self.directory / "istiod",

@@ -15,8 +15,8 @@ from istiod_local.controlplane.kubeapi import validation
 
 # Kind in a 403/404/409 Status' details is the resource (plural), as the apiserver writes it (a 422's is the kind).
 REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-           406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
-           500: "InternalError"}
+           406: "NotAcceptable", 409: "Conflict", 410: "Expired", 413: "RequestEntityTooLarge",
+           415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError"}
 
 
 class ApiError(Exception):

@@ -10,12 +10,20 @@
 
 Every function returns a new object and never changes its inputs; a patch
 that cannot apply raises `PatchError` with a message for the 4xx Status.
+
+A JSON patch is bounded as the apiserver bounds it: at most 10,000 operations
+(`PatchTooLarge`, a 413), and `copy` operations may add at most 3 MiB in all
+(their values' JSON sizes summed), since each copy can double the document:
+twenty copies of the root would otherwise grow a Pod past a gigabyte.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -50,8 +58,22 @@ MERGE_KEYS = {
 _DIRECTIVE = "$patch"
 
 
+MAX_OPERATIONS = 10_000  # the apiserver's maxJSONPatchOperations
+MAX_COPY_BYTES = 3 * 1024 * 1024  # the apiserver's JSONPatchMaxCopyBytes
+
+
+@dataclass(frozen=True)
+class PatchLimits:
+    max_operations: int = MAX_OPERATIONS
+    max_copy_bytes: int = MAX_COPY_BYTES
+
+
 class PatchError(ValueError):
     """A patch that cannot be applied (bad document, failed test, missing path)."""
+
+
+class PatchTooLarge(PatchError):
+    """A JSON patch with more operations than allowed (the apiserver answers 413)."""
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -129,18 +151,6 @@ def _pointer(path: Any) -> list[str]:
     return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
 
 
-def _parent(doc: Any, parts: list[str], path: str) -> Any:
-    node = doc
-    for part in parts[:-1]:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise PatchError(f"json patch: path {path!r} does not exist")
-    return node
-
-
 def _index(node: list[Any], part: str, path: str, adding: bool) -> int:
     if adding and part == "-":
         return len(node)
@@ -152,51 +162,114 @@ def _index(node: list[Any], part: str, path: str, adding: bool) -> int:
     return index
 
 
-def _get(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return doc
-    parent, last = _parent(doc, parts, path), parts[-1]
-    if isinstance(parent, dict) and last in parent:
-        return parent[last]
-    if isinstance(parent, list):
-        return parent[_index(parent, last, path, False)]
+def _child(node: Any, part: str, path: str) -> Any:
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
     raise PatchError(f"json patch: path {path!r} does not exist")
 
 
-def _add(doc: Any, path: str, value: Any) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return value
-    parent, last = _parent(doc, parts, path), parts[-1]
-    if isinstance(parent, dict):
-        parent[last] = value
-    elif isinstance(parent, list):
-        parent.insert(_index(parent, last, path, True), value)
-    else:
-        raise PatchError(f"json patch: the parent of {path!r} is not an object or array")
-    return doc
+class _Document:
+    """The document being patched, copied on write: the target is never changed, and a container is copied
+    the first time an operation changes it (or anything below it), then changed in place.
+
+    `copy` shares the copied value instead of copying it (copies cost their size in the budget, not in
+    memory); a shared value is no longer "owned", so a later change anywhere inside it copies the path
+    from there down and the other place that holds it keeps the old value."""
+
+    def __init__(self, target: Any) -> None:
+        self.root = target
+        self._owned: set[int] = set()  # ids of containers made by this patch and held in one place only
+        # Encoded sizes of containers no operation can change any more (never owned): a copy of a copy of the
+        # root is measured by its new top level, not by encoding all of it again.
+        self._sizes: dict[int, tuple[Any, int]] = {}
+
+    def size(self, value: Any) -> int:
+        """`value`'s compact JSON size in bytes (UTF-8), as the apiserver measures a copy."""
+        if isinstance(value, str):
+            return len(encode_basestring(value).encode())
+        if isinstance(value, bool) or value is None:
+            return 4 if value is not False else 5
+        if isinstance(value, int | float):
+            return len(json.dumps(value))
+        found = self._sizes.get(id(value))
+        if found is not None and found[0] is value:
+            return found[1]
+        separators = max(len(value) - 1, 0)  # commas; a dict has a colon per entry too
+        if isinstance(value, dict):
+            total = 2 + separators + sum(self.size(k) + 1 + self.size(v) for k, v in value.items())
+        else:
+            total = 2 + separators + sum(self.size(v) for v in value)
+        if id(value) not in self._owned:
+            self._sizes[id(value)] = (value, total)
+        return total
+
+    def _writable(self, node: Any, copied_above: bool) -> tuple[Any, bool]:
+        if id(node) in self._owned and not copied_above:
+            return node, False
+        fresh = dict(node) if isinstance(node, dict) else list(node)
+        self._owned.add(id(fresh))
+        return fresh, True
+
+    def _parent(self, parts: list[str], path: str) -> Any:
+        """The container that holds the path's last part, writable (PatchError when the path does not exist)."""
+        if not isinstance(self.root, dict | list):
+            raise PatchError(f"json patch: path {path!r} does not exist")
+        node, copied = self._writable(self.root, False)
+        self.root = node
+        for part in parts[:-1]:
+            child = _child(node, part, path)
+            if not isinstance(child, dict | list):
+                raise PatchError(f"json patch: path {path!r} does not exist")
+            child, copied = self._writable(child, copied)
+            node[int(part) if isinstance(node, list) else part] = child
+            node = child
+        return node
+
+    def get(self, path: str) -> Any:
+        node = self.root
+        for part in _pointer(path):
+            node = _child(node, part, path)
+        return node
+
+    def add(self, path: str, value: Any) -> None:
+        parts = _pointer(path)
+        if not parts:
+            self.root = value
+            return
+        parent, last = self._parent(parts, path), parts[-1]
+        if isinstance(parent, dict):
+            parent[last] = value
+        else:
+            parent.insert(_index(parent, last, path, True), value)
+
+    def remove(self, path: str) -> Any:
+        """Remove and return the value at `path`."""
+        parts = _pointer(path)
+        if not parts:
+            raise PatchError("json patch: cannot remove the whole document")
+        parent, last = self._parent(parts, path), parts[-1]
+        if isinstance(parent, dict):
+            if last not in parent:
+                raise PatchError(f"json patch: path {path!r} does not exist")
+            return parent.pop(last)
+        return parent.pop(_index(parent, last, path, False))
+
+    def share(self, value: Any) -> None:
+        """`value` is about to be held in a second place: nothing may change it in place any more."""
+        self._owned.discard(id(value))
 
 
-def _remove(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        raise PatchError("json patch: cannot remove the whole document")
-    parent, last = _parent(doc, parts, path), parts[-1]
-    if isinstance(parent, dict) and last in parent:
-        del parent[last]
-    elif isinstance(parent, list):
-        del parent[_index(parent, last, path, False)]
-    else:
-        raise PatchError(f"json patch: path {path!r} does not exist")
-    return doc
-
-
-def json_patch(target: Any, operations: Any) -> Any:
-    """RFC 6902 over a copy of `target`."""
+def json_patch(target: Any, operations: Any, limits: PatchLimits = PatchLimits()) -> Any:
+    """RFC 6902 on `target`, which is left as it was (the result shares what the patch did not change)."""
     if not isinstance(operations, list):
         raise PatchError("json patch: the body must be an array of operations")
-    doc = copy.deepcopy(target)
+    if len(operations) > limits.max_operations:
+        raise PatchTooLarge(f"The allowed maximum operations in a JSON patch is {limits.max_operations}, "
+                            f"got {len(operations)}")
+    doc = _Document(target)
+    copied = 0
     for number, op in enumerate(operations):
         if not isinstance(op, Mapping) or "op" not in op or "path" not in op:
             raise PatchError(f"json patch: operation {number} needs 'op' and 'path'")
@@ -204,37 +277,47 @@ def json_patch(target: Any, operations: Any) -> Any:
         if kind in ("add", "replace", "test") and "value" not in op:
             raise PatchError(f"json patch: operation {number} ({kind}) needs 'value'")
         if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc.add(path, op["value"])  # the body's own value: held in this one place
         elif kind == "remove":
-            doc = _remove(doc, path)
+            doc.remove(path)
         elif kind == "replace":
-            _get(doc, path)
-            doc = _add(_remove(doc, path), path, copy.deepcopy(op["value"])) if _pointer(path) \
-                else copy.deepcopy(op["value"])
+            doc.get(path)
+            if _pointer(path):
+                doc.remove(path)
+            doc.add(path, op["value"])
         elif kind == "test":
-            if _get(doc, path) != op["value"]:
+            if doc.get(path) != op["value"]:
                 raise PatchError(f"json patch: test failed at {path!r}")
         elif kind in ("move", "copy"):
             source = op.get("from")
             if not isinstance(source, str):
                 raise PatchError(f"json patch: operation {number} ({kind}) needs 'from'")
-            value = copy.deepcopy(_get(doc, source))
-            if kind == "move":
-                doc = _remove(doc, source)
-            doc = _add(doc, path, value)
+            if kind == "copy":
+                value = doc.get(source)
+                copied += doc.size(value)
+                if copied > limits.max_copy_bytes:
+                    raise PatchError(f"Unable to complete the copy, the accumulated size increase of copy is "
+                                     f"{copied}, exceeding the limit {limits.max_copy_bytes}")
+                doc.share(value)
+            else:  # moved: the value itself changes place
+                value = doc.remove(source)
+            doc.add(path, value)
         else:
             raise PatchError(f"json patch: unknown operation {kind!r}")
-    return doc
+    return doc.root
 
 
-def apply_patch(content_type: str, target: Any, body: Any) -> Any:
+def apply_patch(content_type: str, target: Any, body: Any, limits: PatchLimits = PatchLimits()) -> Any:
     """Dispatch on the request's Content-Type (parameters after `;` ignored)."""
     kind = content_type.split(";", 1)[0].strip().lower()
-    if kind == MERGE_PATCH:
-        return merge_patch(target, body)
-    if kind == STRATEGIC_MERGE_PATCH:
-        return strategic_merge_patch(target, body)
-    if kind == JSON_PATCH:
-        return json_patch(target, body)
+    try:
+        if kind == MERGE_PATCH:
+            return merge_patch(target, body)
+        if kind == STRATEGIC_MERGE_PATCH:
+            return strategic_merge_patch(target, body)
+        if kind == JSON_PATCH:
+            return json_patch(target, body, limits)
+    except RecursionError:  # `move`/`copy` can nest a document ever deeper
+        raise PatchError("the patched object is nested too deeply") from None
     raise PatchError(f"the body of the request was in an unknown format - accepted media types include: "
                      f"{', '.join(PATCH_TYPES)}")

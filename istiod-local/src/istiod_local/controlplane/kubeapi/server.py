@@ -1,12 +1,28 @@
-"""The HTTPS edge of istiod-local's Kubernetes API (aiohttp, in istiod-local's event loop).
+"""The HTTPS edge of istiod-local's Kubernetes API, in istiod-local's event loop beside xDS and the CA.
 
 Thin on purpose: it authenticates the bearer token, asks `rbac` whether the
 identity may, parses the selectors, and hands the work to `KubeStore`;
 errors leave as the `Status` objects `errors` builds. A watch is a chunked
-stream of JSON lines (`{"type": ..., "object": ...}`) fed from the store's
-listener through a bounded queue; a watcher too slow to keep up is cut off
-(as the apiserver cuts a watcher whose buffer fills), and its client lists
-and watches again.
+stream of JSON lines (`{"type": ..., "object": ...}`, `watch.WatchStream`).
+
+Under `istiod-local up` the port listens on the node's gateway, which every
+pod reaches, so the edge is the product's `httpio` server with the limits of
+a port open to strangers (on aiohttp there was no deadline for a request's
+head, no connection cap, and asyncio's TLS kept 256 KiB per connection):
+
+- a connection's TLS handshake and each request's head and body must arrive
+  within `request_timeout`; connections share `max_connections` slots, at most
+  `max_per_source` per client address (`httpio.admission`);
+- the token is checked on the request's head, before its body is read: without
+  a valid one a body may be 64 KiB, with one 3 MiB (the apiserver's
+  `MaxRequestBodyBytes`: 413 `Request entity too large: limit is 3145728`);
+- a client that stops reading an answer is cut after `write_timeout`, and a
+  watcher that falls `watch_buffer_bytes` behind is cut at once (`watch`);
+- bodies are decoded and patches worked out off the loop, one at a time in a
+  worker thread (`podpatch`), at most `max_mutating_in_flight` waiting (then
+  429, as the apiserver's `--max-mutating-requests-inflight`); only the commit
+  runs on the loop, and each object's JSON is encoded once for every reader;
+- freed memory goes back to the kernel shortly after connections close.
 
     api = KubeApiServer(KubeApiOptions("127.0.0.1:6443"), plane.state)
     api.update_registry(registry)
@@ -18,25 +34,33 @@ and watches again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import ssl
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
-
-from aiohttp import web
+from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 from istio_agent.config.gobool import TRUE_SPELLINGS
+from istio_agent.httpio.routing import Router
+from istio_agent.httpio.server import HttpServer
+from istio_agent.httpio.server_core import Limits, Request, Response
+from istio_agent.memory import MemoryTrimmer
 from istio_agent.netaddr import join_host_port, split_host_port
-from istiod_local.controlplane.kubeapi import discovery, errors, rbac
+from istiod_local.controlplane.kubeapi import discovery, errors, jsonbody, rbac
 from istiod_local.controlplane.kubeapi.credentials import KUBE_API_AUDIENCE, load_or_issue_serving_cert
+from istiod_local.controlplane.kubeapi.paths import SERVED, Route, parse_path, request_verb, resource_path
+from istiod_local.controlplane.kubeapi.podpatch import PatchedPod, check_field_validation, patch_pod_object
+from istiod_local.controlplane.kubeapi.responses import JSON, json_response, refusal, status_response
 from istiod_local.controlplane.kubeapi.selectors import (
     NAMESPACE_FIELDS,
     POD_FIELDS,
@@ -44,14 +68,8 @@ from istiod_local.controlplane.kubeapi.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from istiod_local.controlplane.kubeapi.store import (
-    NAMESPACES,
-    PODS,
-    KubeStore,
-    WatchEvent,
-    bookmark,
-    filter_event,
-)
+from istiod_local.controlplane.kubeapi.store import PODS, KubeStore, StaleObject, WatchEvent
+from istiod_local.controlplane.kubeapi.watch import MAX_BUFFERED_BYTES, ObjectJson, WatchRequest, WatchStream, dumps
 from istiod_local.controlplane.state import ControlPlaneState
 from istiod_local.controlplane.tokens import TokenError, TokenVerifier
 from istiod_local.controlplane.xds.registry import Registry
@@ -59,9 +77,15 @@ from istiod_local.controlplane.xds.registry import Registry
 log = logging.getLogger("istiod_local.controlplane.kubeapi")
 
 DEFAULT_ADDR = "127.0.0.1:6443"
-JSON = "application/json"
 _PUBLIC = frozenset({"/version", "/healthz", "/livez", "/readyz"})
-_WATCH_QUEUE = 10_000
+MAX_BODY_BYTES = 3 * 1024 * 1024  # the apiserver's MaxRequestBodyBytes
+UNAUTHENTICATED_BODY_BYTES = 64 * 1024
+OFF_LOOP_BODY_BYTES = 64 * 1024  # bodies larger than this are decoded in the worker
+# The kernel's send buffer per connection: autotuned, it reaches 4 MiB for a client that stops reading, which the
+# server would encrypt and copy for each of 500 stalled watchers (seconds of the loop per 1 MB patch).
+SEND_BUFFER_BYTES = 64 * 1024
+_PATCH_ATTEMPTS = 5
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -72,103 +96,16 @@ class KubeApiOptions:
     bookmark_interval: float = 60.0
     watch_timeout: float = 1800.0
     history: int = 1000
+    request_timeout: float = 10.0
+    write_timeout: float = 10.0
+    max_connections: int = 1024
+    max_per_source: int = 256
+    max_mutating_in_flight: int = 16
+    watch_buffer_bytes: int = MAX_BUFFERED_BYTES
 
 
 def rfc3339(now: float) -> str:
     return dt.datetime.fromtimestamp(int(now), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(body, separators=(",", ":")).encode(),
-                        content_type=JSON)
-
-
-@dataclass(frozen=True)
-class _Route:
-    resource: str  # pods, pods/status, namespaces, events, or "" for discovery/unknown
-    namespace: str = ""
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class ResourcePath:
-    """What the apiserver's request info makes of a resource path, for authorization: the API group, the
-    namespace (for `namespaces/{name}` the name itself, as upstream sets it), the resource (with its
-    subresource, `pods/status`) and the name."""
-
-    group: str
-    namespace: str
-    resource: str
-    name: str
-
-
-_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
-
-
-def resource_path(path: str) -> ResourcePath | None:
-    """The attributes of `/api/v1/...` or `/apis/{group}/{version}/...`; None for a path naming no resource."""
-    parts = [p for p in path.split("/") if p]
-    if parts[:2] == ["api", "v1"]:
-        group, rest = "", parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    namespace = ""
-    if len(rest) > 1 and rest[0] == "namespaces":
-        namespace = rest[1]
-        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
-            rest = rest[2:]
-    if not rest:
-        return None
-    resource = rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
-    return ResourcePath(group, namespace, resource, rest[1] if len(rest) > 1 else "")
-
-
-_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-
-
-def request_verb(method: str, named: bool, watch: bool) -> str:
-    """The authorization verb of a resource request, as the apiserver derives it."""
-    if method in ("GET", "HEAD"):
-        return "watch" if watch else "get" if named else "list"
-    if method == "DELETE" and not named:
-        return "deletecollection"
-    return _METHOD_VERBS.get(method, method.lower())
-
-
-# What each served route supports, once authorized; anything else is 405.
-_SERVED: dict[tuple[str, bool], frozenset[str]] = {
-    (PODS, False): frozenset({"list", "watch"}),
-    (PODS, True): frozenset({"get", "watch", "patch", "delete"}),
-    ("pods/status", True): frozenset({"get", "patch"}),
-    (NAMESPACES, False): frozenset({"list", "watch"}),
-    (NAMESPACES, True): frozenset({"get", "watch"}),
-    ("events", False): frozenset({"create", "list"}),
-}
-
-
-def parse_path(path: str) -> _Route | None:
-    """The resource a /api/v1/... path names; None when it names none this server has."""
-    parts = [p for p in path.split("/") if p]
-    if parts[:2] != ["api", "v1"]:
-        return None
-    rest = parts[2:]
-    if rest == ["pods"]:
-        return _Route(PODS)
-    if rest == ["namespaces"]:
-        return _Route(NAMESPACES)
-    if len(rest) == 2 and rest[0] == "namespaces":
-        return _Route(NAMESPACES, "", rest[1])
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        namespace, kind, tail = rest[1], rest[2], rest[3:]
-        if kind == "pods" and len(tail) <= 1:
-            return _Route(PODS, namespace, tail[0] if tail else "")
-        if kind == "pods" and len(tail) == 2 and tail[1] == "status":
-            return _Route("pods/status", namespace, tail[0])
-        if kind == "events" and not tail:
-            return _Route("events", namespace)
-    return None
 
 
 class KubeApiServer:
@@ -184,10 +121,14 @@ class KubeApiServer:
         self.verifier = TokenVerifier(state.token_key.public_key(), audience=KUBE_API_AUDIENCE)
         self.store = KubeStore(options.default_node, options.host_ip, options.history,
                                first_version=max(1, int(clock() * 1_000_000)))
-        self._runner: web.AppRunner | None = None
-        self._stopping = asyncio.Event()
-        # Each open watch: its queue, and a future done once its stream has ended.
-        self._watches: dict[asyncio.Future[None], asyncio.Queue[WatchEvent | None]] = {}
+        self.objects = ObjectJson()
+        self._server: HttpServer | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._trimmer: MemoryTrimmer | None = None
+        self._stopping = False
+        self._mutating = 0
+        self._watches: set[WatchStream] = set()
+        self.store.subscribe(self._fan_out)
         self.address = ""
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -211,53 +152,80 @@ class KubeApiServer:
         context.set_alpn_protocols(["http/1.1"])
         return context
 
+    def limits(self) -> Limits:
+        o = self.options
+        return Limits(max_body_bytes=MAX_BODY_BYTES, request_timeout=o.request_timeout,
+                      first_request_timeout=o.request_timeout, write_timeout=o.write_timeout,
+                      max_connections=o.max_connections, max_per_source=o.max_per_source,
+                      send_buffer_bytes=SEND_BUFFER_BYTES)
+
     async def start(self) -> None:
         host, port = split_host_port(self.options.address)
-        app = web.Application(client_max_size=3 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host or None, port, ssl_context=self._ssl_context(host or "127.0.0.1"),
-                           reuse_address=True)
+        router = Router()
+        router.add("/", self._handle, prefix=True)
+        self._trimmer = MemoryTrimmer()
+        server = HttpServer(router, limits=self.limits(), on_malformed=self._malformed, head_check=self._head_check,
+                            render_error=refusal, on_connection_closed=self._trimmer.soon)
         try:
-            await site.start()
+            bound = await server.start(host or None, port, tls=self._ssl_context(host or "127.0.0.1"))
         except OSError as exc:
-            await runner.cleanup()
             raise OSError(f"kube API: cannot listen on {self.options.address} (--kube-api-addr; off disables it): "
                           f"{exc.strerror or exc}") from exc
-        self._runner = runner
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else port
+        self._server = server
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeapi-work")
+        await self._trimmer.start()
         self.address = join_host_port(host, bound)
         log.info("kube-apiserver serving on https://%s (resourceVersion %d, default node %s)", self.address,
                  self.store.resource_version, self.options.default_node)
 
     async def stop(self) -> None:
         """Watches end cleanly (their last chunk written, as at a timeout), then the listener closes."""
-        self._stopping.set()
-        for watch_queue in self._watches.values():
-            with contextlib.suppress(asyncio.QueueFull):
-                watch_queue.put_nowait(None)
+        self._stopping = True
+        for stream in list(self._watches):
+            stream.stop()
         if self._watches:
-            await asyncio.wait(list(self._watches), timeout=2.0)
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+            await asyncio.wait([s.done for s in self._watches], timeout=2.0)
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=False, cancel_futures=True)
+        trimmer, self._trimmer = self._trimmer, None
+        if trimmer is not None:
+            await trimmer.stop()
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (for tests and benchmarks)."""
+        return self._server.connections if self._server is not None else 0
+
+    # ---- the edge's hooks -----------------------------------------------------------------------
+
+    def _malformed(self, peer: str | None, reason: str) -> None:
+        log.debug("kube API: refused a request from %s: %s", peer, reason)
+
+    def _head_check(self, request: Request) -> int | None:
+        """The body a request may send, decided on its head: 3 MiB with a valid token, else 64 KiB."""
+        try:
+            return None if self._user(request) is not None else UNAUTHENTICATED_BODY_BYTES
+        except errors.ApiError:
+            return UNAUTHENTICATED_BODY_BYTES
 
     # ---- requests -------------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: Request) -> Response:
         try:
-            return await self._dispatch(request)
+            return await self._dispatch(request, {k: v[0] for k, v in parse_qs(request.query_string,
+                                                                                 keep_blank_values=True).items()})
         except errors.ApiError as exc:
-            return _json(exc.status(), exc.code)
+            return status_response(exc)
         except Exception as exc:  # a bug here must still answer as an apiserver does, and be seen
             log.exception("kube API: %s %s failed", request.method, request.path)
-            return _json(errors.ApiError(500, f"Internal error occurred: {exc}").status(), 500)
+            return status_response(errors.ApiError(500, f"Internal error occurred: {exc}"))
 
-    def _user(self, request: web.Request) -> str | None:
-        header = request.headers.get("Authorization", "")
+    def _user(self, request: Request) -> str | None:
+        header = request.header("Authorization", "") or ""
         if not header:
             return None
         scheme, _, token = header.partition(" ")
@@ -269,25 +237,26 @@ class KubeApiServer:
             log.debug("kube API: token refused: %s", exc)
             raise errors.unauthorized() from None
 
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+    async def _dispatch(self, request: Request, query: dict[str, str]) -> Response:
         user = self._user(request)
         path = request.path.rstrip("/") or "/"
         if path in _PUBLIC:
-            return _json(discovery.KUBE_VERSION) if path == "/version" else web.Response(text="ok")
+            return json_response(discovery.KUBE_VERSION) if path == "/version" else \
+                Response(200, b"ok", [("Content-Type", "text/plain; charset=utf-8")])
         if user is None:
             raise errors.unauthorized()
         if path == "/api":
-            return _json(discovery.api_versions(self.address))
+            return json_response(discovery.api_versions(self.address))
         if path == "/api/v1":
-            return _json(discovery.api_resource_list())
+            return json_response(discovery.api_resource_list())
         if path == "/apis":
-            return _json(discovery.api_group_list())
+            return json_response(discovery.api_group_list())
         # Authorization comes first, from the path and the method alone, as the apiserver's filter chain has
         # it: a request the identity may not make is 403 whatever this server would have done with it.
         attributes = resource_path(path)
         if attributes is None:
             raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
-        verb = request_verb(request.method, bool(attributes.name), request.query.get("watch", "") in TRUE_SPELLINGS)
+        verb = request_verb(request.method, bool(attributes.name), query.get("watch", "") in TRUE_SPELLINGS)
         if not rbac.allowed(rbac.Request(user, verb, attributes.resource, attributes.namespace, attributes.name,
                                          attributes.group)):
             raise errors.forbidden(user, verb, attributes.resource, attributes.name, attributes.namespace,
@@ -295,69 +264,103 @@ class KubeApiServer:
         route = parse_path(path)
         if route is None:
             raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
-        if request.method == "HEAD" or verb not in _SERVED.get((route.resource, bool(route.name)), frozenset()):
+        if request.method == "HEAD" or verb not in SERVED.get((route.resource, bool(route.name)), frozenset()):
             raise errors.method_not_allowed(request.method)
         if verb == "watch":
-            return await self._watch(request, route)
+            return self._watch(request, query, route)
         if verb == "list" and route.resource == "events":  # kubectl describe asks; none are kept
-            return _json({"kind": "EventList", "apiVersion": "v1",
+            return json_response({"kind": "EventList", "apiVersion": "v1",
                           "metadata": {"resourceVersion": str(self.store.resource_version)}, "items": []})
         if verb == "list":
-            return self._list(request, route)
+            return self._list(request, query, route)
         if verb == "get":
-            return self._get(request, route)
-        if verb == "patch":
-            return await self._patch(request, route)
-        if verb == "delete":
-            return await self._delete(request, route)
-        return await self._create_event(request, route)  # the one create served
+            return self._get(request, query, route)
+        if verb in ("patch", "delete", "create"):
+            return await self._mutate(request, query, route, verb)
+        raise errors.method_not_allowed(request.method)
 
-    def _selectors(self, request: web.Request, resource: str) -> tuple[Any, Any]:
+    def _selectors(self, query: dict[str, str], resource: str) -> tuple[Any, Any]:
         fields = POD_FIELDS if resource == PODS else NAMESPACE_FIELDS
         try:
-            return (parse_label_selector(request.query.get("labelSelector", "")),
-                    parse_field_selector(request.query.get("fieldSelector", ""), fields))
+            return (parse_label_selector(query.get("labelSelector", "")),
+                    parse_field_selector(query.get("fieldSelector", ""), fields))
         except SelectorError as exc:
             raise errors.bad_request(str(exc)) from None
 
-    def _render(self, request: web.Request, resource: str, items: list[dict[str, Any]], rv: int) -> web.Response:
-        if discovery.wants_table(request.headers.get("Accept", "")):
-            return _json(discovery.table(resource, items, str(rv), self._clock(),
-                                         request.query.get("includeObject", "Metadata")))
-        kind = "PodList" if resource == PODS else "NamespaceList"
-        return _json({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}, "items": items})
-
-    def _list(self, request: web.Request, route: _Route) -> web.Response:
-        labels, fields = self._selectors(request, route.resource)
+    def _list(self, request: Request, query: dict[str, str], route: Route) -> Response:
+        labels, fields = self._selectors(query, route.resource)
         items, rv = self.store.list_objects(route.resource, route.namespace, labels, fields)
-        return self._render(request, route.resource, items, rv)
+        if discovery.wants_table(request.header("Accept", "") or ""):
+            return json_response(discovery.table(route.resource, items, str(rv), self._clock(),
+                                         query.get("includeObject", "Metadata")))
+        kind = "PodList" if route.resource == PODS else "NamespaceList"
+        head = dumps({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})[:-1]
+        return json_response(head + b',"items":[' + b",".join(self.objects.get(item) for item in items) + b"]}")
 
-    def _get(self, request: web.Request, route: _Route) -> web.Response:
+    def _get(self, request: Request, query: dict[str, str], route: Route) -> Response:
         resource = PODS if route.resource == "pods/status" else route.resource
         obj = self.store.get(resource, route.namespace, route.name)
-        if discovery.wants_table(request.headers.get("Accept", "")):
-            return _json(discovery.table(resource, [obj], obj["metadata"]["resourceVersion"], self._clock(),
-                                         request.query.get("includeObject", "Metadata")))
-        return _json(obj)
+        if discovery.wants_table(request.header("Accept", "") or ""):
+            return json_response(discovery.table(resource, [obj], obj["metadata"]["resourceVersion"], self._clock(),
+                                         query.get("includeObject", "Metadata")))
+        return json_response(self.objects.get(obj))
 
-    async def _body(self, request: web.Request, required: bool) -> Any:
-        raw = await request.read()
+    # ---- writes: off the loop, bounded ------------------------------------------------------------
+
+    async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        if self._worker is None:
+            raise errors.ApiError(503, "the server is shutting down", reason="ServiceUnavailable")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
+
+    async def _body(self, request: Request, required: bool) -> Any:
+        raw = request.body
         if not raw.strip():
             if required:
                 raise errors.bad_request("the request body is empty")
             return None
+        if len(raw) > OFF_LOOP_BODY_BYTES:
+            return await self._off_loop(jsonbody.decode, raw)
+        return jsonbody.decode(raw)
+
+    async def _mutate(self, request: Request, query: dict[str, str], route: Route, verb: str) -> Response:
+        if self._mutating >= self.options.max_mutating_in_flight:
+            raise errors.ApiError(429, "Too many requests, please try again later.")
+        self._mutating += 1
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise errors.bad_request(f"the request body is not valid JSON: {exc}") from None
+            if verb == "patch":
+                return await self._patch(request, query, route)
+            if verb == "delete":
+                return await self._delete(request, route)
+            return await self._create_event(request, route)  # the one create served
+        finally:
+            self._mutating -= 1
 
-    async def _patch(self, request: web.Request, route: _Route) -> web.Response:
-        body = await self._body(request, True)
+    async def _patch(self, request: Request, query: dict[str, str], route: Route) -> Response:
+        field_validation = check_field_validation(query.get("fieldValidation", ""))
         sub = "status" if route.resource == "pods/status" else ""
-        obj = self.store.patch_pod(route.namespace, route.name, request.headers.get("Content-Type", ""), body, sub)
-        return _json(obj)
+        content_type = request.header("Content-Type", "") or ""
+        raw = request.body
+        if not raw.strip():
+            raise errors.bad_request("the request body is empty")
+        for _ in range(_PATCH_ATTEMPTS):  # the pod changed while the patch was worked out: work it out again
+            old = self.store.get(PODS, route.namespace, route.name)
+            patched = await self._off_loop(_work_out_patch, raw, old, route.name, content_type, sub, field_validation)
+            try:
+                obj = self.store.commit_patch(route.namespace, route.name, old, patched, sub,
+                                              before_emit=partial(self._remember, patched=patched))
+                break
+            except StaleObject:
+                continue
+        else:
+            raise errors.modified_conflict(PODS, route.name)
+        warnings = [("Warning", f"299 - {json.dumps(text)}") for text in patched.warnings]
+        return json_response(self.objects.get(obj), headers=warnings)
 
-    async def _delete(self, request: web.Request, route: _Route) -> web.Response:
+    def _remember(self, committed: dict[str, Any], patched: PatchedPod) -> None:
+        """The committed object's JSON, from the worker's encoding (before watchers are told of it)."""
+        self.objects.put(committed, patched.encoded(committed["metadata"]["resourceVersion"]))
+
+    async def _delete(self, request: Request, route: Route) -> Response:
         body = await self._body(request, False)
         preconditions = body.get("preconditions") if isinstance(body, dict) else None
         if not isinstance(preconditions, dict):
@@ -365,9 +368,9 @@ class KubeApiServer:
         obj = self.store.delete_pod(route.namespace, route.name, preconditions.get("uid"),
                                     preconditions.get("resourceVersion"))
         log.info("kube API: pod %s/%s deleted", route.namespace, route.name)
-        return _json(obj)
+        return json_response(self.objects.get(obj))
 
-    async def _create_event(self, request: web.Request, route: _Route) -> web.Response:
+    async def _create_event(self, request: Request, route: Route) -> Response:
         """Events are accepted (201, as created) and logged, not stored: nothing here lists them."""
         body = await self._body(request, True)
         if not isinstance(body, dict):
@@ -380,111 +383,53 @@ class KubeApiServer:
             meta["name"] = f"{meta.get('generateName', 'event.')}{uuid.uuid4().hex[:10]}"
         meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self.store.resource_version),
                     creationTimestamp=rfc3339(self._clock()))
-        log.info("kube API: event %s/%s: %s %s", route.namespace, meta["name"], body.get("reason", ""),
-                 body.get("message", ""))
-        return _json(body, 201)
+        log.info("kube API: event %s/%s: %s %s", route.namespace, meta["name"], str(body.get("reason", ""))[:200],
+                 str(body.get("message", ""))[:1000])
+        return json_response(body, 201)
 
     # ---- watch ----------------------------------------------------------------------------------
 
-    async def _watch(self, request: web.Request, route: _Route) -> web.StreamResponse:
+    def _fan_out(self, event: WatchEvent) -> None:
+        for stream in list(self._watches):
+            stream.deliver(event)
+
+    def _watch(self, request: Request, query: dict[str, str], route: Route) -> Response:
         resource = route.resource
-        labels, fields = self._selectors(request, resource)
+        labels, fields = self._selectors(query, resource)
         if route.name:  # a watch on one object: /pods/{name}?watch=1
             fields = parse_field_selector(f"metadata.name={route.name}", POD_FIELDS if resource == PODS
                                           else NAMESPACE_FIELDS)
-        table = discovery.wants_table(request.headers.get("Accept", ""))
-        include = request.query.get("includeObject", "Metadata")
-        bookmarks = request.query.get("allowWatchBookmarks", "") in TRUE_SPELLINGS
         try:
-            timeout = float(request.query.get("timeoutSeconds", "") or self.options.watch_timeout)
+            timeout = float(query.get("timeoutSeconds", "") or self.options.watch_timeout)
         except ValueError:
             raise errors.bad_request("timeoutSeconds must be a number") from None
-        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue(_WATCH_QUEUE)
-        overflowed = False
-
-        def deliver(event: WatchEvent) -> None:
-            nonlocal overflowed
-            if event.resource != resource:
-                return
-            try:
-                queue.put_nowait(event)
-            except asyncio.QueueFull:
-                overflowed = True
-
+        if not math.isfinite(timeout) or timeout < 0:
+            raise errors.bad_request("timeoutSeconds must be a number") from None
+        # sendInitialEvents (client-go's WatchList): every object first, whatever the resourceVersion.
+        initial_events = query.get("sendInitialEvents", "") in TRUE_SPELLINGS
+        expired = None
         try:
-            # sendInitialEvents (client-go's WatchList): every object first, whatever the resourceVersion.
-            initial_events = request.query.get("sendInitialEvents", "") in TRUE_SPELLINGS
-            initial = self.store.watch_start(resource, "" if initial_events else
-                                             request.query.get("resourceVersion", ""))
-            expired = None
+            initial = self.store.watch_start(resource, "" if initial_events else query.get("resourceVersion", ""))
         except errors.ApiError as exc:
             if exc.code != 410:
                 raise
-            initial, expired = [], exc
-        unsubscribe = self.store.subscribe(deliver)
-        response = web.StreamResponse(status=200, headers={"Content-Type": JSON, "Cache-Control": "no-cache"})
-        response.enable_chunked_encoding()
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._watches[ended] = queue
-        first_table = True
-        try:
-            await response.prepare(request)
-            if expired is not None:
-                await self._send(response, {"type": "ERROR", "object": expired.status()})
-                return response
+            initial, expired = [], exc.status()
+        watch = WatchRequest(resource, route.namespace, labels, fields,
+                             discovery.wants_table(request.header("Accept", "") or ""),
+                             query.get("includeObject", "Metadata"),
+                             query.get("allowWatchBookmarks", "") in TRUE_SPELLINGS, initial_events, timeout)
+        stream = WatchStream(watch, initial, objects=self.objects, current_version=lambda: self.store.resource_version,
+                             now=self._clock, bookmark_interval=self.options.bookmark_interval, expired=expired,
+                             max_bytes=self.options.watch_buffer_bytes)
+        if self._stopping:
+            stream.stop()
+        self._watches.add(stream)
+        stream.on_close = lambda: self._watches.discard(stream)
+        return Response(200, headers=[("Content-Type", JSON), ("Cache-Control", "no-cache")], stream=stream)
 
-            async def send(event: WatchEvent) -> None:
-                nonlocal first_table
-                seen = filter_event(event, labels, fields, route.namespace)
-                if seen is None:
-                    return
-                obj = seen.object
-                if table:
-                    obj = discovery.table(resource, [obj], obj["metadata"]["resourceVersion"], self._clock(),
-                                          include, columns=first_table)
-                    first_table = False
-                await self._send(response, {"type": seen.type, "object": obj})
 
-            for event in initial:
-                await send(event)
-            if initial_events:  # the end of the initial state, as the apiserver marks it
-                end = bookmark(resource, self.store.resource_version)
-                end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
-                await self._send(response, {"type": "BOOKMARK", "object": end})
-            deadline = asyncio.get_running_loop().time() + timeout
-            next_bookmark = asyncio.get_running_loop().time() + self.options.bookmark_interval
-            while not self._stopping.is_set():
-                now = asyncio.get_running_loop().time()
-                if now >= deadline:
-                    break
-                wait = min(deadline, next_bookmark if bookmarks else deadline) - now
-                try:
-                    item = await asyncio.wait_for(queue.get(), max(wait, 0.0))
-                except TimeoutError:
-                    item = None
-                if overflowed:
-                    log.warning("kube API: a watch of %s fell %d events behind and was closed", resource,
-                                _WATCH_QUEUE)
-                    break
-                if item is not None:
-                    await send(item)
-                    continue
-                if self._stopping.is_set():
-                    break
-                if bookmarks and asyncio.get_running_loop().time() >= next_bookmark:
-                    await self._send(response, {"type": "BOOKMARK",
-                                                "object": bookmark(resource, self.store.resource_version)})
-                    next_bookmark = asyncio.get_running_loop().time() + self.options.bookmark_interval
-            await response.write_eof()
-        except (ConnectionResetError, RuntimeError):
-            pass  # the client went away
-        finally:
-            unsubscribe()
-            self._watches.pop(ended, None)
-            if not ended.done():
-                ended.set_result(None)
-        return response
-
-    @staticmethod
-    async def _send(response: web.StreamResponse, event: dict[str, Any]) -> None:
-        await response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+def _work_out_patch(raw: bytes, old: dict[str, Any], name: str, content_type: str, subresource: str,
+                    field_validation: str) -> PatchedPod:
+    """In the worker: the body decoded and the patch applied, checked and encoded."""
+    body = jsonbody.decode(raw, "patch")
+    return patch_pod_object(old, name, content_type, body, subresource, field_validation)

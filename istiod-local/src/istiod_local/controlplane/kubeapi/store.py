@@ -2,7 +2,9 @@
 
 One counter numbers every change, as etcd's revision does: each object
 carries the `resourceVersion` of its last change, a list reports the
-counter, and the log keeps the last `history` changes so a watch from a
+counter, and the log keeps the last `history` changes (at most
+`history_bytes` of objects: a few large pods must not pin hundreds of
+megabytes of old versions) so a watch from a
 resourceVersion replays what came after it. A resourceVersion older than
 the log's start is `410 Expired` (the client lists again), as the
 apiserver's watch cache answers.
@@ -25,15 +27,14 @@ the stored objects themselves, without copying; callers must not change them.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from istiod_local.controlplane.kubeapi import errors, validation
-from istiod_local.controlplane.kubeapi.patch import PatchError, apply_patch
+from istiod_local.controlplane.kubeapi import errors
+from istiod_local.controlplane.kubeapi.podpatch import PatchedPod, patch_pod_object
 from istiod_local.controlplane.kubeapi.pods import (
     DEFAULT_HOST_IP,
     PodMeta,
@@ -50,6 +51,8 @@ KINDS = {PODS: "Pod", NAMESPACES: "Namespace"}
 # Namespaces every cluster has, whether or not the registry names them.
 BUILTIN_NAMESPACES = ("default", "istio-system", "kube-system")
 DEFAULT_HISTORY = 1000
+DEFAULT_HISTORY_BYTES = 4 * 1024 * 1024
+OBJECT_SIZE_GUESS = 4096  # what an object costs in the log when its encoded size is not known (a rendered pod)
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for namespaces
 
@@ -62,6 +65,7 @@ class WatchEvent:
     resource_version: int
     # The object before this change (MODIFIED), so a filtered watch can turn it into ADDED/DELETED.
     previous: dict[str, Any] | None = None
+    size: int = OBJECT_SIZE_GUESS  # the object's encoded size, as far as it is known
 
 
 @dataclass
@@ -91,24 +95,15 @@ def _apply_overrides(base: dict[str, str] | None, overrides: dict[str, str | Non
     return out
 
 
-def _spec_without_images(spec: Any) -> Any:
-    """A pod's spec with what the apiserver lets an update change (images, activeDeadlineSeconds) blanked."""
-    out = copy.deepcopy(spec) if isinstance(spec, dict) else spec
-    if isinstance(out, dict):
-        out.pop("activeDeadlineSeconds", None)
-        out.pop("tolerations", None)
-        for key in ("containers", "initContainers", "ephemeralContainers"):
-            for container in out.get(key) or []:
-                if isinstance(container, dict):
-                    container.pop("image", None)
-    return out
+class StaleObject(Exception):
+    """The object changed between working a patch out and committing it."""
 
 
 class KubeStore:
     """Pods and namespaces, their resourceVersions and the change log."""
 
     def __init__(self, default_node: str, host_ip: str = DEFAULT_HOST_IP, history: int = DEFAULT_HISTORY,
-                 first_version: int = 1) -> None:
+                 first_version: int = 1, history_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
         """`first_version`: where resourceVersions start. The server starts them from the clock (in
         microseconds), so that they never go back across a restart: a watch resuming from a version of
         an earlier run is older than anything here and gets 410 Expired (its client lists again),
@@ -123,6 +118,8 @@ class KubeStore:
         self._entries: dict[str, dict[Key, _Entry]] = {PODS: {}, NAMESPACES: {}}
         self._log: deque[WatchEvent] = deque()
         self._history = history
+        self._history_bytes = history_bytes
+        self._logged_bytes = 0
         # The newest resourceVersion no longer in the log (at first: all before this store existed).
         self._compacted = first_version - 1
         self._incarnations: dict[Key, int] = {}
@@ -175,11 +172,15 @@ class KubeStore:
 
     # ---- changes --------------------------------------------------------------------------------
 
-    def _emit(self, kind: str, resource: str, obj: dict[str, Any], previous: dict[str, Any] | None = None) -> None:
-        event = WatchEvent(kind, resource, obj, self._rv, previous)
+    def _emit(self, kind: str, resource: str, obj: dict[str, Any], previous: dict[str, Any] | None = None,
+              size: int = OBJECT_SIZE_GUESS) -> None:
+        event = WatchEvent(kind, resource, obj, self._rv, previous, size)
         self._log.append(event)
-        while len(self._log) > self._history:
-            self._compacted = self._log.popleft().resource_version
+        self._logged_bytes += size
+        while len(self._log) > 1 and (len(self._log) > self._history or self._logged_bytes > self._history_bytes):
+            dropped = self._log.popleft()
+            self._compacted = dropped.resource_version
+            self._logged_bytes -= dropped.size
         for listener in list(self._listeners):
             listener(event)
 
@@ -266,59 +267,39 @@ class KubeStore:
         self._incarnations[ident] = self._incarnations.get(ident, 0) + 1
 
     def patch_pod(self, namespace: str, name: str, content_type: str, body: Any,
-                  subresource: str = "") -> dict[str, Any]:
-        """PATCH pods/{name} or pods/{name}/status; the new object (unchanged RV when nothing changed)."""
+                  subresource: str = "", field_validation: str = "Warn") -> dict[str, Any]:
+        """PATCH pods/{name} or pods/{name}/status; the new object (unchanged RV when nothing changed).
+
+        In one step, on the caller's thread; the server works the patch out off its loop (`podpatch`) and
+        commits it here with `commit_patch`."""
+        old = self.get(PODS, namespace, name)
+        return self.commit_patch(namespace, name, old, patch_pod_object(old, name, content_type, body, subresource,
+                                                                         field_validation), subresource)
+
+    def commit_patch(self, namespace: str, name: str, old: dict[str, Any], patched: PatchedPod,
+                     subresource: str = "", before_emit: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+        """Store `patched`, worked out from `old`; StaleObject when the pod changed since (work it out again).
+
+        `before_emit` sees the stored object before listeners hear of it."""
         entry = self._entries[PODS].get((namespace, name))
         if entry is None:
             raise errors.not_found(PODS, name)
-        old = entry.current
-        try:
-            result = apply_patch(content_type, old, body)
-        except PatchError as exc:
-            if str(exc).startswith("the body of the request was in an unknown format"):
-                raise errors.ApiError(415, str(exc)) from None
-            raise errors.invalid("Pod", name, str(exc)) from None
-        if not isinstance(result, dict) or not isinstance(result.get("metadata", {}), dict):
-            raise errors.invalid("Pod", name, "the patched object is not a Pod")
-        # The patch shares untouched parts with `old`: copy what is changed here.
-        result = dict(result)
-        meta = result["metadata"] = dict(result.get("metadata") or {})
-        wanted_rv = meta.get("resourceVersion")
-        if wanted_rv not in (None, "") and str(wanted_rv) != old["metadata"]["resourceVersion"]:
-            raise errors.modified_conflict(PODS, name)
-        for key in ("name", "namespace", "uid", "creationTimestamp"):
-            if meta.get(key) != old["metadata"].get(key):
-                raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: field is immutable")
-        result["apiVersion"], result["kind"] = "v1", "Pod"
-        for key in ("labels", "annotations"):
-            value = meta.get(key)
-            if value is not None and (not isinstance(value, dict) or
-                                      not all(isinstance(v, str) for v in value.values())):
-                raise errors.invalid("Pod", name, f"metadata.{key}: Invalid value: must map strings to strings")
-        found = (validation.check_labels(meta.get("labels") or {})
-                 + validation.check_annotations(meta.get("annotations") or {}))
-        if found:
-            raise errors.invalid_fields("Pod", name, found)
-        if subresource == "status":
-            result["spec"] = old.get("spec")
-        else:
-            result["status"] = old.get("status")
-            if _spec_without_images(result.get("spec")) != _spec_without_images(old.get("spec")):
-                raise errors.invalid("Pod", name, "spec: Forbidden: pod updates may not change fields other than "
-                                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
-                                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to "
-                                     "existing tolerations)")
-        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
-        if result == old:
+        if entry.current is not old:
+            raise StaleObject(name)
+        if patched.unchanged:
             return old
-        old_meta = old["metadata"]
+        result = patched.object
+        old_meta, meta = old["metadata"], result["metadata"]
         entry.label_overrides.update(_diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
         entry.annotation_overrides.update(_diff_map(old_meta.get("annotations") or {},
                                                     meta.get("annotations") or {}))
         if subresource == "status" and result.get("status") != old.get("status"):
             entry.status_override = result.get("status")
         entry.current = self._stamp(result)
-        self._emit("MODIFIED", PODS, entry.current, old)
+        if before_emit is not None:
+            before_emit(entry.current)
+        self._emit("MODIFIED", PODS, entry.current, old, max(len(patched.template), OBJECT_SIZE_GUESS))
         return entry.current
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,

@@ -10,7 +10,13 @@ A VM's proxy (`AUTO_REGISTER_GROUP` or `WORKLOAD_ENTRY` in its metadata) is
 handed to `AutoRegistration` when its stream opens (a refusal ends the stream
 with the reason), its HealthInformation requests set the entry's health, and
 its last stream's end starts the grace period, after which a timer on the loop
-removes the entry. Each change that moves an endpoint is pushed at once.
+removes the entry. Those changes are debounced as istiod debounces pushes
+(`PILOT_DEBOUNCE_AFTER`, 100 ms): a burst of registrations costs one rebuild
+of the mesh and one push to every stream per 100 ms, not one each (200
+VMs registering at once otherwise starved each other: every registration
+rebuilt the mesh and pushed to every connected VM). A registering VM is
+answered at once from the mesh as it stands, and pushed its entry with the
+next rebuild.
 
     ads = AdsServer(registry)
     plane.add_service(ads.register)      # same grpc.aio server as the CA
@@ -53,6 +59,7 @@ log = logging.getLogger("istiod_local.controlplane.ads")
 
 _PUSH = object()
 _EOF = object()
+DEBOUNCE = 0.1  # seconds: istiod's PILOT_DEBOUNCE_AFTER default
 
 
 @dataclass
@@ -95,6 +102,7 @@ class AdsServer:
         self._pod_streams: dict[tuple[str, str], int] = {}
         self.workload_entries = workload_entries or AutoRegistration()
         self._expiry: asyncio.TimerHandle | None = None
+        self._pending: asyncio.TimerHandle | None = None  # a debounced rebuild
         self._snapshot = build_snapshot(1, registry)
         self._probe(self._snapshot)
         self._connections: dict[str, Connection] = {}
@@ -137,7 +145,19 @@ class AdsServer:
             for type_url in sorted(generator.types):
                 generator.generate(type_url, ctx, None)
 
+    def _changed(self) -> None:
+        """WorkloadEntries changed: rebuild the mesh and push within DEBOUNCE, once for all changes until then."""
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().call_later(DEBOUNCE, self._debounced)
+
+    def _debounced(self) -> None:
+        self._pending = None
+        self._rebuild()
+
     def _rebuild(self, prepared: MeshSnapshot | None = None) -> None:
+        if self._pending is not None:  # this rebuild includes what was waiting
+            self._pending.cancel()
+            self._pending = None
         workloads = effective_workloads(self._registry, self._pods, self.workload_entries.entries(self._registry))
         current = self._snapshot
         same_registry = current.registry is self._registry
@@ -174,11 +194,11 @@ class AdsServer:
     def _vm_connect(self, conn_id: str, vm: VmProxy, identity: TokenIdentity | None) -> None:
         """Auto-register or take control of the proxy's WorkloadEntry; RegistrationRefused ends the stream."""
         if self.workload_entries.connect(conn_id, vm, identity, self._registry, self._clock()):
-            self._rebuild()
+            self._changed()
 
     def _vm_disconnect(self, conn_id: str) -> None:
         self.workload_entries.disconnect(conn_id, self._clock())
-        self._rebuild()
+        self._changed()
         self._schedule_expiry()
 
     def _on_health(self, connection: Connection, request: Any) -> None:
@@ -186,7 +206,7 @@ class AdsServer:
         healthy = not request.HasField("error_detail")
         message = "" if healthy else request.error_detail.message
         if self.workload_entries.report_health(connection.id, healthy, message, self._clock()):
-            self._rebuild()
+            self._changed()
 
     def _schedule_expiry(self) -> None:
         if self._expiry is not None:
@@ -201,7 +221,7 @@ class AdsServer:
     def _expire(self) -> None:
         self._expiry = None
         if self.workload_entries.expire(self._clock()):
-            self._rebuild()
+            self._changed()
         self._schedule_expiry()
 
     def workload_entry_status(self) -> list[dict[str, Any]]:

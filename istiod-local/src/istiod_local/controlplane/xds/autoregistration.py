@@ -7,7 +7,8 @@ entry has health checks enabled. Upstream's rules, restated:
 
 * the entry is named `<group>-<first IP with ':' as '-'>[-<network>]`, the last
   253 characters when longer; its address is the proxy's first IP
-  (`INSTANCE_IPS`, else the node id's); its labels are the template's, then
+  (`INSTANCE_IPS`, else the node id's; anything there that is not an IP
+  address refuses the stream, `proxy.instance_ips`); its labels are the template's, then
   the group's `metadata.labels`, then the proxy's own labels (without
   `istio-locality`); its annotations are `istio.io/autoRegistrationGroup`,
   the group's `metadata.annotations`, and `proxy.istio.io/health-checks-enabled`
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from istiod_local.controlplane.tokens import TokenIdentity
-from istiod_local.controlplane.xds.proxy import Proxy
+from istiod_local.controlplane.xds.proxy import Proxy, instance_ips
 from istiod_local.controlplane.xds.registry import Registry
 from istiod_local.controlplane.xds.workloadgroups import (
     AUTO_REGISTRATION_GROUP,
@@ -99,7 +100,7 @@ class VmProxy:
     @classmethod
     def from_proxy(cls, proxy: Proxy, locality: str = "") -> VmProxy:
         """Upstream's IPAddresses: INSTANCE_IPS when it lists any, else the node id's IP."""
-        listed = tuple(ip.strip() for ip in str(proxy.metadata.get("INSTANCE_IPS") or "").split(",") if ip.strip())
+        listed = tuple(instance_ips(proxy.id, proxy.metadata))
         meta = proxy.metadata
         return cls(proxy.id, proxy.namespace, listed or (proxy.ip,), str(meta.get("AUTO_REGISTER_GROUP") or ""),
                    str(meta.get("WORKLOAD_ENTRY") or ""), str(meta.get("NETWORK") or ""),

@@ -60,8 +60,7 @@ class Proxy:
 
     @property
     def ips(self) -> list[str]:
-        listed = [ip.strip() for ip in str(self.metadata.get("INSTANCE_IPS") or "").split(",") if ip.strip()]
-        return list(dict.fromkeys([self.ip, *listed]))
+        return list(dict.fromkeys([self.ip, *instance_ips(self.id, self.metadata)]))
 
     @property
     def proxy_config(self) -> Mapping[str, Any]:
@@ -72,6 +71,31 @@ class Proxy:
     def key(self) -> tuple[str, str]:
         """The pod this proxy runs for, as (namespace, name)."""
         return (self.namespace, self.pod_name)
+
+
+def valid_ip(text: str) -> bool:
+    """An IPv4 or IPv6 address and nothing else (no prefix length, no zone, no leading zeros, no spaces)."""
+    if "%" in text:  # a zone names an interface of the proxy's own host: no address for anyone else to reach
+        return False
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def instance_ips(node_id: str, metadata: Mapping[str, Any]) -> list[str]:
+    """The addresses INSTANCE_IPS lists; ProxyError naming the first that is not an IP address.
+
+    A WorkloadEntry is made from the first one and its address is pushed in the EDS of every proxy that
+    calls the service: what is not an IP (`evil`, `300.1.1.1`, `10.0.0.1/8`, `1.2.3.4 ; rm`) is refused with
+    the stream, as a node id's bad IP is."""
+    raw = str(metadata.get("INSTANCE_IPS") or "")
+    listed = [ip.strip() for ip in raw.split(",") if ip.strip()]
+    for ip in listed:
+        if not valid_ip(ip):
+            raise ProxyError(f"node {node_id!r}: INSTANCE_IPS {raw!r}: {ip!r} is not an IP address")
+    return listed
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> Proxy:
@@ -87,6 +111,7 @@ def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> Pr
         ip = str(ipaddress.ip_address(ip))
     except ValueError:
         raise ProxyError(f"node id {node_id!r}: {ip!r} is not an IP address") from None
+    instance_ips(node_id, meta)
     pod, _, namespace = pod_ns.rpartition(".") if "." in pod_ns else (pod_ns, "", "")
     namespace = str(meta.get("NAMESPACE") or namespace)
     pod = str(meta.get("NAME") or pod)

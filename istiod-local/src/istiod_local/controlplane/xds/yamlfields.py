@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+MAX_INTEGER_DIGITS = 20
 _INT_TAG = "tag:yaml.org,2002:int"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -125,7 +126,15 @@ class Fields:
         node = self._items[key][1]
         if not isinstance(node, ScalarNode) or node.tag != _INT_TAG:
             self.fail(node, key, f"must be an integer, got {describe(node)}")
-        value = int(str(node.value).replace("_", ""), 0)
+        text = str(node.value).replace("_", "")
+        digits = len(text.lstrip("+-"))
+        if digits > MAX_INTEGER_DIGITS:  # int() itself refuses past 4,300 digits, and nothing here needs 20
+            bounds = f"between {low} and {high}" if low is not None and high is not None else "an integer"
+            self.fail(node, key, f"must be {bounds}, got a number of {digits} digits")
+        try:
+            value = int(text, 0)
+        except ValueError:  # YAML 1.1's other integers: 017 (octal), 1:30 (base 60)
+            self.fail(node, key, f"must be a decimal integer, got {text!r}")
         if (low is not None and value < low) or (high is not None and value > high):
             self.fail(node, key, f"must be between {low} and {high}, got {value}")
         return value
