@@ -255,7 +255,7 @@ def decode_object(status: int, body: bytes, kind: str, what: str) -> dict[str, o
     """The object of `kind`, or ApiError carrying the API's Status message."""
     try:
         obj = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nested too deep for the parser: no object either
         obj = None
     if status == 200:
         if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
