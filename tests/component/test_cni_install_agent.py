@@ -284,6 +284,24 @@ def test_log_socket_logs_the_plugins_lines(agent: InstallCni) -> None:
     poll(lambda: "Failed to unmarshal CNI plugin logs" in agent.output(), "the refusal logged", 10, agent.output)
 
 
+def test_a_plugin_log_line_cannot_forge_another(agent: InstallCni) -> None:
+    """log.sock is 0666 (as upstream): any pod user can post to it, but a message is one line of install-cni's log
+    whatever it contains; a newline in it shows escaped, never as a forged `cni-agent` line."""
+    agent.start()
+    forged = "\n2026-12-01T10:00:00.000000Z\tinfo\tcni-agent\tIstio CNI configuration and binaries reinstalled (x)"
+    entries = [json.dumps({"level": "info", "time": "2026-12-01T10:00:00.5Z", "msg": "pod-9 ADD" + forged,
+                           "pod\rlabel": "v\u2028w"})]
+    assert post_unix(agent.socket_path, "/log", json.dumps(entries).encode()).startswith(b"HTTP/1.1 200")
+    line = poll(lambda: next((x for x in (agent.log.lines if agent.log else []) if "pod-9 ADD" in x), None),
+                "the plugin's line in install-cni's log", 10, agent.output)
+    assert "pod-9 ADD\\n2026-12-01T10:00:00.000000Z\\tinfo\\tcni-agent\\tIstio CNI configuration" in line, line
+    assert "pod\\rlabel=v\\u2028w" in line, line
+    assert not any(x.startswith("2026-12-01T10:00:00.000000Z") for x in agent.output().splitlines())
+    assert post_unix(agent.socket_path, "/log", b"[" * 100_000).startswith(b"HTTP/1.1 200")  # too deep: refused
+    poll(lambda: "nested deeper than 128 levels" in agent.output(), "the deep body refused", 10, agent.output)
+    assert agent.status("/healthz") == 200
+
+
 @pytest.mark.parametrize(("args", "env", "named"), [
     (["--chained-cni-plugin=yes"], {}, "--chained-cni-plugin ($CHAINED_CNI_PLUGIN): 'yes'"),
     ([], {"KUBECONFIG_MODE": "rw-r--r--"}, "--kubeconfig-mode ($KUBECONFIG_MODE): 'rw-r--r--'"),
