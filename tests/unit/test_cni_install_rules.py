@@ -221,6 +221,10 @@ def test_a_file_too_large_to_read_that_may_be_the_runtimes_choice_makes_install_
                                 {"05-big.conflist": too_large}, frozenset({"05-big.conflist"}))
     waiting = cniconfig.resolve_primary(cniconfig.ConfigSettings(), listing)
     assert isinstance(waiting, cniconfig.Waiting) and f"05-big.conflist: {too_large}" in waiting.reason
+    merged = cniconfig.marshal_config(cniconfig.insert_plugin_entry(ENTRY, BRIDGE_CONF))
+    appeared = cniconfig.Listing({"05-big.conflist": None, "10-b.conflist": merged},
+                                 {"05-big.conflist": too_large}, frozenset({"05-big.conflist"}))
+    assert cniconfig.check_installed(cniconfig.ConfigSettings(), appeared, "10-b.conflist") == waiting.reason
     later = cniconfig.Listing({"10-b.conf": BRIDGE_CONF, "20-big.conflist": None},
                               {"20-big.conflist": too_large}, frozenset({"20-big.conflist"}))
     assert cniconfig.resolve_primary(cniconfig.ConfigSettings(), later) == "10-b.conf"

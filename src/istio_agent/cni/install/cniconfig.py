@@ -339,9 +339,14 @@ def resolve_named(listing: Listing, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Waiting:
-    """Chained mode and no primary config yet: install waits for the directory to change."""
+    """Chained mode and no primary config yet: install waits for the directory to change.
+
+    `unread` names a file too large to read that may be the runtime's choice: an entry merged elsewhere
+    before it appeared is then not in effect either.
+    """
 
     reason: str
+    unread: str | None = None
 
 
 @dataclass(frozen=True)
@@ -377,7 +382,7 @@ def resolve_primary(settings: ConfigSettings, listing: Listing) -> str | Waiting
     unread = sorted(n for n in listing.oversized if n.endswith(CNI_EXTENSIONS) and n != owned)
     if unread and (not valid or unread[0] < valid[0]):  # it may be the file the runtime loads first
         return Waiting(f"{listing.problem(unread[0])}; the runtime may load it before any file install-cni can "
-                       "merge into")
+                       "merge into", unread[0])
     if not valid:
         detail = f" ({'; '.join(problems)})" if problems else ""
         return Waiting(f"no valid networks found{detail}")
@@ -438,7 +443,7 @@ def check_installed(settings: ConfigSettings, listing: Listing, written: str | N
     owned = settings.istio_owned_cni_config_filename if settings.istio_owned else ""
     primary = resolve_primary(settings, listing)
     if isinstance(primary, Waiting):
-        return None if not owned else primary.reason
+        return None if not owned and primary.unread is None else primary.reason
     if owned:
         valid, _ = primary_candidates(listing)
         if valid and valid[0] != owned:
