@@ -196,6 +196,7 @@ class InstallerLoop:
         installer, watcher = self.installation.installer, self.installation.watcher
         if installer is None or watcher is None:
             raise RuntimeError("the installer loop starts after the installation")
+        self.readiness.check = installer.in_effect  # /readyz looks at the files as they are at each request
         self._task = asyncio.create_task(keep_installed(installer, watcher, self.on_state, self.on_failure),
                                          name="install")
 

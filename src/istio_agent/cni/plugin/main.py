@@ -108,7 +108,10 @@ def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr
         sleep: Callable[[float], None] = time.sleep) -> int:
     """One in-process invocation: the answer written to `stdout`, the log to the node agent's socket; the status."""
     log = PluginLog(stderr=stderr)
-    outcome = handle(env, stdin, log, sleep)
+    try:
+        outcome = handle(env, stdin, log, sleep)
+    except Exception as err:  # past handle's own guards: still the spec's error object, never a traceback
+        outcome = Outcome(1, error_result(CniError(ERR_INTERNAL, f"istio-cni failed: {type(err).__name__}")))
     try:
         if outcome.stdout:
             stdout.write(outcome.stdout)
