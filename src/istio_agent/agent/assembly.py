@@ -101,8 +101,9 @@ class AgentAssembly:
         set_created_series(status.metrics.created_series if status is not None else True)
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
-        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)),
-                                         first_key=self.first_key)
+        self.identity = WorkloadIdentity(
+            security, signer=self.metrics.metered_signer(CaClient(security, on_retry=self.metrics.ca_retry)),
+            first_key=self.first_key, on_sds_event=self.metrics.sds_event)
         self.metrics.watch_secrets(self.identity.cache)
         return [self.identity, FirstCertificateWait(self.identity, self.options.first_certificate_head_start)]
 
@@ -116,7 +117,7 @@ class AgentAssembly:
         assert metrics is not None and identity is not None, "the identity stage runs first"
         status = options.status
         readiness = ReadinessState(dns_enabled=status.dns_enabled if status else False,
-                                   envoy_enabled=options.envoy is not None)
+                                   envoy_enabled=options.envoy is not None, on_first_ready=metrics.envoy_ready)
         trimmer = MemoryTrimmer()
         components: list[Component] = [trimmer]
 

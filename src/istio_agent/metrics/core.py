@@ -148,8 +148,8 @@ class SumMetricFamily(_Family):
 
     Dashboards and alerts query upstream's series by those names (`istio_agent_xds_proxy_requests`), so a
     family upstream writes so is written so here; a name that ends in `_total` keeps it (upstream's
-    `istio_agent_num_file_secret_failures_total`). OpenMetrics requires a counter's series to end in
-    `_total`, so there the family is `unknown`, which keeps the series name Prometheus stores.
+    `istio_agent_num_file_secret_failures_total`). OpenMetrics wants a counter's series to end in `_total`:
+    there the family has no TYPE line (`exposition` says why), and its series keep their names.
     """
 
     suffixed = False

@@ -8,8 +8,11 @@ order, with the family's help; HELP escapes `\\` and newlines; timestamps are
 milliseconds.
 
 A sum (`core.SumMetricFamily`: a counter written under its own name, as upstream's
-agent writes its sums) is `counter` in text 0.0.4 and `unknown` in OpenMetrics, its
-series named alike in both.
+agent writes its sums) is `# TYPE x counter`, then `x 3`, in text 0.0.4; in
+OpenMetrics it has no TYPE line (read as "unknown"), the rule the merged page applies
+to any counter without `_total` (`status/merged_metrics/filter.py`): its series keep
+their names, strict OpenMetrics parsers accept it, and so do text parsers such as
+promtool's, where `unknown` would break them and `counter` would break the former.
 
 OpenMetrics (`generate_openmetrics`): families as they are, `# UNIT` when the
 family has one, HELP escapes `"` too, timestamps in seconds, and `# EOF` last.
@@ -70,8 +73,9 @@ def generate_latest(registry: Collector) -> bytes:
 
 def _openmetrics_family(metric: Metric, out: list[str]) -> None:
     help_text = _label_value(metric.documentation)
-    typ = metric.type if metric.suffixed else "unknown"  # a sum's series do not end in `_total`
-    out.append(f"# HELP {metric.name} {help_text}\n# TYPE {metric.name} {typ}\n")
+    out.append(f"# HELP {metric.name} {help_text}\n")
+    if metric.suffixed:  # a sum's series lack `_total`: no TYPE, which OpenMetrics reads as "unknown"
+        out.append(f"# TYPE {metric.name} {metric.type}\n")
     if metric.unit:
         out.append(f"# UNIT {metric.name} {metric.unit}\n")
     for sample in metric.samples:

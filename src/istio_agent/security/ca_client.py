@@ -176,8 +176,10 @@ class CaClient:
         *,
         rand: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_retry: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
+        self._on_retry = on_retry  # told before each retry (upstream's num_outgoing_retries{request_type="csr"})
         self._rand = rand
         self._sleep = sleep
         self._channel: grpc.aio.Channel | None = None
@@ -240,6 +242,8 @@ class CaClient:
         last: CaError | None = None
         for attempt in range(CA_MAX_ATTEMPTS):
             delay = ca_retry_delay(attempt, self._rand())
+            if attempt and self._on_retry is not None:
+                self._on_retry()
             if delay:
                 await self._sleep(delay)
             stub = self._ensure_stub()
