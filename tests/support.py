@@ -342,4 +342,3 @@ def host_links() -> set[str]:
     """The links of this (the host's) network namespace, to check that a test created or left none there."""
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip() for line in out.splitlines()}
-
