@@ -100,16 +100,26 @@ def test_version_and_unknown_flags() -> None:
     assert "BuildInfo" in pilot_agent_cli("version").stdout
 
 
-def test_proxy_names_set_variables_that_have_no_effect(tmp_path: Path) -> None:
+def accepted_variables() -> list[str]:
+    from istio_agent.config.env import REGISTRY
+    from istio_agent.config.settings import ACCEPTED
+
+    return sorted(name for name, var in REGISTRY.items() if var.support == ACCEPTED)
+
+
+@pytest.mark.parametrize("name", accepted_variables())  # none left: every variable upstream reads does something
+def test_proxy_names_set_variables_that_have_no_effect(tmp_path: Path, name: str) -> None:
     """A variable upstream honours but this agent only accepts is named in a warning at start, with the reason."""
+    from istio_agent.config.env import REGISTRY
+
     environment = agent_environment(
-        discovery="127.0.0.1:1", DISABLE_ENVOY="true", WASM_INSECURE_REGISTRIES="localhost:5000",
+        discovery="127.0.0.1:1", DISABLE_ENVOY="true", CLOUD_PLATFORM="none",
         PROXY_CONFIG=json.dumps({"statusPort": free_port(), "discoveryAddress": "127.0.0.1:1"}))
+    environment[name] = "a-value-of-its-own"
     agent = PilotAgent(tmp_path, environment).start()
     try:
-        poll(lambda: "WASM_INSECURE_REGISTRIES is set but has no effect" in agent.output(200), "the warning", 30,
-             agent.output)
-        assert "Wasm" in agent.output(200)
+        poll(lambda: f"{name} is set but has no effect" in agent.output(200), "the warning", 30, agent.output)
+        assert REGISTRY[name].note in agent.output(200)
         agent.signal(signal.SIGTERM)
         assert agent.wait_exit(20) == 0
     finally:

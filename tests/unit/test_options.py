@@ -300,3 +300,14 @@ def test_wasm_variables_reach_the_wasm_cache_options(tmp_path: Path) -> None:
     assert (wasm.module_expiry, wasm.purge_interval, wasm.http_request_timeout) == (7200, 600, 3)
     assert (wasm.http_request_max_retries, wasm.max_module_size) == (2, 1000)
     assert resolve(tmp_path, ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION="false").wasm is None
+
+
+def test_upstream_flag_defaults_reach_envoy_and_the_status_server(tmp_path: Path) -> None:
+    """`--proxyLogLevel` is upstream's `warning` (no component levels: Envoy gets `-l warning` alone), and
+    `--profiling` (on by default) decides whether the status server serves /debug/pprof/."""
+    options = resolve(tmp_path, AgentFlags())
+    assert options.envoy is not None and options.status is not None
+    assert (options.envoy.launch.log_level, options.envoy.launch.component_log_level) == ("warning", "")
+    assert options.status.profiling
+    off = resolve(tmp_path, AgentFlags(profiling=False))
+    assert off.status is not None and not off.status.profiling

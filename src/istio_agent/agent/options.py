@@ -86,13 +86,14 @@ class AgentFlags:
     domain: str = ""
     mesh_config: str = "./etc/istio/config/mesh"
     service_cluster: str = "istio-proxy"
-    proxy_log_level: str = "warning,misc:error"
+    proxy_log_level: str = "warning"
     proxy_component_log_level: str = ""
     concurrency: int = 0
     template_file: str = ""
     outlier_log_path: str = ""
     log_as_json: bool = False
     sts_port: int = 0
+    profiling: bool = True  # /debug/pprof/ on the status port
 
 
 @dataclass(frozen=True)
@@ -510,7 +511,7 @@ def probe_options(config: AgentConfig) -> ProbeOptions:
     )
 
 
-def status_options(config: AgentConfig) -> StatusOptions | None:
+def status_options(config: AgentConfig, profiling: bool = True) -> StatusOptions | None:
     environment, pc = config.environment, config.proxy_config
     probes, metrics = probe_options(config), metrics_options(config)  # validated even when the server is off
     if pc.status_port <= 0:
@@ -522,6 +523,7 @@ def status_options(config: AgentConfig) -> StatusOptions | None:
         dns_enabled=dns_proxy_enabled(environment) and with_envoy,
         probes=probes,
         metrics=metrics,
+        profiling=profiling,
     )
 
 
@@ -564,7 +566,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         xds=xds,
         dns=dns_options(config, host),
         envoy=envoy_options(config, flags, metadata, node_locality),
-        status=status_options(config),
+        status=status_options(config, flags.profiling),
         grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
         health=health_check_options(config),
         wasm=wasm_options(config) if with_envoy else None,
