@@ -312,8 +312,17 @@ class _ProxiedStream:
             latest = self.proxy._health
             if latest is not None and latest != self.session.health:
                 self.report_health(latest)
+            try:
+                metadata = await upstream.call_metadata(settings)
+            except upstream.UpstreamError as exc:
+                log.warning("XDS proxy: stream %d: %s", self.id, exc)
+                end = _End(grpc.StatusCode.UNAVAILABLE, str(exc), "upstream")
+                self._terminated("upstream_end", end)
+                self._terminated("downstream_end", None)
+                self._finish(end)
+                return
             call = channel.stream_stream(method, request_serializer=_identity, response_deserializer=_identity)(
-                self._requests(), metadata=upstream.call_metadata(settings)
+                self._requests(), metadata=metadata
             )
             log.info("XDS proxy: stream %d (%s) connected to %s", self.id, "delta" if self.delta else "sotw",
                      settings.address)
