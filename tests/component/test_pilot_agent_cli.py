@@ -126,9 +126,12 @@ def test_proxy_names_set_variables_that_have_no_effect(tmp_path: Path) -> None:
             PROXY_CONFIG=json.dumps({"statusPort": free_port(), "discoveryAddress": "127.0.0.1:1"}))
         environment[name] = "a-value-of-its-own"
         agent = PilotAgent(tmp_path, environment).start()
+
+        def warned(name: str = name, agent: PilotAgent = agent) -> bool:
+            return f"{name} is set but has no effect" in agent.output(200)
+
         try:
-            poll(lambda n=name: f"{n} is set but has no effect" in agent.output(200), "the warning", 30,
-                 agent.output)
+            poll(warned, "the warning", 30, agent.output)
             assert REGISTRY[name].note in agent.output(200)
             agent.signal(signal.SIGTERM)
             assert agent.wait_exit(20) == 0
