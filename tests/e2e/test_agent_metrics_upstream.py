@@ -161,7 +161,8 @@ def test_our_metric_families_contain_upstreams(pods: tuple[Pod, Pod]) -> None:
             return "istio_agent_istiod_connection_terminations{" in pod.page() and pod.ready()
 
         poll(reconnected, f"{pod.name}'s agent to reconnect", 90, pod.output)
-    upstream_families, our_families = families(theirs.page()), families(ours.page())
+    their_page, our_page = theirs.page(), ours.page()
+    upstream_families, our_families = families(their_page), families(our_page)
 
     missing = {name for name in upstream_families if name not in our_families}
     assert {name for name in missing if not EXCEPTIONS.fullmatch(name)} == set(), sorted(our_families)
@@ -174,3 +175,13 @@ def test_our_metric_families_contain_upstreams(pods: tuple[Pod, Pod]) -> None:
                  "istio_agent_istiod_connection_terminations", "istio_agent_envoy_connection_terminations",
                  "istio_agent_pilot_xds_send_time", "istio_agent_scrapes_total"):
         assert name in upstream_families and name in our_families, name
+    # istiod going away ended each agent's streams the same way: its side as upstream classifies the status
+    # (istiod-local's "Cancelling all calls" is an error to both), Envoy's side cancelled by the proxy.
+    for family in ("istio_agent_istiod_connection_terminations", "istio_agent_envoy_connection_terminations"):
+        assert counted_types(our_page, family) == counted_types(their_page, family) != set(), family
+
+
+def counted_types(page: str, family: str) -> set[str]:
+    """The `type` values of `family`'s series that counted something."""
+    return {m.group(1) for m in re.finditer(rf'^{family}{{type="(\w+)"}} (\S+)$', page, re.M)
+            if float(m.group(2)) > 0}
