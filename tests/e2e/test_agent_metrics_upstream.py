@@ -158,7 +158,9 @@ def test_our_metric_families_contain_upstreams(pods: tuple[Pod, Pod]) -> None:
         pod.istiod.start()
     for pod in pods:
         def reconnected(pod: Pod = pod) -> bool:
-            return "istio_agent_istiod_connection_terminations{" in pod.page() and pod.ready()
+            page = pod.page()  # ours has the series from the start: wait for them to count the ends
+            return all(counted_types(page, f"istio_agent_{side}_connection_terminations")
+                       for side in ("istiod", "envoy")) and pod.ready()
 
         poll(reconnected, f"{pod.name}'s agent to reconnect", 90, pod.output)
     their_page, our_page = theirs.page(), ours.page()
