@@ -1,7 +1,7 @@
 """`pilot-agent`: the command Istio's injector puts into every istio-proxy container.
 
 Subcommands keep upstream's names and flags: `proxy`, `wait`, `request`,
-`istio-iptables`, `version`; each one's arguments, flags and help are
+`istio-iptables`, `version`, `completion`, `collateral`; each one's arguments, flags and help are
 declared in the program's table (`pilot_agent_flags.py`) and built into click
 options here. Unknown flags are accepted and ignored, as upstream does to keep
 old pod specs working. Heavy modules are imported only by the subcommand that
@@ -30,6 +30,8 @@ LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_optio
 LAZY_COMMANDS = {
     "istio-iptables": "istio_agent.cli.iptables:command",
     "secrets": "istio_agent.cli.secrets:command",
+    "completion": "istio_agent.cli.completion:command",
+    "collateral": "istio_agent.cli.collateral:command",
 }
 
 
