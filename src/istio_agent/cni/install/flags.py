@@ -170,6 +170,13 @@ KUBERNETES_ENV: tuple[EnvVar[str], ...] = (
            "string"),
 )
 
+# `install-cni version`, upstream's (istio's common version subcommand).
+VERSION = Command("version", "Prints out build version information", (
+    Flag("short", False, "Use --short=false to generate full version information", go_bool, "bool", short="s",
+         takes_value=True),
+    Flag("output", "", "One of 'yaml' or 'json'.", short="o"),
+))
+
 INSTALL_CNI = Program(
     "install-cni",
     "The Istio CNI node agent: installs the `istio-cni` plugin (its binary and its entry in the node's CNI "
@@ -177,7 +184,8 @@ INSTALL_CNI = Program(
     "and repairs pods broken by the race between the CNI and the pod's start. It runs until SIGTERM or SIGINT. "
     "Every flag can also be given by its variable; the command line wins.",
     (Command("", "Install and configure the Istio CNI plugin on a node, keep it installed, repair pods broken by "
-             "the race.", (*LOG_FLAGS, *FLAGS)),),
+             "the race.", (*LOG_FLAGS, *FLAGS)),
+     VERSION),
     "src/istio_agent/cni/install/flags.py",
     variables=KUBERNETES_ENV,
 )
