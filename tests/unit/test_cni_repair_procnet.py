@@ -130,7 +130,7 @@ def test_the_pods_namespace_is_entered_through_its_oldest_process(proc: FakeProc
 
 def test_the_hosts_namespace_and_the_excluded_one_are_never_chosen(proc: FakeProc) -> None:
     proc.process(400, "host", 20, _trie("192.168.1.10"))  # a host process: PID 1's namespace
-    with pytest.raises(NetnsNotFound, match="no network namespace holding 192.168.1.10"):
+    with pytest.raises(NetnsNotFound, match=r"no network namespace holding 192\.168\.1\.10"):
         find_pod_netns(str(proc.root), "192.168.1.10")
     proc.process(500, "agent", 30, _trie("10.244.0.9"))
     info = os.stat(proc.root / "500" / "ns" / "net")
@@ -141,7 +141,7 @@ def test_the_hosts_namespace_and_the_excluded_one_are_never_chosen(proc: FakePro
 def test_two_namespaces_holding_the_address_are_refused(proc: FakeProc) -> None:
     proc.process(600, "pod-a", 100, _trie("10.244.0.7"))
     proc.process(700, "stale", 50, _trie("10.244.0.7"))
-    with pytest.raises(NetnsNotFound, match="2 network namespaces hold 10.244.0.7"):
+    with pytest.raises(NetnsNotFound, match=r"2 network namespaces hold 10\.244\.0\.7"):
         find_pod_netns(str(proc.root), "10.244.0.7")
 
 
