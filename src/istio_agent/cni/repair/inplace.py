@@ -81,11 +81,13 @@ def run_on_own_thread(work: Callable[[], T], name: str) -> asyncio.Future[T]:
 
     def target() -> None:
         try:
-            result = work()
+            result, error = work(), None
         except BaseException as exc:  # handed to the awaiting side, which decides
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile (install-cni stopping): nobody waits for it
+            pass
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return future
