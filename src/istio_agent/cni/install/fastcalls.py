@@ -62,6 +62,10 @@ def run_call(env: dict[str, str], stdin: bytes, get: GetPod, sleep: Callable[[fl
     stderr = io.StringIO()
     plugin_log = PluginLog(stderr=stderr)
     outcome = handle(env, stdin, plugin_log, sleep=sleep, get=get)
+    if outcome.log_file:  # the file the plugin in its own process would have written (its socket is ours)
+        from istio_agent.cni.plugin.main import write_log_file
+
+        write_log_file(outcome.log_file, plugin_log.file_entries)
     entries = tuple(plugin_log.entries) if outcome.socket_path else ()
     return CallResult(outcome.code, outcome.stdout, stderr.getvalue().encode(), entries)
 
