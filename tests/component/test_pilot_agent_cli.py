@@ -94,10 +94,20 @@ def test_request_prints_only_the_body() -> None:
 
 
 def test_version_and_unknown_flags() -> None:
-    result = pilot_agent_cli("version", "--short", "--some-old-flag=1")
+    result = pilot_agent_cli("version", "-s", "--some-old-flag=1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().count(".") == 2
-    assert "BuildInfo" in pilot_agent_cli("version").stdout
+    assert result.stdout.startswith("client version: ") and result.stdout.strip().count(".") == 2
+    assert pilot_agent_cli("version").stdout.startswith("client version: version.BuildInfo{Version:")
+    assert pilot_agent_cli("version", "--short=false").stdout.startswith("client version: version.BuildInfo{")
+
+
+def test_version_formats_are_upstreams() -> None:
+    """Upstream's field names in JSON and YAML, and its error (exit 255) for another format."""
+    as_json = json.loads(pilot_agent_cli("version", "-o", "json").stdout)
+    assert set(as_json["clientVersion"]) == {"version", "revision", "golang_version", "status", "tag"}
+    assert pilot_agent_cli("version", "-o", "yaml").stdout.startswith("clientVersion:\n  golang_version: ")
+    refused = pilot_agent_cli("version", "-o", "xml")
+    assert refused.returncode == 255 and "--output must be 'yaml' or 'json'" in refused.stderr
 
 
 def accepted_variables() -> list[str]:

@@ -11,7 +11,6 @@ needs them, so `wait` and `request` (run in lifecycle hooks) start fast.
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 import time
 from typing import Any
@@ -136,19 +135,16 @@ def request(ctx: click.Context, method: str, path: str, body: str, debug_port: i
 @options(VERSION.flags)
 @click.pass_context
 def version(ctx: click.Context, short: bool, output: str, **log: Any) -> None:
+    """Upstream's output (`client version: version.BuildInfo{...}`, `-s`, `-o json|yaml`), as install-cni's."""
     configure_logging(log_options(ctx, log))
-    from istio_agent.version import build_info
+    from istio_agent.version import VersionOutputError, version_output
 
-    info = build_info()
-    if short:
-        click.echo(info["Version"])
-    elif output == "json":
-        click.echo(json.dumps({"clientVersion": info}, indent=2))
-    elif output == "yaml":
-        click.echo("clientVersion:\n" + "".join(f"  {k}: {v}\n" for k, v in info.items()), nl=False)
-    else:
-        fields = ", ".join(f'{k}:"{v}"' for k, v in info.items())
-        click.echo(f"version.BuildInfo{{{fields}}}")
+    try:
+        click.echo(version_output(short, output), nl=False)
+    except VersionOutputError as exc:
+        failure = click.ClickException(str(exc))
+        failure.exit_code = 255  # upstream's command exits -1 on an error
+        raise failure from None
 
 
 if __name__ == "__main__":

@@ -85,9 +85,10 @@ REQUEST = Command(
      Argument("path", "", "The path, with or without its leading slash."),
      Argument("body", "", "The request body.", required=False)),
 )
-VERSION = Command("version", "Print the version.", (
-    Flag("short", False, "Print just the version number.", go_bool, "bool", short="s"),
-    Flag("output", "", "Output format.", short="o", choices=("", "json", "yaml")),
+VERSION = Command("version", "Prints out build version information", (
+    Flag("short", False, "Use --short=false to generate full version information", go_bool, "bool", short="s",
+         takes_value=True),
+    Flag("output", "", "One of 'yaml' or 'json'.", short="o"),
     *LOG_FLAGS,
 ))
 SECRETS = Command(
