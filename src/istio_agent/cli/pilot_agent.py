@@ -131,6 +131,12 @@ def request(ctx: click.Context, method: str, path: str, body: str, debug_port: i
         sys.exit(1)
 
 
+class UpstreamExit(click.ClickException):
+    """An error a subcommand ends with as upstream's does: its message, exit code 255 (cobra's os.Exit(-1))."""
+
+    exit_code = 255
+
+
 @main.command(context_settings=LENIENT, help=VERSION.summary)
 @options(VERSION.flags)
 @click.pass_context
@@ -142,9 +148,7 @@ def version(ctx: click.Context, short: bool, output: str, **log: Any) -> None:
     try:
         click.echo(version_output(short, output), nl=False)
     except VersionOutputError as exc:
-        failure = click.ClickException(str(exc))
-        failure.exit_code = 255  # upstream's command exits -1 on an error
-        raise failure from None
+        raise UpstreamExit(str(exc)) from None
 
 
 if __name__ == "__main__":
