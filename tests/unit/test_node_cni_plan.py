@@ -140,7 +140,7 @@ def test_registry_entries_carry_what_the_kubernetes_api_renders_and_istiod_local
 
 def test_a_pods_sandbox_process_holds_its_namespace() -> None:
     pod = plan_pod(NODE, PodSpec("a-1"), [])
-    assert sandbox_argv(pod) == ["ip", "netns", "exec", pod.netns, "sleep", "infinity"]
+    assert sandbox_argv(pod, 4242) == ["ip", "netns", "exec", pod.netns, "tail", "--pid=4242", "-f", "/dev/null"]
 
 
 def test_a_failed_validation_is_reported_as_a_kubelet_does_once_restarted() -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import threading
 import time
@@ -347,7 +348,7 @@ class NodeCni:
 
     def start_sandbox(self, pod: PodPlan) -> NetnsProcess:
         """The pod's sandbox process in its (new) namespace, before its networks are attached."""
-        return spawn(f"{pod.name} sandbox", sandbox_argv(pod), self.logs / f"{pod.name}-sandbox.log")
+        return spawn(f"{pod.name} sandbox", sandbox_argv(pod, os.getpid()), self.logs / f"{pod.name}-sandbox.log")
 
     def primary_network(self) -> NetworkList:
         """The network a container runtime uses: the lexically first configuration in the net dir."""

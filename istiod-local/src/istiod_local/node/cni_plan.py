@@ -174,12 +174,16 @@ def pod_attachment(pod: PodPlan, sandbox_id: str) -> RuntimeConf:
                        {"ips": [f"{pod.ip}/{pod.prefix_len}"]})
 
 
-def sandbox_argv(pod: PodPlan) -> list[str]:
+def sandbox_argv(pod: PodPlan, owner_pid: int) -> list[str]:
     """The pod sandbox's process, what a pause container is: it holds the pod's network namespace for as long as
     the pod lives, so the namespace has a process even while no container runs (a pod whose init container
     keeps failing). In-place repair finds a pod's namespace through its processes, as on a Kubernetes node.
-    No death signal: it is killed with its namespace (`remove_netns`, and the sweep of a dead owner's)."""
-    return ["ip", "netns", "exec", pod.netns, "sleep", "infinity"]
+
+    It lives as long as the node's owner (`tail --pid`, which checks it every second), not the thread that
+    started it: sandboxes are started by the pod-start worker threads, which end, so a death signal
+    (`setpriv --pdeathsig`, which follows the starting thread) would take them down with the worker. A killed
+    owner's sandboxes end with it, like every other process of its pods."""
+    return ["ip", "netns", "exec", pod.netns, "tail", f"--pid={owner_pid}", "-f", "/dev/null"]
 
 
 def loopback_attachment(pod: PodPlan, sandbox_id: str) -> RuntimeConf:
