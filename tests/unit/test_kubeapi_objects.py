@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from istio_agent.pki.keys import generate_key
-from istiod_local.controlplane.kubeapi import objects, resources, store as kstore, tokenreview
+from istiod_local.controlplane.kubeapi import objects, resources, tokenreview
+from istiod_local.controlplane.kubeapi import store as kstore
 from istiod_local.controlplane.kubeapi.errors import ApiError
 from istiod_local.controlplane.kubeapi.patch import JSON_PATCH, MERGE_PATCH
 from istiod_local.controlplane.kubeapi.resources import BY_KEY, CONFIGMAPS, ENDPOINTSLICES, SERVICES
