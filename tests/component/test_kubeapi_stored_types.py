@@ -17,10 +17,12 @@ from istiod_local.controlplane.podfiles import pod_token
 from istiod_local.controlplane.state import load_or_create_state
 
 kubernetes = pytest.importorskip("kubernetes")
-from kubernetes import client as kclient  # noqa: E402
+from kubernetes import client as kubernetes_client  # noqa: E402
 from kubernetes import config as kconfig  # noqa: E402
 from kubernetes import watch as kwatch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
+
+K: Any = kubernetes_client  # the client's models and APIs, used untyped as the other client tests use them
 
 MESH = {
     "services": [{"name": "echo", "namespace": "default", "selector": {"app": "echo"}, "clusterIP": "10.96.0.20",
@@ -47,9 +49,9 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IstiodLocal,
 
 @pytest.fixture
 def client(api: tuple[IstiodLocal, Path, Path]) -> Iterator[Any]:
-    configuration = kclient.Configuration()
+    configuration = K.Configuration()
     kconfig.load_kube_config(config_file=str(api[1]), client_configuration=configuration)
-    with kclient.ApiClient(configuration) as api_client:
+    with K.ApiClient(configuration) as api_client:
         yield api_client
 
 
@@ -60,7 +62,7 @@ def _refused(call: Any) -> ApiException:
 
 
 def test_services_endpointslices_and_nodes_are_the_registrys(client: Any) -> None:
-    core, discovery = kclient.CoreV1Api(client), kclient.DiscoveryV1Api(client)
+    core, discovery = K.CoreV1Api(client), K.DiscoveryV1Api(client)
     service = core.read_namespaced_service("echo", "default")
     assert service.spec.cluster_ip == "10.96.0.20" and service.spec.selector == {"app": "echo"}
     assert [(p.name, p.port, p.target_port, p.app_protocol) for p in service.spec.ports] == [
@@ -78,7 +80,7 @@ def test_services_endpointslices_and_nodes_are_the_registrys(client: Any) -> Non
 
 
 def test_an_endpoint_follows_its_pods_readiness(client: Any) -> None:
-    core, discovery = kclient.CoreV1Api(client), kclient.DiscoveryV1Api(client)
+    core, discovery = K.CoreV1Api(client), K.DiscoveryV1Api(client)
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
@@ -95,8 +97,8 @@ def test_an_endpoint_follows_its_pods_readiness(client: Any) -> None:
 
 
 def test_configmaps_are_created_read_replaced_patched_and_deleted(client: Any) -> None:
-    core = kclient.CoreV1Api(client)
-    body = kclient.V1ConfigMap(metadata=kclient.V1ObjectMeta(name="istio-ca-root-cert", labels={"a": "1"}),
+    core = K.CoreV1Api(client)
+    body = K.V1ConfigMap(metadata=K.V1ObjectMeta(name="istio-ca-root-cert", labels={"a": "1"}),
                                data={"root-cert.pem": "x"})
     created = core.create_namespaced_config_map("default", body)
     try:
@@ -108,7 +110,7 @@ def test_configmaps_are_created_read_replaced_patched_and_deleted(client: Any) -
         assert replaced.metadata.uid == created.metadata.uid
         # A replace from the old version is a conflict, as optimistic concurrency has it.
         stale = _refused(lambda: core.replace_namespaced_config_map("istio-ca-root-cert", "default", created))
-        assert stale.status == 409 and "the object has been modified" in stale.body
+        assert stale.status == 409 and "the object has been modified" in str(stale.body)
         patched = core.patch_namespaced_config_map("istio-ca-root-cert", "default",
                                                    {"metadata": {"labels": {"b": "2"}}, "data": {"extra": "z"}})
         assert patched.metadata.labels == {"a": "1", "b": "2"} and patched.data == {"root-cert.pem": "y", "extra": "z"}
@@ -120,25 +122,25 @@ def test_configmaps_are_created_read_replaced_patched_and_deleted(client: Any) -
 
 
 def test_generate_name_labels_and_size_are_checked(client: Any) -> None:
-    core = kclient.CoreV1Api(client)
-    made = core.create_namespaced_secret("istio-system", kclient.V1Secret(
-        metadata=kclient.V1ObjectMeta(generate_name="istio-remote-"), string_data={"k": "v"}))
+    core = K.CoreV1Api(client)
+    made = core.create_namespaced_secret("istio-system", K.V1Secret(
+        metadata=K.V1ObjectMeta(generate_name="istio-remote-"), string_data={"k": "v"}))
     try:
         assert made.metadata.name.startswith("istio-remote-") and len(made.metadata.name) == len("istio-remote-") + 5
     finally:
         core.delete_namespaced_secret(made.metadata.name, "istio-system")
-    bad = _refused(lambda: core.create_namespaced_config_map("default", kclient.V1ConfigMap(
-        metadata=kclient.V1ObjectMeta(name="x", labels={"bad key!": "v"}))))
+    bad = _refused(lambda: core.create_namespaced_config_map("default", K.V1ConfigMap(
+        metadata=K.V1ObjectMeta(name="x", labels={"bad key!": "v"}))))
     assert bad.status == 422
-    assert _refused(lambda: core.create_namespaced_config_map("default", kclient.V1ConfigMap(
-        metadata=kclient.V1ObjectMeta(name="Upper")))).status == 422
-    huge = _refused(lambda: core.create_namespaced_config_map("default", kclient.V1ConfigMap(
-        metadata=kclient.V1ObjectMeta(name="huge"), data={"k": "x" * 1_600_000})))
+    assert _refused(lambda: core.create_namespaced_config_map("default", K.V1ConfigMap(
+        metadata=K.V1ObjectMeta(name="Upper")))).status == 422
+    huge = _refused(lambda: core.create_namespaced_config_map("default", K.V1ConfigMap(
+        metadata=K.V1ObjectMeta(name="huge"), data={"k": "x" * 1_600_000})))
     assert huge.status == 413
 
 
 def test_a_watch_sees_creates_updates_and_deletes_of_leases_in_order(client: Any) -> None:
-    leases = kclient.CoordinationV1Api(client)
+    leases = K.CoordinationV1Api(client)
     listed = leases.list_namespaced_lease("istio-system")
     seen: list[tuple[str, str, int]] = []
     watcher = kwatch.Watch()
@@ -154,8 +156,8 @@ def test_a_watch_sees_creates_updates_and_deletes_of_leases_in_order(client: Any
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     # The changes may come before the watch is open: it replays them from the list's resourceVersion.
-    lease = leases.create_namespaced_lease("istio-system", kclient.V1Lease(
-        metadata=kclient.V1ObjectMeta(name="istio-leader"), spec=kclient.V1LeaseSpec(holder_identity="a")))
+    lease = leases.create_namespaced_lease("istio-system", K.V1Lease(
+        metadata=K.V1ObjectMeta(name="istio-leader"), spec=K.V1LeaseSpec(holder_identity="a")))
     lease.spec.holder_identity = "b"
     leases.replace_namespaced_lease("istio-leader", "istio-system", lease)
     leases.delete_namespaced_lease("istio-leader", "istio-system")
@@ -166,41 +168,41 @@ def test_a_watch_sees_creates_updates_and_deletes_of_leases_in_order(client: Any
 
 
 def test_discovery_names_the_groups_and_the_crd_list_is_empty(client: Any) -> None:
-    groups = {g.name: g.preferred_version.version for g in kclient.ApisApi(client).get_api_versions().groups}
+    groups = {g.name: g.preferred_version.version for g in K.ApisApi(client).get_api_versions().groups}
     assert groups["discovery.k8s.io"] == "v1" and groups["coordination.k8s.io"] == "v1"
     assert groups["apiextensions.k8s.io"] == "v1" and groups["authentication.k8s.io"] == "v1"
-    resources = {r.name for r in kclient.DiscoveryV1Api(client).get_api_resources().resources}
+    resources = {r.name for r in K.DiscoveryV1Api(client).get_api_resources().resources}
     assert resources == {"endpointslices"}
-    crds = kclient.ApiextensionsV1Api(client).list_custom_resource_definition()
+    crds = K.ApiextensionsV1Api(client).list_custom_resource_definition()
     assert crds.items == []
-    webhooks = kclient.AdmissionregistrationV1Api(client).list_mutating_webhook_configuration()
+    webhooks = K.AdmissionregistrationV1Api(client).list_mutating_webhook_configuration()
     assert webhooks.items == []
 
 
 def test_token_review_answers_for_istiod_local_tokens(api: tuple[IstiodLocal, Path, Path], client: Any) -> None:
     state = load_or_create_state(api[0].state_dir, "cluster.local", time.time())
     token = pod_token(state, "default", "echo", "echo-1", 600, time.time())
-    reviews = kclient.AuthenticationV1Api(client)
-    answer = reviews.create_token_review(kclient.V1TokenReview(spec=kclient.V1TokenReviewSpec(
+    reviews = K.AuthenticationV1Api(client)
+    answer = reviews.create_token_review(K.V1TokenReview(spec=K.V1TokenReviewSpec(
         token=token, audiences=["istio-ca"])))
     assert answer.status.authenticated is True
     assert answer.status.user.username == "system:serviceaccount:default:echo"
     assert answer.status.user.extra["authentication.kubernetes.io/pod-name"] == ["echo-1"]
     assert answer.status.audiences == ["istio-ca"]
-    wrong = reviews.create_token_review(kclient.V1TokenReview(spec=kclient.V1TokenReviewSpec(
+    wrong = reviews.create_token_review(K.V1TokenReview(spec=K.V1TokenReviewSpec(
         token=token, audiences=["someone-else"])))
     assert wrong.status.authenticated is False and wrong.status.error
-    forged = reviews.create_token_review(kclient.V1TokenReview(spec=kclient.V1TokenReviewSpec(
+    forged = reviews.create_token_review(K.V1TokenReview(spec=K.V1TokenReviewSpec(
         token=token[:-4] + "AAAA", audiences=["istio-ca"])))
     assert forged.status.authenticated is False
 
 
 def test_the_cni_identity_may_not_review_tokens_or_read_configmaps(api: tuple[IstiodLocal, Path, Path]) -> None:
     cni = api[0].kubeconfig(api[2] / "cni.kubeconfig", identity="istio-system/istio-cni")
-    configuration = kclient.Configuration()
+    configuration = K.Configuration()
     kconfig.load_kube_config(config_file=str(cni), client_configuration=configuration)
-    with kclient.ApiClient(configuration) as api_client:
-        denied = _refused(lambda: kclient.AuthenticationV1Api(api_client).create_token_review(
-            kclient.V1TokenReview(spec=kclient.V1TokenReviewSpec(token="x"))))
+    with K.ApiClient(configuration) as api_client:
+        denied = _refused(lambda: K.AuthenticationV1Api(api_client).create_token_review(
+            K.V1TokenReview(spec=K.V1TokenReviewSpec(token="x"))))
         assert denied.status == 403
-        assert _refused(lambda: kclient.CoreV1Api(api_client).list_namespaced_config_map("default")).status == 403
+        assert _refused(lambda: K.CoreV1Api(api_client).list_namespaced_config_map("default")).status == 403
