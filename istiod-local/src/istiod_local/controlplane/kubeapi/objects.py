@@ -16,6 +16,9 @@ the result. The rules are the ones every type shares:
   update; server-side apply (`apply-patch+yaml`) is refused with 415, as an
   apiserver without that feature answers;
 - no stored object is larger than etcd stores (1.5 MiB encoded): 413.
+
+The small map and precondition helpers at the end are shared with the store's
+pods (patched labels and annotations kept over registry reloads).
 """
 
 from __future__ import annotations
@@ -159,3 +162,40 @@ def patched_object(rtype: ResourceType, old: dict[str, Any], content_type: str, 
         meta.pop("resourceVersion")  # the stored one, carried along: no precondition
         result = {**result, "metadata": meta}
     return updated_object(rtype, old, result, namespace, name)
+
+
+def diff_map(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
+    """What a client changed in a label or annotation map (None: removed), kept over registry reloads."""
+    out: dict[str, str | None] = {k: v for k, v in after.items() if before.get(k) != v}
+    out.update({k: None for k in before if k not in after})
+    return out
+
+
+def apply_overrides(base: dict[str, str] | None, overrides: dict[str, str | None]) -> dict[str, str]:
+    """A freshly rendered map with what clients changed in it applied again."""
+    out = dict(base or {})
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def check_preconditions(resource: str, obj: dict[str, Any], uid: str | None, resource_version: str | None) -> None:
+    """DeleteOptions' preconditions: 409 when the object is not the one the client meant."""
+    meta = obj["metadata"]
+    if uid and uid != meta.get("uid"):
+        raise errors.conflict(resource, meta["name"], f"Precondition failed: UID in precondition: {uid}, "
+                                                      f"UID in object meta: {meta.get('uid')}")
+    if resource_version and resource_version != meta.get("resourceVersion"):
+        raise errors.conflict(resource, meta["name"], f"Precondition failed: ResourceVersion in precondition: "
+                                                      f"{resource_version}, ResourceVersion in object meta: "
+                                                      f"{meta.get('resourceVersion')}")
+
+
+def without_resource_version(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as compared for "did anything change" (a write that changes nothing keeps its version)."""
+    out = dict(obj)
+    out["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return out

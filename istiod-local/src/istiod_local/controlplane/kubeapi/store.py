@@ -35,6 +35,12 @@ from typing import Any
 
 from istiod_local.controlplane.kubeapi import errors
 from istiod_local.controlplane.kubeapi.changes import OBJECT_SIZE_GUESS, WatchEvent, bookmark, filter_event, matches
+from istiod_local.controlplane.kubeapi.objects import (
+    apply_overrides,
+    check_preconditions,
+    diff_map,
+    without_resource_version,
+)
 from istiod_local.controlplane.kubeapi.podpatch import PatchedPod, patch_pod_object
 from istiod_local.controlplane.kubeapi.pods import (
     DEFAULT_HOST_IP,
@@ -81,22 +87,6 @@ class _Entry:
     label_overrides: dict[str, str | None] = field(default_factory=dict)
     annotation_overrides: dict[str, str | None] = field(default_factory=dict)
     from_registry: bool = True  # False: a client created it (a reload of the registry leaves it alone)
-
-
-def _diff_map(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
-    out: dict[str, str | None] = {k: v for k, v in after.items() if before.get(k) != v}
-    out.update({k: None for k in before if k not in after})
-    return out
-
-
-def _apply_overrides(base: dict[str, str] | None, overrides: dict[str, str | None]) -> dict[str, str]:
-    out = dict(base or {})
-    for key, value in overrides.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
 
 
 class StaleObject(Exception):
@@ -305,13 +295,13 @@ class KubeStore:
             served = dict(rendered)
             meta = served["metadata"] = dict(rendered["metadata"])
             if entry.label_overrides:
-                meta["labels"] = _apply_overrides(meta.get("labels"), entry.label_overrides)
+                meta["labels"] = apply_overrides(meta.get("labels"), entry.label_overrides)
             if entry.annotation_overrides:
-                meta["annotations"] = _apply_overrides(meta.get("annotations"), entry.annotation_overrides)
+                meta["annotations"] = apply_overrides(meta.get("annotations"), entry.annotation_overrides)
             if entry.status_override is not None:
                 served["status"] = entry.status_override
             previous = entry.current
-            if _without_rv(served) == _without_rv(previous):
+            if without_resource_version(served) == without_resource_version(previous):
                 continue
             entry.current = self._stamp(served)
             self._emit("MODIFIED", resource, entry.current, previous)
@@ -351,8 +341,8 @@ class KubeStore:
             return old
         result = patched.object
         old_meta, meta = old["metadata"], result["metadata"]
-        entry.label_overrides.update(_diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
-        entry.annotation_overrides.update(_diff_map(old_meta.get("annotations") or {},
+        entry.label_overrides.update(diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
+        entry.annotation_overrides.update(diff_map(old_meta.get("annotations") or {},
                                                     meta.get("annotations") or {}))
         if subresource == "status" and result.get("status") != old.get("status"):
             entry.status_override = result.get("status")
@@ -370,7 +360,7 @@ class KubeStore:
         entry = self._entries[PODS].get(key)
         if entry is None:
             raise errors.not_found(PODS, name)
-        _check_preconditions(PODS, entry.current, uid, resource_version)
+        check_preconditions(PODS, entry.current, uid, resource_version)
         del self._entries[PODS][key]
         self._forget(PODS, key)
         if entry.workload is not None:
@@ -409,7 +399,7 @@ class KubeStore:
             raise errors.not_found(resource, meta["name"])
         if entry.current is not old:
             raise StaleObject(meta["name"])
-        if _without_rv(new) == _without_rv(old):
+        if without_resource_version(new) == without_resource_version(old):
             return old
         entry.current = self._stamp(new)  # on a registry object: until the registry renders it differently
         self._emit("MODIFIED", resource, entry.current, old, size)
@@ -424,28 +414,11 @@ class KubeStore:
         entry = self._entries[resource].get(key)
         if entry is None:
             raise errors.not_found(resource, name)
-        _check_preconditions(resource, entry.current, uid, resource_version)
+        check_preconditions(resource, entry.current, uid, resource_version)
         del self._entries[resource][key]
         self._forget(resource, key)
         final = self._stamp(entry.current)
         self._emit("DELETED", resource, final)
         return final
-
-
-def _check_preconditions(resource: str, obj: dict[str, Any], uid: str | None, resource_version: str | None) -> None:
-    meta = obj["metadata"]
-    if uid and uid != meta.get("uid"):
-        raise errors.conflict(resource, meta["name"], f"Precondition failed: UID in precondition: {uid}, "
-                                                      f"UID in object meta: {meta.get('uid')}")
-    if resource_version and resource_version != meta.get("resourceVersion"):
-        raise errors.conflict(resource, meta["name"], f"Precondition failed: ResourceVersion in precondition: "
-                                                      f"{resource_version}, ResourceVersion in object meta: "
-                                                      f"{meta.get('resourceVersion')}")
-
-
-def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:
-    out = dict(obj)
-    out["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
-    return out
 
 
