@@ -1,15 +1,17 @@
 """Our agent against upstream's real istiod (`pilot-discovery`), on a local node (root, real Envoy, CNI capture).
 
-The real istiod runs in the node namespace beside istiod-local (`istiod_local.node.istiod.RealIstiod`):
+The node is made with `NodeOptions(control_plane="istiod")`: the real istiod runs in the node namespace beside
+istiod-local (`istiod_local.node.istiod.RealIstiod`):
 istiod-local is the cluster (its Kubernetes API serves the pods, Services and EndpointSlices from the
 registry, and reviews the agents' tokens), the root of trust (istiod signs with an intermediate the root
-signs, plugged in as `cacerts`), and istiod serves the xDS and the certificates. The pods point
+signs, plugged in as `cacerts`), and istiod serves the xDS and the certificates. The node points the pods'
 `discoveryAddress` and `CA_ADDR` at the real istiod; everything else is the node as ever.
 
 Pods: two sidecars with the echo app (`echo-1` behind `echo`, `web-1` behind `web`), a proxyless gRPC
 greeter (`greeter-1` behind `greeter`) and a proxyless gRPC client (`sleep-1`); the `default` namespace is
-STRICT through a PeerAuthentication in istiod's `--configDir`, where a DestinationRule also asks for
-ISTIO_MUTUAL to the greeter (as upstream's proxyless gRPC guide has it).
+STRICT: the registry's mode, which the node writes into istiod's `--configDir` as a PeerAuthentication, with a
+DestinationRule asking for ISTIO_MUTUAL to each service of mesh pods (the proxyless client's mTLS to the
+greeter needs one, as upstream's proxyless gRPC guide has it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from support import poll
 
 from istio_agent.pki.certs import load_pem_chain, uri_sans, verify_signed_by
 from istiod_local.node.demo import registry_yaml
-from istiod_local.node.istiod import RealIstiod, istio_mutual, peer_authentication
+from istiod_local.node.istiod import RealIstiod
 from istiod_local.node.local_node import LocalNode, Pod
 from istiod_local.node.plan import PodSpec
 
@@ -49,27 +51,19 @@ SERVICES = [
      "ports": [{"name": "grpc", "port": 7070, "targetPort": GRPC_PORT, "protocol": "GRPC"}]},
 ]
 
-# istiod's --configDir: STRICT for the namespace; ISTIO_MUTUAL to the greeter, which a proxyless client needs
-# for mTLS (istiod gives proxyless clients no auto mTLS).
-CONFIG = [peer_authentication("default", "STRICT"),
-          istio_mutual("greeter.default.svc.cluster.local", "default", "greeter")]
-
 
 def _id(sa: str) -> str:
     return f"spiffe://cluster.local/ns/default/sa/{sa}"
 
 
-def _pods(discovery: str) -> list[PodSpec]:
-    at_istiod = {"proxy_config": {"discoveryAddress": discovery}, "agent_env": {"CA_ADDR": discovery}}
+def _pods() -> list[PodSpec]:
     return [
-        PodSpec("echo-1", service_account="echo", labels={"app": "echo"}, app=ECHO_APP, dns_capture=True,
-                **at_istiod),  # type: ignore[arg-type]
-        PodSpec("web-1", service_account="web", labels={"app": "web"}, app=ECHO_APP, dns_capture=True,
-                **at_istiod),  # type: ignore[arg-type]
+        PodSpec("echo-1", service_account="echo", labels={"app": "echo"}, app=ECHO_APP, dns_capture=True),
+        PodSpec("web-1", service_account="web", labels={"app": "web"}, app=ECHO_APP, dns_capture=True),
         PodSpec("greeter-1", service_account="greeter", labels={"app": "greeter"}, proxyless=True,
-                app=[*GRPC_APPS, "serve", "--port", str(GRPC_PORT)], **at_istiod),  # type: ignore[arg-type]
+                app=[*GRPC_APPS, "serve", "--port", str(GRPC_PORT)]),
         PodSpec("sleep-1", service_account="sleep", labels={"app": "sleep"}, proxyless=True,
-                app=[*GRPC_APPS, "client", "--control-port", str(CONTROL_PORT)], **at_istiod),  # type: ignore[arg-type]
+                app=[*GRPC_APPS, "client", "--control-port", str(CONTROL_PORT)]),
     ]
 
 
@@ -122,18 +116,14 @@ def mesh() -> Iterator[Mesh]:
     for tool in ("ip", "setpriv", "unshare", "mount", "iptables", "curl"):
         need_tool(tool)
     need_upstream_commands("pilot-discovery")
-    with local_node("ia-istiod-", ready_timeout=90) as node:
-        istiod = RealIstiod(node)
-        plans = node.plan_pods(_pods(istiod.plan.discovery_address))
+    with local_node("ia-istiod-", ready_timeout=90, control_plane="istiod") as node:
+        plans = node.plan_pods(_pods())
         RegistryFile(node.registry).write(registry_yaml(plans, SERVICES, "STRICT"))
-        node.start_istiod()
-        try:
-            istiod.start(CONFIG)
-            pods = {pod.name: pod for pod in node.add_pods(plans)}
-            node.wait_ready(pods.values(), {"echo-1": 8080, "web-1": 8080, "greeter-1": GRPC_PORT})
-            yield Mesh(node, istiod, pods)
-        finally:
-            istiod.stop()
+        node.start_istiod()  # istiod-local, then the real istiod against its Kubernetes API
+        assert node.real_istiod is not None
+        pods = {pod.name: pod for pod in node.add_pods(plans)}
+        node.wait_ready(pods.values(), {"echo-1": 8080, "web-1": 8080, "greeter-1": GRPC_PORT})
+        yield Mesh(node, node.real_istiod, pods)
 
 
 def _sds_chain(mesh: Mesh, pod: str) -> list[x509.Certificate]:
@@ -157,6 +147,16 @@ def test_sidecar_certificate_comes_from_istiods_intermediate_under_istiod_locals
     root = x509.load_pem_x509_certificate((mesh.pods[pod].dir / "var/run/secrets/istio/root-cert.pem").read_bytes())
     assert verify_signed_by(intermediate, root)
     assert not verify_signed_by(chain[0], root)  # istiod signed it, not istiod-local's own CA
+
+
+@pytest.mark.parametrize("pod", ["echo-1", "greeter-1"])
+def test_the_node_points_the_agents_at_the_real_istiod(mesh: Mesh, pod: str) -> None:
+    agent = mesh.pods[pod].agent
+    assert agent is not None
+    environ = dict(item.split("=", 1) for item in
+                   open(f"/proc/{agent.pid}/environ").read().split("\0") if "=" in item)  # noqa: SIM115
+    assert environ["CA_ADDR"] == mesh.istiod.plan.discovery_address
+    assert json.loads(environ["PROXY_CONFIG"])["discoveryAddress"] == mesh.istiod.plan.discovery_address
 
 
 def test_proxyless_certificate_comes_from_istiods_intermediate(mesh: Mesh) -> None:

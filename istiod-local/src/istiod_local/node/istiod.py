@@ -25,9 +25,12 @@ and the `istio.stats` filter of a Prometheus metrics provider, which the mesh
 config keeps off (`defaultProviders.metrics: []`). Anything else it could not
 load would be a NACK, which the tests look for.
 
-istiod listens on the node's gateway address on its own ports (`ISTIOD_*`
-below: istiod-local keeps 15010/15012/15014 there), so pods point
-`discoveryAddress` and `CA_ADDR` at `IstiodPlan.discovery_address`.
+istiod listens on the node's gateway address on its own ports
+(`plan.UPSTREAM_ISTIOD_*`: istiod-local keeps 15010/15012/15014 there); a node
+made with `NodeOptions(control_plane="istiod")` starts it with istiod-local and
+points its pods' `discoveryAddress` and `CA_ADDR` at it
+(`NodePlan.discovery_address`), with the registry's Istio config translated
+into its `--configDir` (`istiod_config.py`).
 """
 
 from __future__ import annotations
@@ -50,15 +53,20 @@ from istiod_local.controlplane.kubeapi.credentials import api_token, kubeconfig,
 from istiod_local.controlplane.kubeapi.rbac import ISTIOD_IDENTITY
 from istiod_local.controlplane.state import ControlPlaneState, write_file_atomic
 from istiod_local.controlplane.state import load_or_create_state as load_state
+from istiod_local.controlplane.xds.registry import Registry
 from istiod_local.node.cni_plan import kube_api_addr
-from istiod_local.node.local_node import LocalNode
-from istiod_local.node.plan import in_netns
+from istiod_local.node.istiod_config import istio_config
+from istiod_local.node.plan import (
+    UPSTREAM_ISTIOD_MONITORING_PORT,
+    UPSTREAM_ISTIOD_PLAINTEXT_PORT,
+    UPSTREAM_ISTIOD_TLS_PORT,
+    NodePlan,
+    in_netns,
+)
 from istiod_local.node.processes import NetnsProcess, NodeError, spawn, tail
 from istiod_local.node.readiness import NodeProber, Target, wait_all
+from istiod_local.node.upstream import UpstreamCommands
 
-ISTIOD_PLAINTEXT_PORT = 15110
-ISTIOD_TLS_PORT = 15112
-ISTIOD_MONITORING_PORT = 15114
 ISTIOD_HTTP_PORT = 18080  # the debug port (/ready, /debug/syncz), on the node's loopback
 CACERTS_DIR = "etc/cacerts"
 INTERMEDIATE_TTL = 365 * 24 * 3600.0
@@ -88,11 +96,11 @@ class IstiodPlan:
 
     @property
     def discovery_address(self) -> str:
-        return f"{self.gateway}:{ISTIOD_TLS_PORT}"
+        return f"{self.gateway}:{UPSTREAM_ISTIOD_TLS_PORT}"
 
     @property
     def monitoring_address(self) -> str:
-        return f"{self.gateway}:{ISTIOD_MONITORING_PORT}"
+        return f"{self.gateway}:{UPSTREAM_ISTIOD_MONITORING_PORT}"
 
     @property
     def http_address(self) -> str:
@@ -102,7 +110,8 @@ class IstiodPlan:
         return [pilot_discovery, "discovery", "--registries", "Kubernetes", "--configDir", str(self.workdir / "config"),
                 "--kubeconfig", str(self.workdir / "kubeconfig"), "--meshConfig", str(self.workdir / "mesh.yaml"),
                 "--networksConfig", str(self.workdir / "meshNetworks.yaml"), "--domain", "cluster.local",
-                "--grpcAddr", f"{self.gateway}:{ISTIOD_PLAINTEXT_PORT}", "--secureGRPCAddr", self.discovery_address,
+                "--grpcAddr", f"{self.gateway}:{UPSTREAM_ISTIOD_PLAINTEXT_PORT}",
+                "--secureGRPCAddr", self.discovery_address,
                 "--monitoringAddr", self.monitoring_address, "--httpAddr", self.http_address,
                 "--httpsAddr", "", "--ctrlz_port", "0", "--log_output_level", f"default:{log_level}"]
 
@@ -168,72 +177,79 @@ def write_istiod_files(plan: IstiodPlan, state: ControlPlaneState, config: Itera
                                                      api_token(state, identity, now, token_ttl), identity))
     write_file_atomic(base / "mesh.yaml", yaml.safe_dump(mesh_config(plan), sort_keys=False).encode(), 0o644)
     write_file_atomic(base / "meshNetworks.yaml", b"networks: {}\n", 0o644)
-    config_dir = base / "config"
-    config_dir.mkdir(exist_ok=True)
-    documents = list(config)
-    write_file_atomic(config_dir / "istio.yaml", yaml.safe_dump_all(documents, sort_keys=False).encode()
-                      if documents else b"", 0o644)
+    write_config(plan, config)
     return IstiodFiles(intermediate, base)
 
 
-def peer_authentication(namespace: str, mode: str, name: str = "default") -> dict[str, Any]:
-    """A PeerAuthentication for `--configDir`: `mode` for the whole namespace."""
-    return {"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"mtls": {"mode": mode}}}
+def write_config(plan: IstiodPlan, config: Iterable[Mapping[str, Any]]) -> Path:
+    """The `--configDir` file (istiod watches it: a rewrite is applied and pushed)."""
+    config_dir = plan.workdir / "config"
+    config_dir.mkdir(exist_ok=True)
+    documents = [dict(d) for d in config]
+    path = config_dir / "istio.yaml"
+    write_file_atomic(path, yaml.safe_dump_all(documents, sort_keys=False).encode() if documents else b"", 0o644)
+    return path
 
 
 class RealIstiod:
     """The real istiod as one process in a local node's namespace: `start` lays its files out and waits until
-    it is ready (`/ready` on its debug port: every informer synced), `stop` ends it. Log: `<logs>/pilot-discovery.log`.
+    it is ready (`/ready` on its debug port: every informer synced), `update` rewrites its Istio config from
+    the registry, `stop` ends it. Log: `<logs>/pilot-discovery.log`. `LocalNode` runs one when made with
+    `control_plane="istiod"`, after istiod-local (whose Kubernetes API istiod needs):
 
-        istiod = RealIstiod(node)            # after node.start_istiod(): istiod-local's API must answer
-        istiod.start([peer_authentication("default", "STRICT")])
-        ... pods with discoveryAddress and CA_ADDR = istiod.plan.discovery_address ...
+        istiod = RealIstiod(node.plan, node.workdir / "pilot-discovery", node.logs, node.upstream,
+                            node.istiod_state)
+        istiod.start(registry)
+        ...
         istiod.stop()
     """
 
-    def __init__(self, node: LocalNode, log_level: str = "info") -> None:
+    def __init__(self, node: NodePlan, workdir: Path, logs: Path, upstream: UpstreamCommands, state_dir: Path,
+                 log_level: str = "info") -> None:
         self.node = node
+        self.logs = logs
+        self.upstream = upstream
+        self.state_dir = state_dir
         self.log_level = log_level
-        self.plan = IstiodPlan(node.workdir / "pilot-discovery", node.plan.gateway, kube_api_addr(node.plan))
+        self.plan = IstiodPlan(workdir, node.gateway, kube_api_addr(node))
         self.process: NetnsProcess | None = None
         self.files: IstiodFiles | None = None
 
     @property
     def log(self) -> Path:
-        return self.node.logs / "pilot-discovery.log"
+        return self.logs / "pilot-discovery.log"
 
-    def start(self, config: Iterable[Mapping[str, Any]] = (), timeout: float = 90.0) -> NetnsProcess:
-        if self.process is not None and self.process.running():
+    def running(self) -> bool:
+        return self.process is not None and self.process.running()
+
+    def start(self, registry: Registry, timeout: float = 90.0) -> NetnsProcess:
+        if self.running():
             raise NodeError("the real istiod is already running")
-        missing = self.node.upstream.missing("pilot-discovery")
+        missing = self.upstream.missing("pilot-discovery")
         if missing:
             raise NodeError(missing)
         self.plan.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.files = write_istiod_files(self.plan, load_state(self.node.istiod_state, self.plan.trust_domain,
-                                                              time.time()), config)
-        argv = self.plan.argv(str(self.node.upstream.bin / "pilot-discovery"), self.log_level)
-        self.process = spawn("pilot-discovery", in_netns(self.node.plan.netns, argv), self.log,
+        state = load_state(self.state_dir, self.plan.trust_domain, time.time())
+        self.files = write_istiod_files(self.plan, state, istio_config(registry))
+        argv = self.plan.argv(str(self.upstream.bin / "pilot-discovery"), self.log_level)
+        self.process = spawn("pilot-discovery", in_netns(self.node.netns, argv), self.log,
                              env=self.plan.environment(os.environ), cwd=self.plan.workdir)
         process = self.process
         host, _, port = self.plan.http_address.rpartition(":")
         ready = Target("pilot-discovery", "the real istiod to be ready", host, int(port), "/ready")
-        with NodeProber(self.node.plan.netns_path(), threads=1) as prober:
+        with NodeProber(self.node.netns_path(), threads=1) as prober:
             error = wait_all(prober, [ready], timeout,
                              lambda _: None if process.running() else process.describe_exit())
         if error is not None:
             raise NodeError(f"{error}\n{tail(self.log)}")
         return process
 
+    def update(self, registry: Registry) -> None:
+        """The registry changed: istiod's config follows (pods and services follow through the API)."""
+        if self.files is not None:
+            write_config(self.plan, istio_config(registry))
+
     def stop(self, grace: float = 10.0) -> None:
         if self.process is not None:
             self.process.stop(grace)
             self.process = None
-
-
-def istio_mutual(host: str, namespace: str, name: str) -> dict[str, Any]:
-    """A DestinationRule for `--configDir`: ISTIO_MUTUAL to `host`. A proxyless gRPC client needs one for
-    mTLS: istiod gives proxyless clients TLS only where a DestinationRule asks (no auto mTLS for them)."""
-    return {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"host": host, "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}}
