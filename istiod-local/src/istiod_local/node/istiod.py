@@ -55,7 +55,7 @@ from istiod_local.controlplane.state import ControlPlaneState, write_file_atomic
 from istiod_local.controlplane.state import load_or_create_state as load_state
 from istiod_local.controlplane.xds.registry import Registry
 from istiod_local.node.cni_plan import kube_api_addr
-from istiod_local.node.istiod_config import istio_config
+from istiod_local.node.istiod_config import istio_config, untranslated
 from istiod_local.node.plan import (
     UPSTREAM_ISTIOD_MONITORING_PORT,
     UPSTREAM_ISTIOD_PLAINTEXT_PORT,
@@ -228,6 +228,10 @@ class RealIstiod:
         missing = self.upstream.missing("pilot-discovery")
         if missing:
             raise NodeError(missing)
+        left_out = untranslated(registry)
+        if left_out:
+            raise NodeError(f"the real istiod would not see the registry's {', '.join(left_out)}: run them with "
+                            "istiod-local as the control plane")
         self.plan.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         state = load_state(self.state_dir, self.plan.trust_domain, time.time())
         self.files = write_istiod_files(self.plan, state, istio_config(registry))
