@@ -190,3 +190,17 @@ def test_token_review_refusals_are_answers_not_errors() -> None:
     assert tokenreview.review({"spec": {"token": other_key}}, _verify, "istio-ca")["status"]["authenticated"] is False
     assert _refused(lambda: tokenreview.review({"spec": {}}, _verify, "api")).code == 422
     assert _refused(lambda: tokenreview.review({"spec": {"token": "t", "audiences": "x"}}, _verify, "api")).code == 400
+
+
+def test_a_label_patch_moves_a_pod_into_a_services_endpoints_and_touches_no_other_slice() -> None:
+    store = KubeStore("n")
+    store.apply_registry(parse_registry(MESH), NOW)
+    events: list[Any] = []
+    store.subscribe(events.append)
+    store.patch_pod("default", "other", MERGE_PATCH, {"metadata": {"labels": {"app": "echo"}}})
+    slice_ = store.get(ENDPOINTSLICES, "default", "echo-istiod-local")
+    assert [e["targetRef"]["name"] for e in slice_["endpoints"]] == ["echo-1", "other"]
+    assert [(e.type, e.resource) for e in events] == [("MODIFIED", "pods"), ("MODIFIED", ENDPOINTSLICES)]
+    events.clear()
+    store.patch_pod("default", "echo-1", MERGE_PATCH, {"metadata": {"annotations": {"a": "b"}}})
+    assert [e.resource for e in events] == ["pods"]  # the endpoints did not change: no slice event

@@ -20,10 +20,15 @@ them from the registry as the control-plane controllers of a cluster would:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from istiod_local.controlplane.kubeapi.resources import ENDPOINTSLICES, NODES, SERVICES
 from istiod_local.controlplane.xds.registry import Registry, Service
+
+Key = tuple[str, str]  # (namespace, name); "" for a cluster-scoped object
+# The uid and creationTimestamp of the object of a type at a key: the store's, or new ones.
+Dated = Callable[[str, Key], tuple[str, str]]
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
@@ -53,7 +58,8 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def _selected(service: Service, pod: Mapping[str, Any]) -> bool:
+def selects(service: Service, pod: Mapping[str, Any]) -> bool:
+    """Whether the service's selector picks the pod (same namespace; a service without a selector picks none)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     return bool(service.selector) and meta.get("namespace") == service.namespace and \
@@ -69,7 +75,7 @@ def render_endpointslice(service: Service, pods: Iterable[Mapping[str, Any]], ui
     endpoints = []
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         ip = (pod.get("status") or {}).get("podIP")
-        if not ip or not _selected(service, pod):
+        if not ip or not selects(service, pod):
             continue
         meta = pod["metadata"]
         ready = pod_ready(pod)
@@ -104,3 +110,39 @@ def render_node(name: str, host_ip: str, uid: str, created: str) -> dict[str, An
 
 def node_names(registry: Registry, default_node: str) -> set[str]:
     return {default_node} | {w.node_name for w in registry.workloads if w.node_name}
+
+
+def derived_objects(registry: Registry, pods: Sequence[Mapping[str, Any]], dated: Dated, default_node: str,
+                    host_ip: str) -> dict[str, dict[Key, dict[str, Any]]]:
+    """Every Service, EndpointSlice and Node the registry and the served pods make, by type and key."""
+    out: dict[str, dict[Key, dict[str, Any]]] = {SERVICES: {}, ENDPOINTSLICES: {}, NODES: {}}
+    for service in registry.services:
+        key = (service.namespace, service.name)
+        uid, created = dated(SERVICES, key)
+        out[SERVICES][key] = render_service(service, uid, created)
+        slice_key = (service.namespace, slice_name(service))
+        slice_uid, slice_created = dated(ENDPOINTSLICES, slice_key)
+        out[ENDPOINTSLICES][slice_key] = render_endpointslice(service, pods, slice_uid, slice_created, uid)
+    for name in node_names(registry, default_node):
+        uid, created = dated(NODES, ("", name))
+        out[NODES]["", name] = render_node(name, host_ip, uid, created)
+    return out
+
+
+def refreshed_slices(registry: Registry, changed: Iterable[Mapping[str, Any]],
+                     pods: Mapping[Key, Any], dated: Dated) -> dict[Key, dict[str, Any]]:
+    """The EndpointSlices of the services that select one of the `changed` pods, rendered again from `pods`
+    (the store's entries by (namespace, name), each with its served object as `.current`)."""
+    changed = list(changed)
+    affected = [s for s in registry.services if any(selects(s, pod) for pod in changed)]
+    if not affected:
+        return {}
+    namespaces = {s.namespace for s in affected}
+    current = [entry.current for (namespace, _), entry in pods.items() if namespace in namespaces]
+    out: dict[Key, dict[str, Any]] = {}
+    for service in affected:
+        service_uid, _ = dated(SERVICES, (service.namespace, service.name))
+        key = (service.namespace, slice_name(service))
+        uid, created = dated(ENDPOINTSLICES, key)
+        out[key] = render_endpointslice(service, current, uid, created, service_uid)
+    return out

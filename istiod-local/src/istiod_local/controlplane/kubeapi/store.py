@@ -59,13 +59,7 @@ from istiod_local.controlplane.kubeapi.resources import (
     SERVICES,
 )
 from istiod_local.controlplane.kubeapi.selectors import FieldSelector, LabelSelector
-from istiod_local.controlplane.kubeapi.services import (
-    node_names,
-    render_endpointslice,
-    render_node,
-    render_service,
-    slice_name,
-)
+from istiod_local.controlplane.kubeapi.services import derived_objects, refreshed_slices
 from istiod_local.controlplane.xds.registry import Registry, Workload
 
 __all__ = ["NAMESPACES", "PODS", "KubeStore", "StaleObject", "WatchEvent", "bookmark", "filter_event", "matches"]
@@ -249,28 +243,23 @@ class KubeStore:
     def _sync_derived(self) -> None:
         """Services, EndpointSlices and Nodes, as a cluster's controllers keep them for the registry and the
         pods served now (a pod's readiness, reported through pods/status, moves its endpoint)."""
-        registry = self._registry
-        services: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
-        slices: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
         pods = [e.current for e in self._entries[PODS].values()]
-        for service in registry.services:
-            key = (service.namespace, service.name)
-            uid, created = self._dated(SERVICES, key)
-            services[key] = (render_service(service, uid, created), None, None)
-            slice_key = (service.namespace, slice_name(service))
-            slice_uid, slice_created = self._dated(ENDPOINTSLICES, slice_key)
-            slices[slice_key] = (render_endpointslice(service, pods, slice_uid, slice_created, uid), None, None)
-        nodes: dict[Key, tuple[dict[str, Any], Workload | None, Any]] = {}
-        for name in node_names(registry, self.default_node):
-            uid, created = self._dated(NODES, ("", name))
-            nodes["", name] = (render_node(name, self.host_ip, uid, created), None, None)
-        self._sync(SERVICES, services)
-        self._sync(ENDPOINTSLICES, slices)
-        self._sync(NODES, nodes)
+        derived = derived_objects(self._registry, pods, self._dated, self.default_node, self.host_ip)
+        for resource in (SERVICES, ENDPOINTSLICES, NODES):
+            self._sync(resource, {key: (obj, None, None) for key, obj in derived[resource].items()})
 
-    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]]) -> None:
+    def _refresh_endpoints(self, *changed: dict[str, Any]) -> None:
+        """The EndpointSlices of the services that select a changed pod (as it was or is now): what a pod's
+        patch or delete moves, without rendering every service's slice again."""
+        slices = refreshed_slices(self._registry, changed, self._entries[PODS], self._dated)
+        if slices:
+            self._sync(ENDPOINTSLICES, {key: (obj, None, None) for key, obj in slices.items()}, prune=False)
+
+    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]],
+              prune: bool = True) -> None:
+        """Make the registry's objects of `resource` what `desired` says; `prune`: and remove the others."""
         entries = self._entries[resource]
-        for key in sorted(set(entries) - set(desired)):
+        for key in sorted(set(entries) - set(desired) if prune else ()):
             if not entries[key].from_registry:
                 continue
             entry = entries.pop(key)
@@ -350,7 +339,7 @@ class KubeStore:
         if before_emit is not None:
             before_emit(entry.current)
         self._emit("MODIFIED", PODS, entry.current, old, max(len(patched.template), OBJECT_SIZE_GUESS))
-        self._sync_derived()
+        self._refresh_endpoints(old, entry.current)
         return entry.current
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
@@ -367,7 +356,7 @@ class KubeStore:
             self._tombstones[key] = entry.workload
         final = self._stamp(entry.current)
         self._emit("DELETED", PODS, final)
-        self._sync_derived()
+        self._refresh_endpoints(final)
         return final
 
     # ---- objects clients own ----------------------------------------------------------------------
