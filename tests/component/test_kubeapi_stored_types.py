@@ -4,6 +4,8 @@ client: Services, EndpointSlices and Nodes from the registry; ConfigMaps, Leases
 
 from __future__ import annotations
 
+import http.client
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from launchers import IstiodLocal, RegistryFile
 
 from istiod_local.controlplane.podfiles import pod_token
@@ -206,3 +209,21 @@ def test_the_cni_identity_may_not_review_tokens_or_read_configmaps(api: tuple[Is
             K.V1TokenReview(spec=K.V1TokenReviewSpec(token="x"))))
         assert denied.status == 403
         assert _refused(lambda: K.CoreV1Api(api_client).list_namespaced_config_map("default")).status == 403
+
+
+def test_a_body_that_is_not_json_is_unsupported(api: tuple[IstiodLocal, Path, Path]) -> None:
+    """kubectl 1.32 sends protobuf for built-in kinds: the answer is 415, the apiserver's for a media type it
+    does not decode, not a 400 about bad JSON."""
+    istiod = api[0]
+    context = ssl.create_default_context(cadata=istiod.root_pem().decode())
+    host, port = istiod.kube_api.rsplit(":", 1)
+    token = yaml.safe_load(api[1].read_text())["users"][0]["user"]["token"]
+    conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    try:
+        conn.request("POST", "/api/v1/namespaces/default/configmaps", body=b"k8s\x00\x0a\x0f",
+                     headers={"Content-Type": "application/vnd.kubernetes.protobuf",
+                              "Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        assert response.status == 415 and b"UnsupportedMediaType" in response.read()
+    finally:
+        conn.close()

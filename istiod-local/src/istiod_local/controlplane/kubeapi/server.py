@@ -372,6 +372,7 @@ class KubeApiServer:
         rtype = BY_KEY[route.resource]
         if verb == "delete":
             return await self._delete(request, route)
+        _check_json_body(request.header("Content-Type", "") or "")
         if verb == "create":
             if rtype.namespaced and not route.namespace:
                 raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
@@ -484,6 +485,15 @@ def _work_out_patch(raw: bytes, old: dict[str, Any], name: str, content_type: st
     """In the worker: the body decoded and the patch applied, checked and encoded."""
     body = jsonbody.decode(raw, "patch")
     return patch_pod_object(old, name, content_type, body, subresource, field_validation)
+
+
+def _check_json_body(content_type: str) -> None:
+    """A create's or an update's body is JSON here: anything else (kubectl sends protobuf first) is 415, which
+    client-go answers by sending JSON instead, as it does for a server without protobuf."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media not in ("", "application/json", "*/*"):
+        raise errors.ApiError(415, 'the body of the request was in an unknown format - accepted media types '
+                                   'include: application/json', reason="UnsupportedMediaType")
 
 
 def _work_out_write(raw: bytes, rtype: Any, old: dict[str, Any], verb: str, content_type: str, namespace: str,
