@@ -372,7 +372,8 @@ class KubeApiServer:
         rtype = BY_KEY[route.resource]
         if verb == "delete":
             return await self._delete(request, route)
-        _check_json_body(request.header("Content-Type", "") or "")
+        if verb in ("create", "update"):  # a patch's media type names its format (`objects.patched_object`)
+            _check_json_body(request.header("Content-Type", "") or "")
         if verb == "create":
             if rtype.namespaced and not route.namespace:
                 raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
