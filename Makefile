@@ -101,10 +101,21 @@ clean:
 
 # Container images (packaging/images/, as root; not part of `make test`): a Debian bookworm base from
 # mmdebstrap, localhost/istio-agent/proxyv2 and localhost/istio-agent/install-cni, built from git HEAD.
-.PHONY: image image-check
-image: setup
+.PHONY: image image-check image-deps
+image: setup image-deps
 	packaging/images/build.sh
 
 # The images run as Kubernetes runs injected pods (podman kube play) against istiod-local; cleans up after itself.
-image-check: setup
+image-check: setup image-deps
 	packaging/images/image-check.sh
+
+# What the image targets need beyond `make setup`, as `debs` does it: Debian's podman, buildah, runc and
+# mmdebstrap, installed as root when missing. The containers.conf this kind of VM needs (runc rather than crun,
+# the ulimits) is packaging/images/containers.conf, which the scripts point CONTAINERS_CONF at.
+IMAGE_DEB_PACKAGES := podman buildah runc mmdebstrap
+image-deps:
+	@if [ "$$(id -u)" != "0" ]; then echo "make image and make image-check run as root (mmdebstrap, podman's rootful storage)" >&2; exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then echo "image-deps: no apt-get: install $(IMAGE_DEB_PACKAGES) yourself" >&2; exit 1; fi; \
+	missing=""; for p in $(IMAGE_DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi

@@ -174,3 +174,67 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class DripApi:
+    """A slow (or hostile) kube-apiserver: it answers any request with its status line and headers at once, then
+    one byte of a long body every `interval` seconds, for as long as the client stays. Each read comes well
+    within any per-read timeout, so only a deadline on the whole request ends the wait.
+
+    HTTPS with a CA of its own (`ca_pem`, `url`), as the kubeconfig install-cni writes expects; `open_now` is
+    how many clients it is dripping to at this moment, `served` how many it has taken in all.
+    """
+
+    def __init__(self, folder: Path, interval: float = 0.5) -> None:
+        cert_file, key_file, self.ca_pem = make_tls(folder)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(str(cert_file), str(key_file))
+        self.interval = interval
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = int(self.listener.getsockname()[1])
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.open_now = 0
+        self.served = 0
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, raw: socket.socket) -> None:
+        with self.lock:
+            self.open_now += 1
+            self.served += 1
+        conn = raw
+        try:
+            raw.settimeout(10)
+            conn = self.context.wrap_socket(raw, server_side=True)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{")
+            while not self.stopped.wait(self.interval):
+                conn.sendall(b" ")
+        except OSError:
+            return
+        finally:
+            with self.lock:
+                self.open_now -= 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.listener.close()

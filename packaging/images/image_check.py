@@ -11,7 +11,8 @@ Run as root after `make image` (image-check.sh runs it with the project's venv).
 4. checks: istio-init programmed the capture, the sidecars (pilot-agent and Envoy, uid 1337) are ready on
    :15021/healthz/ready, and a request from the client's app to the echo service's VIP crosses both
    sidecars over mTLS (the echo app sees the client's SPIFFE id in x-forwarded-client-cert, and Envoy's
-   TLS handshake counters moved);
+   TLS handshake counters moved), and what `istioctl bug-report` runs in the istio-proxy container (`netstat
+   -natpw`, `find`, `cat`) works there;
 5. runs the install-cni image as the CNI DaemonSet would (node directories mounted), and then the
    istio-cni it installed, from a root with no Python at all (the bare base image): VERSION, and an
    ADD in dry-run mode that reads the pod from the API and records its capture;
@@ -339,6 +340,22 @@ class Check:
                              f"TLS handshakes {stats['sleep-1']} out / {stats['echo-1']} in" if ok
                              else f"x-forwarded-client-cert {xfcc!r}, handshakes {stats}")
 
+    def bug_report_tools(self, name: str) -> bool:
+        """What `istioctl bug-report` runs in a pod's istio-proxy container works there: `netstat -natpw` (it
+        should list Envoy's listeners), and `find` and `cat` for core dumps and files."""
+        container = f"{name}-istio-proxy"
+        netstat = self.exec(container, ["netstat", "-natpw"])
+        found = self.exec(container, ["find", "/var/lib/istio/data", "-name", "core.*"])
+        read = self.exec(container, ["cat", "/etc/istio/proxy/envoy-rev.json"])
+        listeners = [line.split()[3] for line in netstat.stdout.splitlines()
+                     if line.startswith("tcp") and "LISTEN" in line and line.split()[3].endswith((":15001", ":15006"))]
+        ok = netstat.returncode == 0 and len(listeners) >= 2 and found.returncode == 0 and read.returncode == 0
+        failed = (f"netstat exit {netstat.returncode}: {(netstat.stderr or netstat.stdout)[-500:]}; "
+                  f"find exit {found.returncode}; cat exit {read.returncode}")
+        return self.r.result(f"{name}: istioctl bug-report's tools in istio-proxy", ok,
+                             f"netstat -natpw lists Envoy's {', '.join(sorted(set(listeners)))}; find and cat work"
+                             if ok else failed)
+
     # 5. install-cni and the plugin on a root without Python
     def cni(self) -> bool:
         node = self.work / "cni-node"
@@ -488,6 +505,7 @@ class Check:
         ready = [self.ready(name) for name in ("echo-1", "sleep-1")]
         if all(ready):
             self.traffic()
+            self.bug_report_tools("echo-1")
         self.cni()
 
 

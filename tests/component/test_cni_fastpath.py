@@ -107,6 +107,8 @@ def test_malformed_stdin_version_and_other_commands(agent: FastPathAgent) -> Non
     assert json.loads(both(agent, cni_env(CNI_NETNS=""), agent.config()).stdout)["code"] == 4
     about = both(agent, {}, b"")
     assert b"CNI protocol versions supported" in about.stderr  # stderr comes back from the agent
+    deep = both(agent, cni_env(), b"[" * 100_000)  # answered as in-process: code 6 naming the nesting limit
+    assert deep.returncode == 1 and json.loads(deep.stdout)["code"] == 6 and b"Traceback" not in deep.stderr
 
 
 def test_the_launcher_imports_only_builtins(agent: FastPathAgent) -> None:

@@ -11,117 +11,16 @@ polled for (the benchmark measures how fast they come).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cni_install_peers import CALICO, InstallCni, write_atomically
 from launchers import IstiodLocal, RegistryFile
 from needs import need_tool
-from support import HTTP_NOT_YET, VENV_BIN, LineCollector, free_port, http_request, poll, stop_process
-
-INSTALL_CNI = VENV_BIN / "install-cni"
-PLUGIN = VENV_BIN / "istio-cni"
-CALICO = {"cniVersion": "0.3.1", "name": "k8s-pod-network", "plugins": [
-    {"type": "calico", "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"}},
-    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}]}
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """How another CNI agent writes its config: a temporary file renamed over the old one."""
-    temporary = path.with_name("." + path.name + ".new")
-    temporary.write_text(text)
-    temporary.rename(path)
-
-
-class InstallCni:
-    """One install-cni process and its directories."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.net_dir = root / "net.d"
-        self.bin_dir = root / "bin"
-        self.run_dir = root / "run"
-        self.sa_dir = root / "sa"
-        for folder in (self.net_dir, self.bin_dir, self.run_dir, self.sa_dir):
-            folder.mkdir()
-        (self.sa_dir / "token").write_text("token-one")
-        (self.sa_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
-        (self.sa_dir / "namespace").write_text("istio-system")
-        self.readiness_port = free_port()
-        self.monitoring_port = free_port()
-        self.proc: subprocess.Popen[str] | None = None
-        self.log: LineCollector | None = None
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.run_dir / "istio-cni-kubeconfig"
-
-    @property
-    def socket_path(self) -> Path:
-        return self.run_dir / "log.sock"
-
-    def launcher(self) -> bytes:
-        """What install-cni installs as istio-cni: the launcher for this installation and run dir."""
-        from istio_agent.cni.install.launcher import import_paths, interpreter_of, render
-
-        return render(interpreter_of(PLUGIN), str(self.run_dir / "sidecar-add.sock"), import_paths())
-
-    def args(self, *extra: str) -> list[str]:
-        return [str(INSTALL_CNI), f"--mounted-cni-net-dir={self.net_dir}", f"--cni-bin-dir={self.bin_dir}",
-                f"--cni-agent-run-dir={self.run_dir}", f"--service-account-dir={self.sa_dir}",
-                f"--readiness-port={self.readiness_port}", f"--monitoring-port={self.monitoring_port}",
-                "--repair-enabled=false", *extra]
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "CNI_", "REPAIR_"))}
-        env.update({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"})
-        env.update(extra)
-        return env
-
-    def start(self, *extra: str, **env: str) -> None:
-        self.proc = subprocess.Popen(self.args(*extra), env=self.env(**env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.log = LineCollector(self.proc.stdout)
-        poll(lambda: self.status("/healthz") == 200, "install-cni's /healthz", 20, self.output, retry_on=HTTP_NOT_YET)
-
-    def output(self) -> str:
-        return self.log.text() if self.log else ""
-
-    def status(self, path: str) -> int:
-        return http_request("127.0.0.1", self.readiness_port, path)[0]
-
-    def ready(self) -> bool:
-        try:
-            return self.status("/readyz") == 200
-        except HTTP_NOT_YET:
-            return False
-
-    def metrics(self) -> str:
-        status, body = http_request("127.0.0.1", self.monitoring_port, "/metrics")
-        assert status == 200, f"/metrics on {self.monitoring_port}: {status} {body!r}\n{self.output()}"
-        return body.decode()
-
-    def has_entry(self, name: str) -> bool:
-        try:
-            config = json.loads((self.net_dir / name).read_text())
-        except (OSError, ValueError):
-            return False
-        return "istio-cni" in [p.get("type") for p in config.get("plugins", [])]
-
-    def terminate(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(20)
-        assert self.log is not None
-        self.log.join(5)
-        return code
-
-    def close(self) -> None:
-        stop_process(self.proc)
+from support import VENV_BIN, http_request, poll
 
 
 @pytest.fixture
@@ -282,6 +181,24 @@ def test_log_socket_logs_the_plugins_lines(agent: InstallCni) -> None:
     assert "below the agent's level" not in agent.output()
     assert post_unix(agent.socket_path, "/log", b"{not json").startswith(b"HTTP/1.1 200")
     poll(lambda: "Failed to unmarshal CNI plugin logs" in agent.output(), "the refusal logged", 10, agent.output)
+
+
+def test_a_plugin_log_line_cannot_forge_another(agent: InstallCni) -> None:
+    """log.sock is 0666 (as upstream): any pod user can post to it, but a message is one line of install-cni's log
+    whatever it contains; a newline in it shows escaped, never as a forged `cni-agent` line."""
+    agent.start()
+    forged = "\n2026-12-01T10:00:00.000000Z\tinfo\tcni-agent\tIstio CNI configuration and binaries reinstalled (x)"
+    entries = [json.dumps({"level": "info", "time": "2026-12-01T10:00:00.5Z", "msg": "pod-9 ADD" + forged,
+                           "pod\rlabel": "v\u2028w"})]
+    assert post_unix(agent.socket_path, "/log", json.dumps(entries).encode()).startswith(b"HTTP/1.1 200")
+    line = poll(lambda: next((x for x in (agent.log.lines if agent.log else []) if "pod-9 ADD" in x), None),
+                "the plugin's line in install-cni's log", 10, agent.output)
+    assert "pod-9 ADD\\n2026-12-01T10:00:00.000000Z\\tinfo\\tcni-agent\\tIstio CNI configuration" in line, line
+    assert "pod\\rlabel=v\\u2028w" in line, line
+    assert not any(x.startswith("2026-12-01T10:00:00.000000Z") for x in agent.output().splitlines())
+    assert post_unix(agent.socket_path, "/log", b"[" * 100_000).startswith(b"HTTP/1.1 200")  # too deep: refused
+    poll(lambda: "nested deeper than 128 levels" in agent.output(), "the deep body refused", 10, agent.output)
+    assert agent.status("/healthz") == 200
 
 
 @pytest.mark.parametrize(("args", "env", "named"), [

@@ -102,6 +102,14 @@ def test_malformed_stdin_is_code_6(cni: Harness) -> None:
     assert body["code"] == 6 and "network configuration on stdin" in body["msg"]
 
 
+def test_deep_stdin_is_code_6_and_no_traceback(cni: Harness) -> None:
+    """100 KB of nested `[`: the spec's error object naming the nesting limit, not a RecursionError's traceback."""
+    result = cni.run(cni.env(), b"[" * 100_000)
+    body = error(result)
+    assert body["code"] == 6 and "nested deeper than 128 levels" in body["msg"], body
+    assert b"Traceback" not in result.stderr and b"RecursionError" not in result.stderr, result.stderr
+
+
 def test_unsupported_version_is_code_1(cni: Harness) -> None:
     body = error(cni.run(cni.env(), cni.config(version="2.0.0")))
     assert body["code"] == 1 and "2.0.0" in body["msg"] and "1.1.0" in body["msg"]

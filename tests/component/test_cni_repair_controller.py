@@ -120,9 +120,9 @@ async def kube(istiod_kube: tuple[IstiodLocal, str, Path, Path]) -> AsyncIterato
 
 
 @contextlib.asynccontextmanager
-async def controller(options: RepairOptions, access: KubeAccess,
-                     registry: CollectorRegistry) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(run_repair(options, access, registry))
+async def controller(options: RepairOptions, access: KubeAccess, registry: CollectorRegistry,
+                     **extra: Any) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(run_repair(options, access, registry, **extra))
     try:
         yield task
     finally:
@@ -307,6 +307,42 @@ async def test_a_watch_resumed_from_an_expired_version_lists_again(kube: Kube,
             assert count(registry, "label", "success") == 1
     finally:
         await proxy.close()
+
+
+async def test_in_place_mode_touches_nothing_through_the_api_and_retries_a_pod_it_cannot_reach(
+        kube: Kube, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The pod's namespace is looked for in a proc directory where no process holds its IP: each attempt fails,
+    # is counted and retried with backoff, as upstream's queue does; nothing is labelled or deleted, and the
+    # controller asks the API for nothing but the watch. (Repairs that succeed: tests/node, as root.)
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    registry = CollectorRegistry()
+    options = RepairOptions(node_name="n1", repair_pods=True, label_pods=True, delete_pods=True,
+                            host_proc_dir=str(tmp_path / "proc"))
+    caplog.set_level(logging.INFO, "istio_agent.cni.repair")
+    async with controller(options, kube.cni, registry):
+        await kube.kubelet_reports("passed-n1", 0)
+        await kube.kubelet_reports("broken-n1", 126)
+        await eventually(lambda: count(registry, "repair", "fail") >= 2, "two failed attempts", 15)
+        assert "no network namespace holding 10.244.1.10" in caplog.text
+        assert (await kube.pod("broken-n1"))[0] == 200 and LABEL not in await kube.labels("broken-n1")
+        assert count(registry, "repair", "success") == 0 and count(registry, "label", "success") == 0
+
+
+async def test_in_place_mode_leaves_a_pod_the_plugin_would_not_capture_and_counts_it_once(kube: Kube) -> None:
+    registry = CollectorRegistry()
+    async with controller(RepairOptions(node_name="n1", repair_pods=True), kube.cni, registry,
+                          exclude_namespaces=["default"]):
+        await kube.kubelet_reports("broken-n1", 126)
+        await eventually(lambda: count(registry, "repair", "skip") == 1, "the excluded pod skipped", 15)
+        # A later version of the same pod is not judged again (once per uid); the controller works in order, so
+        # by the time later-n1 (reported after it) is counted, that version has been seen.
+        code, _ = await kube.request("PATCH", "/api/v1/namespaces/default/pods/broken-n1/status",
+                                     {"status": {"message": "still crash-looping"}})
+        assert code == 200
+        await kube.kubelet_reports("later-n1", 126)
+        await eventually(lambda: count(registry, "repair", "skip") >= 2, "later-n1 skipped", 15)
+        assert count(registry, "repair", "skip") == 2
+        assert count(registry, "repair", "fail") == 0 and count(registry, "repair", "success") == 0
 
 
 async def test_bad_options_fail_at_once_naming_the_flag(kube: Kube) -> None:

@@ -94,26 +94,59 @@ def test_request_prints_only_the_body() -> None:
 
 
 def test_version_and_unknown_flags() -> None:
-    result = pilot_agent_cli("version", "--short", "--some-old-flag=1")
+    result = pilot_agent_cli("version", "-s", "--some-old-flag=1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().count(".") == 2
-    assert "BuildInfo" in pilot_agent_cli("version").stdout
+    assert result.stdout.startswith("client version: ") and result.stdout.strip().count(".") == 2
+    assert pilot_agent_cli("version").stdout.startswith("client version: version.BuildInfo{Version:")
+    assert pilot_agent_cli("version", "--short=false").stdout.startswith("client version: version.BuildInfo{")
+
+
+def test_version_formats_are_upstreams() -> None:
+    """Upstream's field names in JSON and YAML, and its error (exit 255) for another format."""
+    as_json = json.loads(pilot_agent_cli("version", "-o", "json").stdout)
+    assert set(as_json["clientVersion"]) == {"version", "revision", "golang_version", "status", "tag"}
+    assert pilot_agent_cli("version", "-o", "yaml").stdout.startswith("clientVersion:\n  golang_version: ")
+    refused = pilot_agent_cli("version", "-o", "xml")
+    assert refused.returncode == 255 and "--output must be 'yaml' or 'json'" in refused.stderr
+
+
+def accepted_variables() -> list[str]:
+    from istio_agent.config.env import REGISTRY
+    from istio_agent.config.settings import ACCEPTED
+
+    return sorted(name for name, var in REGISTRY.items() if var.support == ACCEPTED)
 
 
 def test_proxy_names_set_variables_that_have_no_effect(tmp_path: Path) -> None:
-    """A variable upstream honours but this agent only accepts is named in a warning at start, with the reason."""
-    environment = agent_environment(
-        discovery="127.0.0.1:1", DISABLE_ENVOY="true", WASM_INSECURE_REGISTRIES="localhost:5000",
-        PROXY_CONFIG=json.dumps({"statusPort": free_port(), "discoveryAddress": "127.0.0.1:1"}))
-    agent = PilotAgent(tmp_path, environment).start()
-    try:
-        poll(lambda: "WASM_INSECURE_REGISTRIES is set but has no effect" in agent.output(200), "the warning", 30,
-             agent.output)
-        assert "Wasm" in agent.output(200)
-        agent.signal(signal.SIGTERM)
-        assert agent.wait_exit(20) == 0
-    finally:
-        agent.kill()
+    """A variable upstream honours but this agent only accepts is named in a warning at start, with the reason.
+
+    Every variable upstream's agent reads does something here now: then ENVIRONMENT.md must say so.
+    """
+    from support import ROOT
+
+    from istio_agent.config.env import REGISTRY
+
+    accepted = accepted_variables()
+    if not accepted:
+        assert "and 0 only accepted" in (ROOT / "docs/ENVIRONMENT.md").read_text()
+        return
+    for name in accepted:
+        environment = agent_environment(
+            discovery="127.0.0.1:1", DISABLE_ENVOY="true", CLOUD_PLATFORM="none",
+            PROXY_CONFIG=json.dumps({"statusPort": free_port(), "discoveryAddress": "127.0.0.1:1"}))
+        environment[name] = "a-value-of-its-own"
+        agent = PilotAgent(tmp_path, environment).start()
+
+        def warned(name: str = name, agent: PilotAgent = agent) -> bool:
+            return f"{name} is set but has no effect" in agent.output(200)
+
+        try:
+            poll(warned, "the warning", 30, agent.output)
+            assert REGISTRY[name].note in agent.output(200)
+            agent.signal(signal.SIGTERM)
+            assert agent.wait_exit(20) == 0
+        finally:
+            agent.kill()
 
 
 @pytest.mark.parametrize("entry", ["istio_agent.cli.proxy_run", "istio_agent.cli.pilot_agent"])

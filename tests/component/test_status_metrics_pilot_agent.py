@@ -39,7 +39,7 @@ def test_agent_serves_its_dns_process_and_app_metrics(tmp_path: Path, start_agen
         assert_promtool_parses(body)
         got = names(parse(body, ctype))  # OpenMetrics: the app speaks it, strict parser
         assert {"istio_agent_scrapes_total", "istio_agent_dns_requests_total",
-                "istio_agent_process_resident_memory_bytes", "istio_agent_num_outgoing_requests_total",
+                "istio_agent_process_resident_memory_bytes", "istio_agent_num_outgoing_requests",
                 "app_requests_total"} <= got
         assert not any(name.startswith("envoy_") for name in got)  # no Envoy: nothing to merge
 

@@ -4,8 +4,10 @@ network namespace as the capture code does.
 
 What the thread model must keep: a thread that entered a pod's namespace never serves another call (every
 call starts in install-cni's own namespace, on a thread of its own), at most `max_concurrent` calls run at
-once and the rest wait, a call past its deadline is answered with error 11 while its late result is
-dropped, and `stop` leaves no call waiting for an answer.
+once and the rest wait for a slot (for `SLOT_WAIT`, then they are refused and their launcher runs the plugin
+in-process), a call past its deadline is answered with error 11 while its late result is dropped and its slot
+freed at once, connections that never send a request never keep a real call waiting, and `stop` leaves no
+call waiting for an answer.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import pytest
 from needs import need_root, need_tool
 
 from istio_agent.capture.netns import enter_netns
-from istio_agent.cni.install import fastpath, fastwire
+from istio_agent.cni.install import fastcalls, fastpath, fastwire
 
-CallFn = Callable[[dict[str, str], bytes, object], fastpath.CallResult]
-ANSWER = fastpath.CallResult(0, b'{"cniVersion": "1.0.0"}\n', b"", ())
+CallFn = Callable[[dict[str, str], bytes, object, object], fastcalls.CallResult]
+ANSWER = fastcalls.CallResult(0, b'{"cniVersion": "1.0.0"}\n', b"", ())
 
 
 class Served:
@@ -106,7 +108,7 @@ def test_a_thread_that_entered_a_pods_netns_never_serves_another_call(
     seen: list[tuple[int, tuple[int, int]]] = []
     lock = threading.Lock()
 
-    def enter_and_answer(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+    def enter_and_answer(env: dict[str, str], stdin: bytes, get: object, sleep: object) -> fastcalls.CallResult:
         with lock:
             seen.append((threading.get_native_id(), fastpath.thread_netns()))
         enter_netns(scratch_netns)  # as the capture code does; this thread now stays there
@@ -124,13 +126,15 @@ def test_a_thread_that_entered_a_pods_netns_never_serves_another_call(
     served.close()
 
 
-def test_at_most_max_concurrent_calls_run_and_the_rest_wait(serve: Callable[[CallFn, int], Served]) -> None:
+def test_at_most_max_concurrent_calls_run_and_the_rest_wait(serve: Callable[[CallFn, int], Served],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "SLOT_WAIT", 60.0)  # waiting for a slot as long as this test may take
     release = threading.Event()
     running, peak = [0], [0]
     lock = threading.Lock()
     two_running = threading.Event()
 
-    def held(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+    def held(env: dict[str, str], stdin: bytes, get: object, sleep: object) -> fastcalls.CallResult:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -147,7 +151,7 @@ def test_at_most_max_concurrent_calls_run_and_the_rest_wait(serve: Callable[[Cal
     for caller in callers:
         caller.start()
     assert two_running.wait(30)
-    assert not replies and running[0] == 2  # the other three wait in the backlog, unanswered
+    assert not replies and running[0] == 2  # the other three wait for a slot, unanswered
     release.set()
     for caller in callers:
         caller.join(30)
@@ -163,7 +167,7 @@ def test_a_call_past_its_deadline_is_try_again_later_and_its_result_dropped(
     monkeypatch.setattr(fastpath, "WATCH_INTERVAL", 0.05)
     release, finished = threading.Event(), threading.Event()
 
-    def slow(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+    def slow(env: dict[str, str], stdin: bytes, get: object, sleep: object) -> fastcalls.CallResult:
         release.wait(30)
         finished.set()
         return ANSWER
@@ -187,7 +191,7 @@ def test_stop_closes_calls_still_running_after_the_grace(serve: Callable[[CallFn
     release = threading.Event()
     started = threading.Event()
 
-    def stuck(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+    def stuck(env: dict[str, str], stdin: bytes, get: object, sleep: object) -> fastcalls.CallResult:
         started.set()
         release.wait(30)
         return ANSWER
@@ -207,7 +211,7 @@ def test_stop_closes_calls_still_running_after_the_grace(serve: Callable[[CallFn
 def test_a_thread_that_cannot_be_started_is_tried_again(serve: Callable[[CallFn, int], Served],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed thread start (a pids limit) must not leave the socket with no thread in accept(2) for good."""
-    served = serve(lambda env, stdin, get: ANSWER, 1)
+    served = serve(lambda env, stdin, get, sleep: ANSWER, 1)
     real = fastpath._thread.start_new_thread
     failures = [1]
 
@@ -224,12 +228,14 @@ def test_a_thread_that_cannot_be_started_is_tried_again(serve: Callable[[CallFn,
     served.close()
 
 
-def test_a_retry_never_adds_a_second_waiting_thread(serve: Callable[[CallFn, int], Served]) -> None:
+def test_a_retry_never_adds_a_second_waiting_thread(serve: Callable[[CallFn, int], Served],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """`_wait_again` (after a failed accept) when a waiter already exists: still one call at a time."""
+    monkeypatch.setattr(fastpath, "SLOT_WAIT", 60.0)  # the calls queue for the one slot rather than being refused
     running, peak = [0], [0]
     lock = threading.Lock()
 
-    def slow(env: dict[str, str], stdin: bytes, get: object) -> fastpath.CallResult:
+    def slow(env: dict[str, str], stdin: bytes, get: object, sleep: object) -> fastcalls.CallResult:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -244,3 +250,92 @@ def test_a_retry_never_adds_a_second_waiting_thread(serve: Callable[[CallFn, int
     assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 3
     assert peak[0] == 1
     served.close()
+
+
+def idle_connection(path: str) -> socket.socket:
+    """A connection that never sends its request (a launcher that hangs, or a caller that means harm)."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(30)
+    sock.connect(path)
+    return sock
+
+
+def test_connections_that_never_send_a_request_never_keep_a_call_waiting(
+        serve: Callable[[CallFn, int], Served]) -> None:
+    """100 idle connections (more than the slots and more than may wait to be read): a real call that comes after
+    them is served at once, and the oldest idle ones are refused (a launcher would run the plugin in-process)."""
+    served = serve(lambda env, stdin, get, sleep: ANSWER, 4)
+    idle = [idle_connection(served.path) for _ in range(100)]
+    try:
+        assert fastwire.decode_reply(call(served.path, "real")) == (0, ANSWER.stdout, b"")
+        oldest = b""
+        while chunk := idle[0].recv(65536):  # closed to make room, with a refusal
+            oldest += chunk
+        assert fastwire.decode_reply(oldest) is None
+    finally:
+        for sock in idle:
+            sock.close()
+    served.close()
+
+
+def test_with_every_slot_held_a_new_call_is_refused_rather_than_queued(
+        serve: Callable[[CallFn, int], Served]) -> None:
+    """Calls stuck (on a slow API server, say) hold every slot: a new call gets a refusal within the slot wait, so
+    its launcher runs the plugin in-process instead of waiting behind them; once they end, calls are served again."""
+    release = threading.Event()
+    stuck = threading.Semaphore(0)
+
+    def held(env: dict[str, str], stdin: bytes, get: object, sleep: object = None) -> fastcalls.CallResult:
+        if env["CNI_CONTAINERID"].startswith("stuck"):
+            stuck.release()
+            release.wait(60)
+        return ANSWER
+
+    served = serve(held, 2)
+    replies: list[bytes] = []
+    callers = [threading.Thread(target=lambda i=i: replies.append(call(served.path, f"stuck{i}"))) for i in range(2)]
+    for caller in callers:
+        caller.start()
+    try:
+        assert stuck.acquire(timeout=30) and stuck.acquire(timeout=30)
+        assert fastwire.decode_reply(call(served.path, "new")) is None  # refused: nothing was done
+    finally:
+        release.set()
+        for caller in callers:
+            caller.join(30)
+    assert [fastwire.decode_reply(r) for r in replies] == [(0, ANSWER.stdout, b"")] * 2
+    assert fastwire.decode_reply(call(served.path, "after")) == (0, ANSWER.stdout, b"")
+    served.close()
+
+
+def test_a_call_past_its_deadline_frees_its_slot_at_once_and_its_thread_stops_retrying(
+        serve: Callable[[CallFn, int], Served], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One slot; a call that keeps retrying is answered with error 11 at its deadline, the next call is served on
+    that slot while the first call's thread is still alive, and that thread stops at its next retry."""
+    monkeypatch.setattr(fastpath, "call_deadline", lambda env: 0.3)
+    monkeypatch.setattr(fastpath, "WATCH_INTERVAL", 0.05)
+    monkeypatch.setattr(fastpath, "SLOT_WAIT", 60.0)  # the next call waits for the one slot: it must come free
+    next_served, ended = threading.Event(), threading.Event()
+
+    def retrying(env: dict[str, str], stdin: bytes, get: object,
+                 sleep: Callable[[float], None]) -> fastcalls.CallResult:
+        if env["CNI_CONTAINERID"] != "retrying":
+            next_served.set()
+            return ANSWER
+        try:
+            next_served.wait(60)  # stuck where nothing can stop it (a GET, a restore) until the next call was served
+            while True:
+                sleep(0.05)  # its next retry: the call's own sleep raises, the watch having answered
+        finally:
+            ended.set()
+
+    served = serve(retrying, 1)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="istio_agent.cni.install"):
+        reply = fastwire.decode_reply(call(served.path, "retrying"))
+        assert reply is not None and json.loads(reply[1])["code"] == 11
+        assert fastwire.decode_reply(call(served.path, "next")) == (0, ANSWER.stdout, b"")
+        assert ended.wait(30)
+        served.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("retrying stopped after its answer was given" in m for m in messages), messages

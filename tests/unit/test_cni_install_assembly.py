@@ -147,6 +147,9 @@ class BrokenInstaller:
         self.failure = failure
         self.steps = 0
 
+    def in_effect(self) -> bool:
+        return False
+
     def install_all(self) -> StepOutcome:
         self.steps += 1
         if self.steps == 1:

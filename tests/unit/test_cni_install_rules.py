@@ -212,6 +212,42 @@ def test_primary_is_the_first_valid_file() -> None:
     assert isinstance(waiting, cniconfig.Waiting) and "00-broken.conflist" in waiting.reason
 
 
+def test_a_file_too_large_to_read_that_may_be_the_runtimes_choice_makes_install_wait() -> None:
+    """Oversized and sorting before every valid file: the runtime may load it, so no merge into another file;
+    sorting after the first valid one it changes nothing. A configured name that is oversized is an error naming
+    the file and the limit."""
+    too_large = "300000 bytes, over install-cni's limit of 262144 bytes for a CNI config file"
+    listing = cniconfig.Listing({"05-big.conflist": None, "10-b.conf": BRIDGE_CONF},
+                                {"05-big.conflist": too_large}, frozenset({"05-big.conflist"}))
+    waiting = cniconfig.resolve_primary(cniconfig.ConfigSettings(), listing)
+    assert isinstance(waiting, cniconfig.Waiting) and f"05-big.conflist: {too_large}" in waiting.reason
+    merged = cniconfig.marshal_config(cniconfig.insert_plugin_entry(ENTRY, BRIDGE_CONF))
+    appeared = cniconfig.Listing({"05-big.conflist": None, "10-b.conflist": merged},
+                                 {"05-big.conflist": too_large}, frozenset({"05-big.conflist"}))
+    assert cniconfig.check_installed(cniconfig.ConfigSettings(), appeared, "10-b.conflist") == waiting.reason
+    later = cniconfig.Listing({"10-b.conf": BRIDGE_CONF, "20-big.conflist": None},
+                              {"20-big.conflist": too_large}, frozenset({"20-big.conflist"}))
+    assert cniconfig.resolve_primary(cniconfig.ConfigSettings(), later) == "10-b.conf"
+    named = cniconfig.Listing({"05-big.conflist": None}, {"05-big.conflist": too_large},
+                              frozenset({"05-big.conflist"}))
+    with pytest.raises(cniconfig.CniConfigError, match=r"05-big\.conflist: 300000 bytes, over install-cni.s limit"):
+        cniconfig.plan_config_write(cniconfig.ConfigSettings(cni_conf_name="05-big.conflist"), named, ENTRY)
+
+
+def test_a_config_nested_past_the_limit_is_a_json_error_not_a_crash() -> None:
+    nested = "[" * 100_000
+    assert "nested deeper than 128 levels" in (cniconfig.validate_network_file("00-x.conflist", nested) or "")
+    assert cniconfig.plugin_types(nested) is None and not cniconfig.has_plugin_entry(nested)
+    waiting = cniconfig.resolve_primary(cniconfig.ConfigSettings(), cniconfig.Listing({"00-x.conflist": nested}))
+    assert isinstance(waiting, cniconfig.Waiting) and "nested deeper than 128 levels" in waiting.reason
+    with pytest.raises(cniconfig.CniConfigError, match="nested deeper than 128 levels"):
+        cniconfig.remove_plugin_entry(nested, "00-x.conflist")
+    deep_but_allowed = json.loads(LIST)
+    deep_but_allowed["plugins"][0]["args"] = json.loads("[" * 120 + "]" * 120)
+    merged = cniconfig.marshal_config(cniconfig.insert_plugin_entry(ENTRY, json.dumps(deep_but_allowed)))
+    assert cniconfig.has_plugin_entry(merged)
+
+
 def test_named_primary_with_the_other_extension() -> None:
     listing = cniconfig.Listing({"net.conf": BRIDGE_CONF})
     assert cniconfig.resolve_primary(cniconfig.ConfigSettings(cni_conf_name="net.conflist"), listing) == "net.conf"

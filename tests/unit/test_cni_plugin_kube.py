@@ -164,3 +164,27 @@ def test_install_cni_reads_the_plugins_log_body() -> None:
     lines = parse_body(body)
     assert [(line.msg, line.time, line.labels) for line in lines] == [
         ("retrying", 1700000000.25, (("pod", "ns/p"),)), ("details", 1700000001.0, ())]
+
+
+def test_a_plugin_log_entry_is_one_line_whatever_it_holds() -> None:
+    """log.sock is 0666: a message (or label) with a newline must not end install-cni's line and forge another."""
+    from istio_agent.cni.install.pluginlog import parse_body
+
+    forged = "ok\n2026-12-01T10:00:00.000000Z\tinfo\tcni-agent\tIstio CNI configuration and binaries reinstalled"
+    entries = [format_entry("info", forged + "\r\x1b[2K\u2028\x85.", 1700000000.0, {"pod\nx": "a\nb", "n": "1"})]
+    body = request_bytes(entries).split(b"\r\n\r\n", 1)[1]
+    (line,) = parse_body(body)
+    text = line.text()
+    assert text.splitlines() == [text] and "\x1b" not in text and "\x85" not in text
+    assert text == ("ok\\n2026-12-01T10:00:00.000000Z\\tinfo\\tcni-agent\\tIstio CNI configuration and binaries "
+                    "reinstalled\\r\\x1b[2K\\u2028\\x85.\tn=1 pod\\nx=a\\nb")
+
+
+def test_a_deep_log_body_is_refused_as_not_json() -> None:
+    import pytest
+
+    from istio_agent.cni.install.pluginlog import PluginLogError, parse_body
+
+    with pytest.raises(PluginLogError, match="nested deeper than 128 levels"):
+        parse_body(b"[" * 100_000)
+    assert parse_body(b'["' + b"[" * 100_000 + b'"]') == []  # a string of brackets is no nesting: one bad entry

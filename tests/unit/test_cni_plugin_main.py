@@ -38,3 +38,26 @@ def test_errors_carry_the_config_version() -> None:
     code, out, _ = invoke({**ENV, "CNI_NETNS": ""}, json.dumps({"cniVersion": "0.4.0", "name": "n"}).encode())
     assert code == 1 and json.loads(out) == {"cniVersion": "0.4.0", "code": 4,
                                              "msg": "required env variables [CNI_NETNS] missing"}
+
+
+def test_deep_stdin_is_a_decoding_error_object_not_a_traceback() -> None:
+    """100 KB of `[` (and a config whose prevResult nests past the limit) is code 6 naming the limit, with the
+    error object on stdout, for every command that reads the config; VERSION still answers."""
+    for stdin in (b"[" * 100_000, json.dumps({"cniVersion": "1.0.0", "name": "n", "prevResult": {"ips": []}})
+                  .encode().replace(b'"ips": []', b'"ips": ' + b"[" * 200 + b"]" * 200)):
+        for command in ("ADD", "DEL", "CHECK"):
+            code, out, err = invoke({**ENV, "CNI_COMMAND": command}, stdin)
+            body = json.loads(out)
+            assert code == 1 and body["code"] == 6 and "nested deeper than 128 levels" in body["msg"], body
+            assert "Traceback" not in err
+    code, out, _ = invoke({"CNI_COMMAND": "VERSION"}, b"{" * 100_000)
+    assert code == 0 and json.loads(out)["cniVersion"] == "1.1.0"
+
+
+def test_a_prev_result_as_deep_as_the_limit_is_passed_through() -> None:
+    deep: object = []
+    for _ in range(125):  # 126 lists, in prevResult in the config: 128 levels
+        deep = [deep]
+    config = {"cniVersion": "1.0.0", "name": "n", "prevResult": {"ips": deep}}
+    code, out, _ = invoke(ENV, json.dumps(config).encode())
+    assert code == 0 and json.loads(out) == {"cniVersion": "1.0.0", "ips": deep}

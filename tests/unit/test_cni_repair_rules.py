@@ -173,6 +173,7 @@ def test_label_selectors_that_do_not(selector: str) -> None:
     (RepairOptions(field_selectors="spec.nodeName"), "--repair-field-selectors"),
     (RepairOptions(label_selectors="app in x"), "--repair-label-selectors"),
     (RepairOptions(init_container_exit_code=256), "--repair-init-container-exit-code"),
+    (RepairOptions(repair_pods=True, host_proc_dir=" "), "--repair-host-proc-dir"),
 ])
 def test_bad_options_name_the_flag_and_value(options: RepairOptions, flag: str) -> None:
     with pytest.raises(RepairOptionsError, match=flag):
@@ -182,6 +183,8 @@ def test_bad_options_name_the_flag_and_value(options: RepairOptions, flag: str) 
 def test_good_options_pass() -> None:
     check_options(RepairOptions(label_pods=True, label_selectors="app=echo", field_selectors="status.phase=Pending"))
     check_options(RepairOptions())
+    check_options(RepairOptions(repair_pods=True, host_proc_dir="/proc"))
+    check_options(RepairOptions(label_pods=True, host_proc_dir=""))  # only in-place repair reads it
 
 
 def test_diagnose_does_not_mutate_the_pod() -> None:

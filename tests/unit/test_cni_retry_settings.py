@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from istio_agent.cni.install.fastpath import DEADLINE_SLACK, GET_TIMEOUT, call_deadline
+from istio_agent.cni.install.fastcalls import DEADLINE_SLACK, GET_TIMEOUT, call_deadline
 from istio_agent.cni.plugin.add import RETRIES_ENV, retry_settings
 from istio_agent.cni.plugin.protocol import CniError
 

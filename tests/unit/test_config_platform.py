@@ -1,5 +1,6 @@
-"""The cloud platform from the environment (config/platform.py): upstream's pkg/bootstrap/platform rules for GCP,
-and the hard rule that no metadata server is ever asked (the unit tier's guard fails any socket opened here)."""
+"""The cloud platform (config/platform.py): upstream's pkg/bootstrap/platform rules, from the environment and the
+metadata servers' answers (`CloudFacts`, which the loader's probe gathers); the rules themselves open no socket
+(the unit tier's guard fails any socket opened here)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from istio_agent.config import env, platform
+from istio_agent.config.cloud_metadata import CloudFacts
 from istio_agent.config.platform import (
     GCP,
     UNKNOWN,
@@ -31,8 +33,8 @@ FULL = {
 }
 
 
-def found(environ: dict[str, str]) -> Platform:
-    return discover(env.Environment(environ))
+def found(environ: dict[str, str], facts: CloudFacts | None = None) -> Platform:
+    return discover(env.Environment(environ), facts)
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
@@ -84,11 +86,13 @@ def test_gcp_metadata_alone_is_detected_as_gcp(caplog: pytest.LogCaptureFixture)
     assert messages(caplog) == [], "nothing missing: no warning"
 
 
-def test_nothing_set_is_no_platform_and_no_metadata_server_is_asked(caplog: pytest.LogCaptureFixture) -> None:
+def test_nothing_set_and_nothing_detected_is_no_platform(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     assert found({}) == Platform(UNKNOWN)
     assert found({"GCP_ZONE": "us-central1-f", "GCP_QUOTA_PROJECT": "q"}) == Platform(UNKNOWN)
-    assert any("metadata servers are not asked" in m for m in messages(caplog, logging.INFO))
+    assert any("no cloud platform detected" in m for m in messages(caplog, logging.INFO))
+    assert found({}, CloudFacts(timed_out=True)) == Platform(UNKNOWN)
+    assert any("did not answer in time" in m for m in messages(caplog, logging.INFO))
     assert messages(caplog) == []
 
 
@@ -99,25 +103,44 @@ def test_three_parts_with_a_quota_project_still_detect_gcp() -> None:
     assert found({"GCP_METADATA": "a|b|c"}).name == UNKNOWN
 
 
-def test_cloud_platform_gcp_without_gcp_metadata_warns_that_nothing_is_fetched(
-        caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING)
+def test_cloud_platform_gcp_takes_the_metadata_servers_values_and_builds_the_cluster_url() -> None:
     p = found({"CLOUD_PLATFORM": "GCP", "KUBERNETES_SERVICE_HOST": "10.96.0.1"})
     assert p.name == GCP and p.metadata == {} and p.zone == ""
-    assert len(messages(caplog)) == 1 and "not fetched from the metadata server" in messages(caplog)[0]
+    fetched = {"gcp_project": "my-proj", "gcp_project_number": "1234", "gcp_gke_cluster_name": "my-cluster",
+               "gcp_location": "us-central1-c", "gcp_gce_instance": "vm-1"}
+    p = found({"CLOUD_PLATFORM": "gcp"}, CloudFacts(gcp=fetched, gcp_zone="us-central1-c"))
+    assert p.metadata == {**fetched, "gcp_gke_cluster_url": FULL["gcp_gke_cluster_url"]}
+    assert p.kubernetes, "a cluster name says Kubernetes"
+    # Static metadata wins whole: upstream does no lookups when GCP_METADATA is set.
+    assert found({"CLOUD_PLATFORM": "gcp", "GCP_METADATA": GKE}, CloudFacts(gcp=fetched)).metadata == FULL
 
 
 def test_cloud_platform_none_ignores_gcp_metadata() -> None:
     assert found({"CLOUD_PLATFORM": "none", "GCP_METADATA": GKE}) == Platform(UNKNOWN)
+    assert found({"CLOUD_PLATFORM": "none"}, CloudFacts(detected="aws", aws={"aws_region": "r"})) == Platform(UNKNOWN)
 
 
-@pytest.mark.parametrize("cloud", ["aws", "azure", "AWS"])
-def test_aws_and_azure_set_nothing_and_say_why(cloud: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING)
-    p = found({"CLOUD_PLATFORM": cloud, "GCP_METADATA": GKE})
-    assert p.name == cloud.lower() and p.metadata == {}
-    assert platform_locality(p, "search us-central1-f.c.p.internal") == {}
-    assert "never contacts" in messages(caplog)[0]
+@pytest.mark.parametrize("cloud", ["aws", "AWS"])
+def test_aws_takes_region_zone_and_instance_from_imds(cloud: str) -> None:
+    facts = CloudFacts(aws={"aws_region": "us-west-2", "aws_availability_zone": "us-west-2b",
+                            "aws_instance_id": "i-0abc"})
+    p = found({"CLOUD_PLATFORM": cloud, "GCP_METADATA": GKE}, facts)
+    assert p.name == "aws" and p.metadata == facts.aws
+    assert platform_locality(p, "search us-central1-f.c.p.internal") == {"region": "us-west-2",
+                                                                           "zone": "us-west-2b"}
+    assert found({"CLOUD_PLATFORM": cloud}).metadata == {} and platform_locality(found({"CLOUD_PLATFORM": cloud}),
+                                                                                  None) == {}
+
+
+def test_azure_and_detection_take_the_cloud_the_probe_found() -> None:
+    facts = CloudFacts(detected="azure", azure={"azure_name": "vm", "azure_location": "westeurope"},
+                       azure_locality={"region": "westeurope", "zone": "2"})
+    p = found({}, facts)
+    assert p.name == "azure" and p.metadata == facts.azure
+    assert platform_locality(p, None) == {"region": "westeurope", "zone": "2"}
+    assert found({"CLOUD_PLATFORM": "azure"}, facts).metadata == facts.azure
+    # GCP_METADATA decides detection before any answer, as upstream's static GCP check does.
+    assert found({"GCP_METADATA": GKE}, facts).name == GCP
 
 
 def test_an_unknown_cloud_platform_falls_back_to_detection(caplog: pytest.LogCaptureFixture) -> None:
@@ -182,15 +205,17 @@ def test_locality_from_resolv_conf() -> None:
     assert platform_locality(p, RESOLV) == {"region": "us-central3", "zone": "us-central3-f"}
 
 
-def test_no_zone_anywhere_gives_no_locality_where_upstream_asks_the_metadata_server(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_the_metadata_servers_zone_is_the_last_resort(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     p = found({"GCP_METADATA": GKE})
     assert platform_locality(p, "nameserver 10.96.0.10\n") == {}
-    assert any("not fetched from the metadata server" in m for m in messages(caplog))
+    assert any("no GCP zone from GCP_ZONE, resolv.conf or the GCE metadata server" in m for m in messages(caplog))
     caplog.clear()
     assert platform_locality(p, None) == {}
     assert any("failed to read /etc/resolv.conf" in m for m in messages(caplog))
+    asked = found({"GCP_METADATA": GKE}, CloudFacts(gcp_zone="europe-west1-b"))
+    assert platform_locality(asked, "nameserver 10.96.0.10\n") == {"region": "europe-west1", "zone": "europe-west1-b"}
+    assert platform_locality(asked, RESOLV)["zone"] == "us-central3-f", "resolv.conf comes first"
 
 
 def test_a_zone_without_a_region_gives_no_locality(caplog: pytest.LogCaptureFixture) -> None:
@@ -206,9 +231,13 @@ def test_no_platform_gives_no_locality_and_reads_nothing(caplog: pytest.LogCaptu
 
 
 def test_the_platform_rules_import_nothing_that_reaches_the_network() -> None:
-    """The hard rule, checked at its source: the module imports only text, logging and the env registry."""
-    tree = ast.parse(Path(platform.__file__).read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "logging", "re", "collections.abc", "dataclasses", "istio_agent.config"}, \
-        imported
+    """Sans-IO, checked at its source: the rules (and what the metadata servers' answers mean) import only text,
+    logging, JSON and the env registry; the requests are the loader's (agent/cloud_probe.py)."""
+    from istio_agent.config import cloud_metadata
+
+    for module in (platform, cloud_metadata):
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert imported <= {"__future__", "logging", "re", "json", "typing", "collections.abc", "dataclasses",
+                            "istio_agent.config", "istio_agent.config.cloud_metadata"}, imported

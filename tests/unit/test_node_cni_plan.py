@@ -20,7 +20,9 @@ from istiod_local.node.cni_plan import (
     pod_attachment,
     pod_status_patch,
     primary_conflist,
+    repair_environment,
     result_address,
+    sandbox_argv,
     validation_status,
 )
 from istiod_local.node.cni_runtime import parse_network
@@ -87,6 +89,13 @@ def test_install_cni_runs_against_the_nodes_own_directories_and_api() -> None:
     assert "--repair-label-pods" not in " ".join(install_cni_argv("i", PATHS, "off"))
     with pytest.raises(ValueError, match="'fix'"):
         install_cni_argv("i", PATHS, "fix")
+    assert "--repair-host-proc-dir" not in argv
+    # The chart's default: in place, label and delete off, the host's procfs being /proc here.
+    repair = install_cni_argv("i", PATHS, "repair")
+    assert {"--repair-enabled=true", "--repair-label-pods=false", "--repair-delete-pods=false"} <= set(repair)
+    assert repair[repair.index("--repair-host-proc-dir") + 1] == "/proc"
+    assert repair_environment("repair") == {"REPAIR_REPAIR_PODS": "true"}
+    assert repair_environment("label") == {"REPAIR_REPAIR_PODS": "false"}
     env = install_cni_environment(NODE, {"PATH": "/bin", "KUBECONFIG": "/root/.kube/config"})
     assert env == {"PATH": "/bin", "HOME": "/tmp", "KUBERNETES_SERVICE_HOST": "10.244.0.1",
                    "KUBERNETES_SERVICE_PORT": "6443", "KUBERNETES_NODE_NAME": "ia-77-1-node"}
@@ -127,6 +136,11 @@ def test_registry_entries_carry_what_the_kubernetes_api_renders_and_istiod_local
         (e["sidecar"], e["captureInit"], e["nodeName"]) for e in entries]
     with pytest.raises(PlanError, match="'sidecar'"):
         plan_node(1, capture="sidecar")
+
+
+def test_a_pods_sandbox_process_holds_its_namespace() -> None:
+    pod = plan_pod(NODE, PodSpec("a-1"), [])
+    assert sandbox_argv(pod) == ["ip", "netns", "exec", pod.netns, "sleep", "infinity"]
 
 
 def test_a_failed_validation_is_reported_as_a_kubelet_does_once_restarted() -> None:

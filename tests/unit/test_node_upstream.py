@@ -12,6 +12,7 @@ from istiod_local.node.cni_plan import (
     install_cni_argv,
     upstream_install_cni_argv,
     upstream_install_cni_mounts,
+    upstream_mount_targets,
 )
 from istiod_local.node.plan import PlanError, PodSpec, plan_node, plan_pod
 from istiod_local.node.upstream import (
@@ -84,3 +85,7 @@ def test_upstreams_install_cni_gets_the_same_choices_in_its_own_flags_and_paths(
         ("/run/node/cni/upstream-image-bin", "/opt/cni/bin"), ("/u/istio-cni", "/opt/cni/bin/istio-cni"),
         ("/run/node/cni/bin", "/host/opt/cni/bin"),
         ("/run/node/cni/istio-cni-sa", "/var/run/secrets/kubernetes.io/serviceaccount")]
+    # In-place repair: the chart's host procfs volume, at upstream's fixed /host/proc (a mount point made on the
+    # host when missing, as the others).
+    assert upstream_install_cni_mounts(paths, "/u/istio-cni", "repair")[-1] == ("/proc", "/host/proc")
+    assert upstream_mount_targets("repair")[-1] == "/host/proc" and "/host/proc" not in upstream_mount_targets("off")

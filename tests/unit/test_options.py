@@ -218,20 +218,32 @@ def test_status_port_zero_means_no_status_server_but_probes_are_still_checked(tm
         resolve(tmp_path, ISTIO_KUBE_APP_PROBERS="{not json")
 
 
-def test_variables_without_effect_are_named(tmp_path: Path) -> None:
-    options = resolve(tmp_path, XDS_AUTH_PROVIDER="gcp", CA_PROVIDER="Citadel", ENVOY_STATUS_PORT="15021",
-                      WASM_INSECURE_REGISTRIES="localhost:5000")
-    assert [var.name for var in options.without_effect] == ["XDS_AUTH_PROVIDER"], (
-        "set to their defaults, CA_PROVIDER and ENVOY_STATUS_PORT change nothing anyway; the Wasm variables are "
-        "honoured")
-    assert options.without_effect[0].note
+@pytest.fixture
+def only_accepted(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A variable only accepted (every one upstream's agent reads does something here now): one of the test's."""
+    from istio_agent.config import envvar
+    from istio_agent.config.settings import ACCEPTED, EnvVar, text
+
+    var = EnvVar("ONLY_ACCEPTED_HERE", "", "A variable of the test's.", text, "string", ACCEPTED, "why it does nothing")
+    monkeypatch.setitem(envvar.REGISTRY, var.name, var)
+    return var.name
 
 
-def test_proxy_metadata_variables_count_as_set(tmp_path: Path) -> None:
+def test_variables_without_effect_are_named(tmp_path: Path, only_accepted: str) -> None:
+    variables = {"XDS_AUTH_PROVIDER": "gcp", "CA_PROVIDER": "Citadel", "ENVOY_STATUS_PORT": "15021",
+                 "WASM_INSECURE_REGISTRIES": "localhost:5000", only_accepted: "x"}
+    options = resolve(tmp_path, **variables)  # type: ignore[arg-type]
+    assert [var.name for var in options.without_effect] == [only_accepted], (
+        "set to their defaults, CA_PROVIDER and ENVOY_STATUS_PORT change nothing anyway; the Wasm variables and "
+        "XDS_AUTH_PROVIDER (which upstream reads and leaves unused) are honoured")
+    assert options.without_effect[0].note == "why it does nothing"
+
+
+def test_proxy_metadata_variables_count_as_set(tmp_path: Path, only_accepted: str) -> None:
     options = resolve(tmp_path, PROXY_CONFIG='{"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true", '
-                                             '"XDS_AUTH_PROVIDER": "gcp"}}')
+                                             f'"{only_accepted}": "gcp"}}}}')
     assert options.dns is not None
-    assert [var.name for var in options.without_effect] == ["XDS_AUTH_PROVIDER"]
+    assert [var.name for var in options.without_effect] == [only_accepted]
 
 
 def test_a_fips_policy_limits_grpcs_ciphers_for_envoy_and_the_agent(tmp_path: Path) -> None:
@@ -310,3 +322,14 @@ def test_istiod_san_names_the_ca_only_when_the_ca_is_the_discovery_address(tmp_p
     own_ca = resolve(tmp_path, ISTIOD_SAN="istiod.example", CA_ADDR="10.0.0.9:15012")
     assert own_ca.security.istiod_san == "" and own_ca.security.ca_address == "10.0.0.9:15012"
     assert own_ca.xds.upstream.istiod_san == "istiod.example"
+
+
+def test_upstream_flag_defaults_reach_envoy_and_the_status_server(tmp_path: Path) -> None:
+    """`--proxyLogLevel` is upstream's `warning` (no component levels: Envoy gets `-l warning` alone), and
+    `--profiling` (on by default) decides whether the status server serves /debug/pprof/."""
+    options = resolve(tmp_path, AgentFlags())
+    assert options.envoy is not None and options.status is not None
+    assert (options.envoy.launch.log_level, options.envoy.launch.component_log_level) == ("warning", "")
+    assert options.status.profiling
+    off = resolve(tmp_path, AgentFlags(profiling=False))
+    assert off.status is not None and not off.status.profiling

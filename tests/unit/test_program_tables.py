@@ -84,6 +84,8 @@ def test_install_cni_is_built_from_its_table() -> None:
         flag = next((f for f in INSTALL_CNI.commands[0].flags if f"--{f.name}" in param.opts), None)
         if flag is not None and flag.env:
             assert param.envvar == list(flag.env) and flag.env == (flag.name.upper().replace("-", "_"),)
+    assert isinstance(command, click.Group)
+    assert _options(_subcommand(command, "version")) == _declared(INSTALL_CNI.command("version").flags)
 
 
 def test_istio_iptables_usage_lists_its_table() -> None:

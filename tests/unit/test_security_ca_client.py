@@ -11,12 +11,12 @@ from istio_agent.security.ca_client import (
     ca_metadata,
     client_key_and_chain,
     is_retryable,
-    read_token,
     resolve_ca_root,
     target_name_override,
     tls_server_name,
 )
 from istio_agent.security.core.secrets import SecretError, system_bundle_path
+from istio_agent.security.credentials import read_token
 from istio_agent.security.options import SecurityOptions
 
 RETRYABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL", "CANCELLED"}

@@ -155,3 +155,31 @@ def test_key_generation_runs_on_a_daemon_thread_that_stop_abandons(tmp_path: Pat
         assert seen == [True], "generated on a daemon thread, which the interpreter does not join at exit"
     finally:
         release.set()
+
+
+def test_failures_are_counted_as_upstreams_file_secret_and_watcher_failures(tmp_path: Path) -> None:
+    """Each secret that cannot be made from its files counts once (a reload retried with the same error is one
+    failure), and a watched file that becomes unreadable is the watcher's failure, once until it reads again."""
+    async def scenario(clock: VirtualClock) -> None:
+        signer = FakeSigner(clock.now)
+        write_pair(tmp_path / "a", signer.ca, clock.now())
+        cache = SecretCache(options(tmp_path), None, clock=clock)
+        await cache.start()
+        for name in ("file-root:missing.pem", "file-cert:a/cert-chain.pem~missing/key.pem"):
+            with pytest.raises(SecretError):
+                await cache.get(name)
+        assert (cache.file_failures, cache.file_watch_failures) == (2, 0)
+        good = "file-cert:a/cert-chain.pem~a/key.pem"
+        cache.retain(good)
+        await cache.get(good)
+        key = (tmp_path / "a/key.pem").read_bytes()
+        (tmp_path / "a/key.pem").unlink()
+        await clock.sleep(10)  # many polls and reload attempts while it is gone
+        assert (cache.file_failures, cache.file_watch_failures) == (3, 1)
+        (tmp_path / "a/key.pem").write_bytes(key)
+        await clock.sleep(10)
+        assert (cache.file_failures, cache.file_watch_failures) == (3, 1)
+        assert [item.resource_name for item in cache.snapshot()] == [good]
+        await cache.stop()
+
+    in_virtual_time(scenario)

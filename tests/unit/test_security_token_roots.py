@@ -8,13 +8,15 @@ channel exists (the CA's refusal itself is in tests/component/test_security_ca_t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 import pytest
 
-from istio_agent.security.ca_client import CaClient, read_token
+from istio_agent.security.ca_client import CaClient
 from istio_agent.security.core.secrets import SecretError
+from istio_agent.security.credentials import read_token
 from istio_agent.security.options import SecurityOptions
 from istio_agent.xds.upstream import UpstreamError, UpstreamSettings, call_metadata, root_certificates
 
@@ -36,7 +38,7 @@ def test_a_missing_or_empty_token_is_warned_about_by_path(tmp_path: Path, caplog
 
 def test_the_xds_upstream_names_the_token_path_it_tried(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        metadata = call_metadata(UpstreamSettings("localhost:15012", workdir=tmp_path))
+        metadata = asyncio.run(call_metadata(UpstreamSettings("localhost:15012", workdir=tmp_path)))
     assert all(key != "authorization" for key, _ in metadata), "no header, as upstream"
     assert str(tmp_path / TOKEN) in caplog.text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,11 @@ from istio_agent.agent.options import xds_options
 from istio_agent.config import env
 from istio_agent.pki import certs, keys
 from istio_agent.protos import typeurls
+from istio_agent.xds import upstream
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 from istio_agent.xds.upstream import (
     UpstreamError,
     UpstreamSettings,
-    call_metadata,
     channel_options,
     root_certificates,
 )
@@ -28,6 +29,9 @@ def _token(workdir: Path, text: str) -> None:
 
 
 def test_metadata_reads_the_token_on_every_call(tmp_path: Path) -> None:
+    def call_metadata(settings: UpstreamSettings) -> list[tuple[str, str]]:
+        return asyncio.run(upstream.call_metadata(settings))
+
     settings = UpstreamSettings("localhost:15012", workdir=tmp_path, cluster_id="c1", headers=(("x-a", "1"),))
     assert call_metadata(settings) == [("clusterid", "c1"), ("x-a", "1")]
     _token(tmp_path, "tok-1\n")

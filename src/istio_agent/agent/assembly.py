@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from istio_agent.agent.options import AgentOptions
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from istio_agent.envoy.admin import EnvoyAdmin
     from istio_agent.envoy.supervisor import EnvoySupervisor
     from istio_agent.grpcxds.readiness import BootstrapProbe
+    from istio_agent.httpio.routing import Router
     from istio_agent.protos import nds_pb2
     from istio_agent.security.identity import WorkloadIdentity
     from istio_agent.security.key_ahead import KeyAhead
@@ -101,8 +103,9 @@ class AgentAssembly:
         set_created_series(status.metrics.created_series if status is not None else True)
         self.metrics = AgentMetrics(CollectorRegistry(auto_describe=True))
         # The CA client the identity would make itself, wrapped to time CSRs and count their outcomes.
-        self.identity = WorkloadIdentity(security, signer=self.metrics.metered_signer(CaClient(security)),
-                                         first_key=self.first_key)
+        self.identity = WorkloadIdentity(
+            security, signer=self.metrics.metered_signer(CaClient(security, on_retry=self.metrics.ca_retry)),
+            first_key=self.first_key, on_sds_event=self.metrics.sds_event)
         self.metrics.watch_secrets(self.identity.cache)
         return [self.identity, FirstCertificateWait(self.identity, self.options.first_certificate_head_start)]
 
@@ -116,7 +119,7 @@ class AgentAssembly:
         assert metrics is not None and identity is not None, "the identity stage runs first"
         status = options.status
         readiness = ReadinessState(dns_enabled=status.dns_enabled if status else False,
-                                   envoy_enabled=options.envoy is not None)
+                                   envoy_enabled=options.envoy is not None, on_first_ready=metrics.envoy_ready)
         trimmer = MemoryTrimmer()
         components: list[Component] = [trimmer]
 
@@ -214,12 +217,16 @@ class AgentAssembly:
             if envoy is not None:
                 await envoy.drain_listeners()
 
+        routes: list[Callable[[Router], None]] = [
+            lambda app: add_probe_routes(app, status.probes), lambda app: add_secrets_debug_route(app, cache),
+            lambda app: add_metrics_routes(app, status.metrics, registry), lambda app: add_ndsz_route(app, name_table)]
+        if status.profiling:
+            from istio_agent.status.profiling import add_profiling_routes
+
+            routes.append(add_profiling_routes)
         return StatusServer(
             status, readiness, admin=admin, bootstrap_probe=probe,
-            on_quit=lambda: self.agent.request_stop(0), on_drain=drain_listeners,
-            routes=[lambda app: add_probe_routes(app, status.probes), lambda app: add_secrets_debug_route(app, cache),
-                    lambda app: add_metrics_routes(app, status.metrics, registry),
-                    lambda app: add_ndsz_route(app, name_table)],
+            on_quit=lambda: self.agent.request_stop(0), on_drain=drain_listeners, routes=routes,
             on_malformed=metrics.status_malformed_requests.inc,
         )
 

@@ -24,9 +24,10 @@ from istio_agent.agent.options import (
     resolve_agent_options,
 )
 from istio_agent.config import env
+from istio_agent.config.cloud_metadata import SYS_VENDOR, CloudFacts
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import identity_from_env, instance_ips
-from istio_agent.config.platform import RESOLV_CONF
+from istio_agent.config.platform import RESOLV_CONF, zone_from_resolv_conf
 from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read_pod_file
 from istio_agent.config.proxyconfig_validation import validate_proxy_config
 from istio_agent.config.textfile import read_text
@@ -188,12 +189,37 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
 
     socket_file = config.environment.get(env.WORKLOAD_IDENTITY_SOCKET_FILE) or ISTIO_SDS_SOCKET_FILE
     workload_socket = config.path(WORKLOAD_SDS_DIR) / Path(socket_file).name
+    resolv_conf = _read_resolv_conf()
     host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
                      mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
                      workload_sds_socket_healthy=check_socket(workload_socket),
                      credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
-                     resolv_conf=_read_resolv_conf())
+                     resolv_conf=resolv_conf, cloud=_ask_the_cloud(config, resolv_conf))
     return resolve_agent_options(config, flags, host)
+
+
+def _ask_the_cloud(config: AgentConfig, resolv_conf: str | None) -> CloudFacts:
+    """What the cloud's metadata server says (`agent/cloud_probe.py`; nothing asked with CLOUD_PLATFORM=none).
+
+    As upstream: the AWS server on its IPv6 address when the proxy has one; GCE's zone asked only when the
+    locality would otherwise have none (no locality label, no GCP_ZONE, none in resolv.conf).
+    """
+    from istio_agent.agent.cloud_probe import probe_cloud
+    from istio_agent.envoy.bootstrap.options import locality_label
+
+    environment = config.environment
+    zone_wanted = not (locality_label({"LABELS": config.labels}) or environment.get(env.GCP_ZONE)
+                       or zone_from_resolv_conf(resolv_conf or ""))
+    return probe_cloud(environment, ipv6=any(":" in ip for ip in config.identity.ips), sys_vendor=_sys_vendor(),
+                       zone_wanted=zone_wanted)
+
+
+def _sys_vendor() -> str | None:
+    """The DMI system vendor (Azure's sign), None when the machine has none."""
+    try:
+        return Path(SYS_VENDOR).read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _read_resolv_conf() -> str | None:

@@ -11,8 +11,9 @@ touches more than one of them is stated here, once:
 - there is an Envoy unless `DISABLE_ENVOY` (and then no SDS server either);
 - readiness waits for a NameTable only when both the DNS proxy and Envoy run;
 - node metadata is computed once and shared by the Envoy and gRPC bootstraps;
-- the cloud platform comes from the environment only (`config/platform.py`): PLATFORM_METADATA, and the
-  node's locality when the pod has no locality label, for both bootstraps;
+- the cloud platform comes from the environment and the metadata server's answers (`config/platform.py`,
+  asked by the loader): PLATFORM_METADATA, and the node's locality when the pod has no locality label, for
+  both bootstraps;
 - istiod's client certificate is `PROV_CERT`, else the mounted certs with `FILE_MOUNTED_CERTS`;
 - the Istio version reported is `ISTIO_VERSION`, else the one this agent is compatible with.
 
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from istio_agent.config import env
+from istio_agent.config.cloud_metadata import CloudFacts
 from istio_agent.config.errors import ConfigError
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
 from istio_agent.config.platform import Platform, discover, platform_locality
@@ -47,10 +49,13 @@ from istio_agent.health.options import HealthCheckOptions, parse_readiness_probe
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
+    CREDENTIAL_FETCHERS,
     ISTIO_SDS_SOCKET_FILE,
+    JWT_FETCHER,
     KEY_FILE,
     ROOT_CERT_FILE,
     WORKLOAD_SDS_DIR,
+    CredentialSource,
     SecurityOptions,
 )
 from istio_agent.status.merged_metrics.merge import MetricsOptions, parse_scrape_annotations
@@ -86,13 +91,14 @@ class AgentFlags:
     domain: str = ""
     mesh_config: str = "./etc/istio/config/mesh"
     service_cluster: str = "istio-proxy"
-    proxy_log_level: str = "warning,misc:error"
+    proxy_log_level: str = "warning"
     proxy_component_log_level: str = ""
     concurrency: int = 0
     template_file: str = ""
     outlier_log_path: str = ""
     log_as_json: bool = False
     sts_port: int = 0
+    profiling: bool = True  # /debug/pprof/ on the status port
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ class HostFacts:
     credential_socket_healthy: bool = False
     # /etc/resolv.conf's text (None: unreadable): on GCP its search list may name the node's zone.
     resolv_conf: str | None = None
+    # What the cloud's metadata server told at start (`agent/cloud_probe.py`; nothing: not asked, or no answer).
+    cloud: CloudFacts = field(default_factory=CloudFacts)
 
 
 @dataclass
@@ -319,6 +327,7 @@ def security_options(config: AgentConfig, host: HostFacts | None = None, *,
         service_account=node.service_account,
         cluster_id=node.cluster_id,
         ca_address=environment.get(env.CA_ADDR) or config.proxy_config.discovery_address,
+        credentials=credential_source(config),
         ca_root_ca=ca_root(environment),
         keepalive_interval=environment.get(env.GRPC_KEEPALIVE_INTERVAL),
         keepalive_timeout=environment.get(env.GRPC_KEEPALIVE_TIMEOUT),
@@ -352,6 +361,17 @@ def positive(environment: env.Environment, var: env.EnvVar[int]) -> int:
     return value
 
 
+def credential_source(config: AgentConfig) -> CredentialSource:
+    """CREDENTIAL_FETCHER_TYPE (upstream's NewCredFetcher): the token file, or the GCE metadata server's identity
+    token for the trust domain; any other value stops the start, as upstream's."""
+    environment = config.environment
+    fetcher = environment.get(env.CREDENTIAL_FETCHER_TYPE) or JWT_FETCHER
+    if fetcher not in CREDENTIAL_FETCHERS:
+        raise ConfigError(f"failed to create credential fetcher: invalid credential fetcher type {fetcher} "
+                          f"(environment variable CREDENTIAL_FETCHER_TYPE: {' or '.join(CREDENTIAL_FETCHERS)})")
+    return CredentialSource(fetcher, environment.get(env.GCE_METADATA_HOST), config.identity.trust_domain)
+
+
 def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyOptions:
     environment, pc = config.environment, config.proxy_config
     key, chain = xds_client_key_pair(environment, pc.proxy_metadata)
@@ -362,6 +382,7 @@ def xds_options(config: AgentConfig, host: HostFacts | None = None) -> XdsProxyO
         root_ca=xds_root(environment, pc.proxy_metadata, host or HostFacts()),
         istiod_san=environment.get(env.ISTIOD_SAN),
         send_token=environment.get(env.XDS_AUTH),
+        credentials=credential_source(config),
         cluster_id=config.identity.cluster_id,
         headers=headers,
         client_key=key,
@@ -512,7 +533,7 @@ def probe_options(config: AgentConfig) -> ProbeOptions:
     )
 
 
-def status_options(config: AgentConfig) -> StatusOptions | None:
+def status_options(config: AgentConfig, profiling: bool = True) -> StatusOptions | None:
     environment, pc = config.environment, config.proxy_config
     probes, metrics = probe_options(config), metrics_options(config)  # validated even when the server is off
     if pc.status_port <= 0:
@@ -524,6 +545,7 @@ def status_options(config: AgentConfig) -> StatusOptions | None:
         dns_enabled=dns_proxy_enabled(environment) and with_envoy,
         probes=probes,
         metrics=metrics,
+        profiling=profiling,
     )
 
 
@@ -553,7 +575,7 @@ def health_check_options(config: AgentConfig) -> HealthCheckOptions | None:
 
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
-    platform = discover(config.environment)
+    platform = discover(config.environment, host.cloud)
     metadata = node_metadata(metadata_options(config, flags, host, platform))
     node_locality = node_platform_locality(metadata, platform, host)
     xds = xds_options(config, host)
@@ -566,7 +588,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         xds=xds,
         dns=dns_options(config, host),
         envoy=envoy_options(config, flags, metadata, node_locality),
-        status=status_options(config),
+        status=status_options(config, flags.profiling),
         grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
         health=health_check_options(config),
         wasm=wasm_options(config) if with_envoy else None,

@@ -1,7 +1,7 @@
 """`pilot-agent`: the command Istio's injector puts into every istio-proxy container.
 
 Subcommands keep upstream's names and flags: `proxy`, `wait`, `request`,
-`istio-iptables`, `version`; each one's arguments, flags and help are
+`istio-iptables`, `version`, `completion`, `collateral`; each one's arguments, flags and help are
 declared in the program's table (`pilot_agent_flags.py`) and built into click
 options here. Unknown flags are accepted and ignored, as upstream does to keep
 old pod specs working. Heavy modules are imported only by the subcommand that
@@ -11,7 +11,6 @@ needs them, so `wait` and `request` (run in lifecycle hooks) start fast.
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 import time
 from typing import Any
@@ -30,6 +29,8 @@ LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True, "help_optio
 LAZY_COMMANDS = {
     "istio-iptables": "istio_agent.cli.iptables:command",
     "secrets": "istio_agent.cli.secrets:command",
+    "completion": "istio_agent.cli.completion:command",
+    "collateral": "istio_agent.cli.collateral:command",
 }
 
 
@@ -134,19 +135,16 @@ def request(ctx: click.Context, method: str, path: str, body: str, debug_port: i
 @options(VERSION.flags)
 @click.pass_context
 def version(ctx: click.Context, short: bool, output: str, **log: Any) -> None:
+    """Upstream's output (`client version: version.BuildInfo{...}`, `-s`, `-o json|yaml`), as install-cni's."""
     configure_logging(log_options(ctx, log))
-    from istio_agent.version import build_info
+    from istio_agent.version import VersionOutputError, version_output
 
-    info = build_info()
-    if short:
-        click.echo(info["Version"])
-    elif output == "json":
-        click.echo(json.dumps({"clientVersion": info}, indent=2))
-    elif output == "yaml":
-        click.echo("clientVersion:\n" + "".join(f"  {k}: {v}\n" for k, v in info.items()), nl=False)
-    else:
-        fields = ", ".join(f'{k}:"{v}"' for k, v in info.items())
-        click.echo(f"version.BuildInfo{{{fields}}}")
+    try:
+        click.echo(version_output(short, output), nl=False)
+    except VersionOutputError as exc:
+        failure = click.ClickException(str(exc))
+        failure.exit_code = 255  # upstream's command exits -1 on an error
+        raise failure from None
 
 
 if __name__ == "__main__":

@@ -50,17 +50,22 @@ PROXY_FLAGS: tuple[Flag[Any], ...] = (
     Flag("domain", "", "DNS domain suffix; default <POD_NAMESPACE>.svc.cluster.local."),
     Flag("meshConfig", "./etc/istio/config/mesh", "Mesh configuration file.", dest="mesh_config"),
     Flag("serviceCluster", "istio-proxy", "Service cluster (deprecated).", dest="service_cluster"),
-    Flag("proxyLogLevel", "warning,misc:error", "Envoy log level[,comp:lvl].", dest="proxy_log_level"),
-    Flag("proxyComponentLogLevel", "", "Envoy component levels.", dest="proxy_component_log_level"),
+    Flag("proxyLogLevel", "warning", "Envoy's log level (trace, debug, info, warning, error, critical, off), "
+         "optionally with component levels: info,misc:error,upstream:debug.", dest="proxy_log_level"),
+    Flag("proxyComponentLogLevel", "", "Envoy's component log levels (deprecated: put them in --proxyLogLevel), "
+         "used when --proxyLogLevel names none.", dest="proxy_component_log_level"),
     Flag("concurrency", 0, "Envoy worker threads (0: from ProxyConfig).", integer, "int"),
     Flag("templateFile", "", "Bootstrap template file.", dest="template_file"),
     Flag("outlierLogPath", "", "Outlier detection log path.", dest="outlier_log_path"),
     Flag("stsPort", 0, "Security token service port (0: off).", integer, "int", dest="sts_port", support=PARTIAL,
          note="sent as STS_PORT node metadata (custom bootstrap templates read it); no token service listens"),
-    Flag("tokenManagerPlugin", "GoogleTokenExchange", "Token plugin.", dest="token_manager_plugin",
-         support=ACCEPTED, note="no security token service is served"),
-    Flag("profiling", "true", "Enable profiling endpoints.", support=ACCEPTED,
-         note="the agent serves no profiling endpoints"),
+    Flag("tokenManagerPlugin", "", "Token provider plugin of the security token service.",
+         dest="token_manager_plugin", support=ACCEPTED, note="no security token service is served"),
+    Flag("profiling", True, "Serve profiles on the status port's /debug/pprof/ (localhost only).", go_bool, "bool",
+         takes_value=True, support=PARTIAL,
+         note="Python's, not Go's: profile (a sampling profile of every thread, as collapsed stacks), goroutine "
+              "(every thread's and asyncio task's stack) and cmdline; symbol, trace and Go's runtime profiles "
+              "answer 501"),
 )
 
 ROOT = Command("", "Istio Pilot agent: runs beside Envoy (or a proxyless gRPC app) and bootstraps it.", LOG_FLAGS)
@@ -80,9 +85,10 @@ REQUEST = Command(
      Argument("path", "", "The path, with or without its leading slash."),
      Argument("body", "", "The request body.", required=False)),
 )
-VERSION = Command("version", "Print the version.", (
-    Flag("short", False, "Print just the version number.", go_bool, "bool", short="s"),
-    Flag("output", "", "Output format.", short="o", choices=("", "json", "yaml")),
+VERSION = Command("version", "Prints out build version information", (
+    Flag("short", False, "Use --short=false to generate full version information", go_bool, "bool", short="s",
+         takes_value=True),
+    Flag("output", "", "One of 'yaml' or 'json'.", short="o"),
     *LOG_FLAGS,
 ))
 SECRETS = Command(
@@ -93,6 +99,30 @@ SECRETS = Command(
      Flag("status-port", 15020, "The agent's status port.", integer, "int", upstream=False),
      Flag("timeout", 5.0, "Seconds to wait for each side.", floating, "float", upstream=False)),
 )
+SHELLS = ("bash", "zsh", "fish", "powershell")
+COMPLETION = Command(
+    "completion", "Print the shell completion script of pilot-agent for SHELL (click's: bash, zsh, fish).",
+    (Flag("no-descriptions", False, "Leave completion descriptions out.", go_bool, "bool", support=ACCEPTED,
+          note="click's scripts take the descriptions the shell shows"), *LOG_FLAGS),
+    (Argument("shell", "", "bash, zsh or fish; powershell is refused (click has no PowerShell completion)."),),
+)
+COLLATERAL = Command(
+    "collateral", "Write pilot-agent's documentation and completion files (one file per command for Markdown, "
+    "YAML and man pages) into --outputDir.", (
+        Flag("all", False, "Every kind of file below.", go_bool, "bool"),
+        Flag("bash", False, "The bash completion script (pilot-agent.bash).", go_bool, "bool"),
+        Flag("zsh", False, "The zsh completion script (_pilot-agent).", go_bool, "bool"),
+        Flag("markdown", False, "Markdown, one page per command (pilot-agent_proxy.md, ...).", go_bool, "bool"),
+        Flag("yaml", False, "YAML, one document per command (pilot-agent_proxy.yaml, ...).", go_bool, "bool"),
+        Flag("man", False, "Man pages, one per command (pilot-agent-proxy.1, ...).", go_bool, "bool",
+             support=PARTIAL, note="named `<command>.1`, where upstream's cobra names them with its section "
+                                   "title (`pilot-agent-proxy.pilot-agent CLI`)"),
+        Flag("html_fragment_with_front_matter", False,
+             "One HTML fragment with Hugo front matter: every command's flags and the environment variables "
+             "(pilot-agent.html).", go_bool, "bool"),
+        Flag("outputDir", ".", "Directory where the files are written.", short="o", dest="output_dir"),
+        *LOG_FLAGS,
+    ))
 ISTIO_IPTABLES = Command(
     "istio-iptables", "Set up iptables (or nftables) rules that redirect a pod's traffic through the Istio sidecar: "
     "[istio-iptables](istio-iptables.md) itself, with its flags and variables (Istio's istio-init container runs "
@@ -104,7 +134,7 @@ PILOT_AGENT = Program(
     "(but by `secrets` and `istio-iptables`), as upstream does to keep old pod specs working. "
     "`pilot-agent istio-iptables` takes [istio-iptables](istio-iptables.md)' flags and variables; "
     "`pilot-agent secrets` is this project's own (not upstream).",
-    (ROOT, PROXY, WAIT, REQUEST, VERSION, SECRETS, ISTIO_IPTABLES),
+    (ROOT, PROXY, WAIT, REQUEST, VERSION, SECRETS, ISTIO_IPTABLES, COMPLETION, COLLATERAL),
     "src/istio_agent/cli/pilot_agent_flags.py",
     variables_page="../ENVIRONMENT.md",
 )

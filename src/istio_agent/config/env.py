@@ -9,7 +9,6 @@ is generated from this file.
 from __future__ import annotations
 
 from istio_agent.config.envvar import (
-    ACCEPTED,
     PARTIAL,
     REGISTRY,
     Environment,
@@ -23,9 +22,6 @@ from istio_agent.config.envvar import (
 )
 
 __all__ = ["REGISTRY", "EnvVar", "Environment", "parse_bool"]
-
-_GCE_FETCHER = ("the token is always read from its file (upstream's JWT fetcher); the GoogleComputeEngine fetcher "
-                "asks the GCE metadata server, which this agent never contacts")
 
 # --- identity of the pod --------------------------------------------------------------------------
 POD_NAME = string("POD_NAME", "", "Name of the pod, part of the node id.")
@@ -60,19 +56,24 @@ CA_ROOT_CA = string("CA_ROOT_CA", "", "Root certificate file for the CA's TLS, o
 ISTIOD_SAN = string("ISTIOD_SAN", "", "Expected server name of istiod, overriding the address host.")
 PROV_CERT = string("PROV_CERT", "", "Directory of a provisioning certificate used as a client cert to the CA.")
 XDS_AUTH = boolean("XDS_AUTH", True, "Send the bearer token to istiod.")
-XDS_AUTH_PROVIDER = string("XDS_AUTH_PROVIDER", "", "Provider of xDS credentials (e.g. gcp).", support=ACCEPTED,
-                           note="only the Kubernetes service-account token is sent")
+XDS_AUTH_PROVIDER = string(
+    "XDS_AUTH_PROVIDER", "",
+    "Provider of xDS credentials (e.g. gcp): upstream's agent reads it into its options and nothing there uses "
+    "it any more; istiod is sent the credential fetcher's token (CREDENTIAL_FETCHER_TYPE), as upstream.")
 JWT_POLICY = string("JWT_POLICY", "third-party-jwt",
                     "Which Kubernetes token the pod has; as upstream, first-party-jwt is read as third-party-jwt "
                     "(./var/run/secrets/tokens/istio-token).")
 KUBERNETES_SERVICE_HOST = string(
     "KUBERNETES_SERVICE_HOST", "", "Set in every Kubernetes pod: OUTPUT_CERTS files are then 0644, to share them.")
-CREDENTIAL_FETCHER_TYPE = string("CREDENTIAL_FETCHER_TYPE", "JWT",
-                                 "Plugin that fetches the token: JWT (the token file) or GoogleComputeEngine.",
-                                 support=ACCEPTED, note=_GCE_FETCHER)
+CREDENTIAL_FETCHER_TYPE = string(
+    "CREDENTIAL_FETCHER_TYPE", "JWT",
+    "Where the bearer token sent to the CA and istiod comes from: JWT (the token file, read per call) or "
+    "GoogleComputeEngine (the VM's identity token from the GCE metadata server, for the trust domain as audience, "
+    "asked per call and written to the token file); any other value fails the start.")
 CREDENTIAL_IDENTITY_PROVIDER = string(
     "CREDENTIAL_IDENTITY_PROVIDER", "GoogleComputeEngine",
-    "Identity provider the GoogleComputeEngine credential fetcher reports.", support=ACCEPTED, note=_GCE_FETCHER)
+    "Identity provider the credential fetcher reports: upstream hands it to the fetcher, and nothing asks it "
+    "for it.")
 GRPC_KEEPALIVE_INTERVAL = duration("GRPC_KEEPALIVE_INTERVAL", 30.0, "Keepalive ping interval on istiod connections.")
 GRPC_KEEPALIVE_TIMEOUT = duration("GRPC_KEEPALIVE_TIMEOUT", 10.0, "Keepalive ping timeout on istiod connections.")
 # Upstream's spelling (GPRC), from istiod's gRPC server options, which the agent's XDS server shares.
@@ -183,16 +184,20 @@ WASM_CACHE_MAX_BYTES = integer(
     "Not upstream. Disk the Wasm module cache may use; the least recently used modules go first beyond it.",
     upstream=False)
 
-# --- cloud platform (config/platform.py: from the environment only; no metadata server is ever contacted) ------
+# --- cloud platform (config/platform.py; the metadata servers asked at start by agent/cloud_probe.py) ------------
 CLOUD_PLATFORM = string(
     "CLOUD_PLATFORM", "",
-    "Cloud platform the proxy runs on: aws, azure, gcp or none; unset (or another value), it is detected.",
+    "Cloud platform the proxy runs on: aws, azure, gcp or none (nothing asked); unset (or another value), it is "
+    "detected at start, within 5 s: GCP from GCP_METADATA or the GCE metadata server, AWS from IMDS, Azure from "
+    "the DMI vendor; PLATFORM_METADATA and the node's locality then come from its metadata server.",
     support=PARTIAL,
-    note="gcp and none as upstream, except that GCP facts come only from GCP_METADATA, GCP_ZONE and resolv.conf, "
-         "where upstream fills the rest from the GCE metadata server (and instance labels off Kubernetes from "
-         "compute.googleapis.com); aws and azure need their metadata servers, so they set nothing (warned); "
-         "detection finds GCP from GCP_METADATA only, where upstream also probes the GCE, AWS and Azure metadata "
-         "servers. This agent never contacts any of them")
+    note="off Kubernetes on GCE, upstream adds the instance's labels from compute.googleapis.com (an authenticated "
+         "Google API call); this agent does not (warned). GCE detection asks the metadata address over HTTP, "
+         "not also metadata.google.internal over DNS")
+GCE_METADATA_HOST = string(
+    "GCE_METADATA_HOST", "",
+    "Host (and port) of the GCE metadata server, instead of 169.254.169.254; set, the agent takes it that it "
+    "runs on GCE (the variable of the metadata client upstream's agent uses).")
 GCP_METADATA = string(
     "GCP_METADATA", "",
     "PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_ZONE: PLATFORM_METADATA gcp_project, gcp_project_number, "

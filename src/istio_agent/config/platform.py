@@ -1,24 +1,23 @@
-"""The cloud platform the proxy runs on, learnt from the environment alone (upstream's pkg/bootstrap/platform).
+"""The cloud platform the proxy runs on and what it says about the node (upstream's pkg/bootstrap/platform).
 
-Upstream's agent learns its platform two ways: from environment variables
-(`CLOUD_PLATFORM`, and for GCP `GCP_METADATA`, `GCP_QUOTA_PROJECT`,
-`GCP_ZONE`) and by asking the cloud's metadata server (169.254.169.254 on GCE,
-AWS and Azure) or, for GCE instance labels, compute.googleapis.com. This
-agent never contacts a metadata server, nor any non-loopback address, at
-start: a pod's start must not depend on, or leak to, a server it was not told
-about. So only the first way is implemented. Where upstream would have asked a
-server, these rules log what was not fetched and go on with what the
-environment says, which is what upstream itself does when the server does not
-answer.
+Upstream's agent learns its platform two ways, and so does this one: from
+environment variables (`CLOUD_PLATFORM`, and for GCP `GCP_METADATA`,
+`GCP_QUOTA_PROJECT`, `GCP_ZONE`), and from the cloud's metadata server, which
+`agent/cloud_probe.py` asks at start (`config/cloud_metadata.py` says what and
+with which timeouts) unless `CLOUD_PLATFORM=none` says not to. Its answers
+arrive here as `CloudFacts`; these rules decide, as upstream's do, which
+platform it is and what it says.
 
 What the facts feed: `PLATFORM_METADATA` in node metadata (istiod and the
 bootstrap read it: the Stackdriver tracer takes its GCP project from it, a
 custom template gets `gcp_project_number` / `gcp_project_id`), and the node's
-locality when the pod has no locality label.
+locality when the pod has no locality label. GCE instance labels, which
+upstream adds off Kubernetes from compute.googleapis.com (an authenticated
+Google API call, not the metadata server), are not fetched (warned).
 
-Pure: `discover()` reads an `env.Environment`, `platform_locality()` is given
-/etc/resolv.conf's text (read at the I/O edge, `options.load_agent_options`).
-Nothing here opens a socket.
+Pure: `discover()` reads an `env.Environment` and the facts, `platform_locality()`
+is given /etc/resolv.conf's text (read at the I/O edge, the loader). Nothing here
+opens a socket.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from istio_agent.config import env
+from istio_agent.config.cloud_metadata import CloudFacts
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,10 @@ class Platform:
     metadata: Mapping[str, str] = field(default_factory=dict)
     zone: str = ""
     kubernetes: bool = True
+    # The metadata server's answers for the locality: GCE's zone (asked last, as upstream), AWS's and Azure's
+    # region and zone.
+    metadata_zone: str = ""
+    locality: Mapping[str, str] = field(default_factory=dict)
 
 
 def gke_cluster_url(metadata: Mapping[str, str]) -> str | None:
@@ -110,52 +114,52 @@ def gcp_static_metadata(gcp_metadata: str, quota_project: str = "", zone: str = 
     return out
 
 
-def _gcp(environment: env.Environment, static: Mapping[str, str], explicit: bool) -> Platform:
-    if not static:
-        # Upstream would fill project, cluster and instance facts from the metadata server.
-        (log.warning if explicit else log.info)(
-            "GCP platform metadata is not fetched from the metadata server (this agent never contacts it); "
-            "set GCP_METADATA=PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_ZONE to supply it")
-    kubernetes = environment.is_set(env.KUBERNETES_SERVICE_HOST) or bool(static.get(GCP_CLUSTER))
+def _gcp(environment: env.Environment, static: Mapping[str, str], facts: CloudFacts) -> Platform:
+    # Static metadata wins whole (upstream does no lookups then); else what the metadata server told.
+    metadata = dict(static) if static else dict(facts.gcp)
+    if not static and metadata:
+        url = gke_cluster_url(metadata)
+        if url is not None:
+            metadata[GCP_CLUSTER_URL] = url
+    kubernetes = environment.is_set(env.KUBERNETES_SERVICE_HOST) or bool(metadata.get(GCP_CLUSTER))
     if not kubernetes:
         # Off Kubernetes upstream adds the GCE instance's labels, asked of compute.googleapis.com.
-        log.warning("GCE instance labels are not fetched from compute.googleapis.com (this agent never contacts "
-                    "it); node metadata has only the pod's own labels")
-    return Platform(GCP, dict(static), static.get(GCP_ZONE, ""), kubernetes)
+        log.warning("GCE instance labels are not fetched from compute.googleapis.com (an authenticated Google API "
+                    "call this agent does not make); node metadata has only the pod's own labels")
+    return Platform(GCP, metadata, static.get(GCP_ZONE, ""), kubernetes, facts.gcp_zone)
 
 
-def discover(environment: env.Environment) -> Platform:
-    """The platform, as upstream's Discover decides it, without asking any metadata server.
+def discover(environment: env.Environment, facts: CloudFacts | None = None) -> Platform:
+    """The platform, as upstream's Discover decides it, from the environment and the metadata servers' answers.
 
-    CLOUD_PLATFORM names it (any case): `gcp` and `none` as upstream; `aws` and
-    `azure` know nothing without their metadata servers, so they give no metadata
-    and no locality, with a warning. Unset (or not one of those), the platform is
-    detected: GCP when GCP_METADATA (with GCP_QUOTA_PROJECT / GCP_ZONE) yields
-    metadata; upstream would then probe the three metadata servers, which this
-    agent does not, so anything else is no platform.
+    CLOUD_PLATFORM names it (any case): `gcp`, `aws` and `azure` take what their
+    metadata server told (`facts`), `none` is no platform. Unset (or not one of
+    those), the platform is detected: GCP when GCP_METADATA yields metadata, else
+    the cloud whose metadata server (or, for Azure, the DMI vendor) said so.
     """
+    facts = facts or CloudFacts()
     cloud = environment.get(env.CLOUD_PLATFORM)
     static = gcp_static_metadata(environment.get(env.GCP_METADATA), environment.get(env.GCP_QUOTA_PROJECT),
                                  environment.get(env.GCP_ZONE))
     chosen = cloud.lower()
-    if chosen == GCP:
-        return _gcp(environment, static, explicit=True)
-    if chosen in (AWS, AZURE):
-        log.warning("environment variable CLOUD_PLATFORM=%s: %s platform metadata and locality come only from "
-                    "its metadata server, which this agent never contacts; none are set", cloud,
-                    {AWS: "AWS", AZURE: "Azure"}[chosen])
-        return Platform(chosen)
     if chosen == NONE:
         return Platform(UNKNOWN)
-    if cloud:
-        log.warning("environment variable CLOUD_PLATFORM=%r: not one of %s; detecting the platform, as upstream",
-                    cloud, ", ".join(CLOUD_PLATFORMS))
-    if static:
-        log.info("platform detected is GCP (GCP_METADATA)")
-        return _gcp(environment, static, explicit=False)
-    log.info("no cloud platform detected from the environment (GCE, AWS and Azure metadata servers are not "
-             "asked); no platform metadata or locality")
-    return Platform(UNKNOWN)
+    if chosen not in CLOUD_PLATFORMS:
+        if cloud:
+            log.warning("environment variable CLOUD_PLATFORM=%r: not one of %s; detecting the platform, as "
+                        "upstream", cloud, ", ".join(CLOUD_PLATFORMS))
+        chosen = GCP if static else facts.detected
+        if not chosen:
+            log.info("no cloud platform detected%s; no platform metadata or locality",
+                     " (the metadata servers did not answer in time)" if facts.timed_out else "")
+            return Platform(UNKNOWN)
+        log.info("platform detected is %s", {GCP: "GCP", AWS: "AWS", AZURE: "Azure"}[chosen])
+    if chosen == GCP:
+        return _gcp(environment, static, facts)
+    if chosen == AWS:
+        locality = {"region": facts.aws.get("aws_region", ""), "zone": facts.aws.get("aws_availability_zone", "")}
+        return Platform(AWS, dict(facts.aws), locality=locality)
+    return Platform(AZURE, dict(facts.azure), locality=dict(facts.azure_locality))
 
 
 def zone_from_resolv_conf(text: str) -> str:
@@ -176,12 +180,13 @@ def zone_to_region(zone: str) -> str | None:
 def platform_locality(platform: Platform, resolv_conf: str | None) -> dict[str, str]:
     """The node's region and zone from the platform, for a pod with no locality label; {} when unknown.
 
-    On GCP the zone is GCP_ZONE (when GCP_METADATA is set), else the one in
-    resolv.conf's search list (`resolv_conf`: its text, None when unreadable);
-    upstream would then ask the metadata server, which this agent does not. The
-    region is the zone less its last part; a zone without three parts gives no
-    locality at all, as upstream. Other platforms give none here.
+    AWS and Azure: what their metadata server told (empty parts included, as upstream's locality carries
+    them). GCP: the zone is GCP_ZONE (when GCP_METADATA is set), else the one in resolv.conf's search list
+    (`resolv_conf`: its text, None when unreadable), else the GCE metadata server's; the region is the zone
+    less its last part, and a zone without three parts gives no locality at all, as upstream.
     """
+    if platform.name in (AWS, AZURE):
+        return {key: value for key, value in platform.locality.items() if value}
     if platform.name != GCP:
         return {}
     zone = platform.zone
@@ -192,9 +197,9 @@ def platform_locality(platform: Platform, resolv_conf: str | None) -> dict[str, 
             zone = zone_from_resolv_conf(resolv_conf)
             if not zone:
                 log.warning("no GCP zone in %s's search list", RESOLV_CONF)
+    zone = zone or platform.metadata_zone
     if not zone:
-        log.warning("GCP zone is not fetched from the metadata server (this agent never contacts it); set GCP_ZONE "
-                    "(with GCP_METADATA) or a locality label; the node has no locality")
+        log.warning("no GCP zone from GCP_ZONE, resolv.conf or the GCE metadata server; the node has no locality")
         return {}
     region = zone_to_region(zone)
     if region is None:

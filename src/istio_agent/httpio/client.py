@@ -6,6 +6,8 @@ TCP here, TLS in the HTTPS prober); its answer is read in pieces, decoded
 exchange. `Pool` keeps connections per (host, port) for the scrapes of Envoy
 and the app and for Envoy's admin API: loopback peers asked again and again.
 `Closer` ends connections politely in the background (bounded), or drops them.
+`fetch_once` is one small request on a connection of its own (the cloud metadata
+servers, asked once at start and for the GCE identity token).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import h11
@@ -279,3 +282,35 @@ class Pool:
                 connection.close()
         self._idle.clear()
         await self._closer.wait(timeout=1.0)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole, small answer: status, headers (names lower-cased) and the decoded body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def fetch_once(url: str, headers: Iterable[tuple[str, str]] = (), method: str = "GET", *,
+                     limit: int = 1024 * 1024) -> Answer:
+    """`method url` on a connection of its own, closed after; the answer read whole (ValueError past `limit`
+    bytes). The caller bounds the time (`asyncio.timeout`); OSError and ConnectionError when it fails."""
+    split = urlsplit(url)
+    target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    reader, writer = await asyncio.open_connection(split.hostname or "", split.port or 80, limit=READ_SIZE)
+    connection = H1Connection(reader, writer, keepalive=False)
+    try:
+        sent = [("Host", split.netloc), *((n, v) for n, v in headers if n.lower() != "host")]
+        if method in ("POST", "PUT", "PATCH"):
+            sent.append(("Content-Length", "0"))
+        response = await connection.request(split.netloc, target, [*sent, ("Connection", "close")], method)
+        body = b""
+        async for chunk in response.chunks():
+            body += chunk
+            if len(body) > limit:
+                raise ValueError(f"answer from {url} over {limit} bytes")
+        return Answer(response.status, dict(response.headers), body)
+    finally:
+        writer.transport.abort()

@@ -3,7 +3,10 @@
 Standard library only, and not even `http.client` (its `email` parser costs
 ~14 ms of every ADD): one HTTP/1.1 request over a socket (TLS when the
 server is https), `Connection: close`, the response read to the end.
-`ssl` is imported only when the server is https. The request bytes and the
+`ssl` is imported only when the server is https. One deadline bounds each
+request as a whole (connect, TLS handshake, sending, every read), not each
+read, so an API server that drips its answer cannot hold a pod's ADD past
+it. The request bytes and the
 response parsing are pure functions; `request` is the I/O, over a connection
 `socket.create_connection` opens or the caller's `connect` (the local node
 opens its connections from inside its network namespace). The `istio-cni`
@@ -21,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 
 from istio_agent.kube import yamlsubset
 
@@ -251,7 +255,7 @@ def decode_object(status: int, body: bytes, kind: str, what: str) -> dict[str, o
     """The object of `kind`, or ApiError carrying the API's Status message."""
     try:
         obj = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nested too deep for the parser: no object either
         obj = None
     if status == 200:
         if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
@@ -303,15 +307,23 @@ def get(cfg: KubeConfig, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
     return request(cfg, "GET", path, timeout=timeout)
 
 
+def timed_out(cfg: KubeConfig, timeout: float) -> ApiError:
+    """The error of a request the API server did not complete within its whole-request deadline."""
+    return ApiError(f"the API server {cfg.host}:{cfg.port} did not answer within {timeout:g} s")
+
+
 def request(cfg: KubeConfig, method: str, path: str, body: bytes | None = None,
             content_type: str = "application/json", timeout: float = 5.0, connect: Connect | None = None,
             context: object = None, user_agent: str = "istio-cni") -> tuple[int, bytes]:
     """One request on a connection of its own: the status and body (ApiError for transport failures).
 
+    `timeout` bounds the whole request (connect, TLS handshake, sending, the whole answer), not each read:
+    a server that sends its headers and then a byte now and then is cut off at the deadline.
     `connect(host, port, timeout)` opens the TCP connection (default `socket.create_connection`);
     `context` is the TLS context `tls_context(cfg)` makes, when the caller keeps one between requests.
     """
     data = build_request(cfg, path, user_agent, method=method, body=body, content_type=content_type)
+    deadline = time.monotonic() + timeout
     try:
         if connect is None:
             import socket
@@ -319,25 +331,32 @@ def request(cfg: KubeConfig, method: str, path: str, body: bytes | None = None,
             sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
         else:
             sock = connect(cfg.host, cfg.port, timeout)
+    except TimeoutError:
+        raise timed_out(cfg, timeout) from None
     except OSError as err:
         raise ApiError(f"cannot connect to the API server {cfg.scheme}://{cfg.host}:{cfg.port}: "
                        f"{err.strerror or err}") from None
     try:
-        sock.settimeout(timeout)
         conn = sock
         if cfg.scheme == "https":
             import ssl
 
             ctx = context if context is not None else tls_context(cfg)
             try:
+                # The socket's timeout bounds the whole handshake (CPython's ssl runs it against one deadline).
+                sock.settimeout(remaining(deadline, cfg, timeout))
                 conn = ctx.wrap_socket(sock, server_hostname=cfg.server_name or cfg.host)  # type: ignore[attr-defined]
+            except TimeoutError:
+                raise timed_out(cfg, timeout) from None
             except (OSError, ssl.SSLError) as err:
                 raise ApiError(f"TLS handshake with the API server {cfg.host}:{cfg.port} failed: {err}") from None
         chunks: list[bytes] = []
         total = 0
         try:
+            conn.settimeout(remaining(deadline, cfg, timeout))
             conn.sendall(data)
             while True:
+                conn.settimeout(remaining(deadline, cfg, timeout))
                 chunk = conn.recv(65536)
                 if not chunk:
                     break
@@ -345,6 +364,8 @@ def request(cfg: KubeConfig, method: str, path: str, body: bytes | None = None,
                 total += len(chunk)
                 if total > MAX_RESPONSE:
                     raise ApiError(f"the API server's response exceeds {MAX_RESPONSE} bytes")
+        except TimeoutError:
+            raise timed_out(cfg, timeout) from None
         except OSError as err:
             if not chunks:
                 raise ApiError(f"reading from the API server {cfg.host}:{cfg.port} failed: {err}") from None
@@ -352,3 +373,11 @@ def request(cfg: KubeConfig, method: str, path: str, body: bytes | None = None,
         return status, payload
     finally:
         sock.close()
+
+
+def remaining(deadline: float, cfg: KubeConfig, timeout: float) -> float:
+    """Seconds left before `deadline` (time.monotonic), for the next socket operation; the timeout error at 0."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise timed_out(cfg, timeout)
+    return left

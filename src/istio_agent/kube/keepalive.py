@@ -11,6 +11,10 @@ a new server is picked up at once). Only the transport differs:
 - a connection the server closed while idle is replaced once within the same
   attempt (the GET is idempotent; a failure on a fresh connection is the
   attempt's failure, retried by `add.fetch_pod` as upstream retries);
+- one deadline bounds the whole attempt (`TIMEOUT`: connecting, the handshake,
+  every read, the stale connection's replacement included), as the plugin's
+  own GET: an API server that drips its answer fails the attempt at the
+  deadline and frees the fast path's call thread;
 - TLS contexts are built once per server and CA (the CA file's identity is
   part of the key, so a replaced file is read again);
 - the kubeconfig is read on every attempt, but parsed again only when its
@@ -32,6 +36,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 
 from istio_agent.kube.client import (
     MAX_RESPONSE,
@@ -43,12 +48,14 @@ from istio_agent.kube.client import (
     parse_kubeconfig,
     parse_response,
     pod_path,
+    remaining,
+    timed_out,
     tls_context,
 )
 
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 12)  # Linux; quick-ack mode lasts only until the next delay
 MAX_IDLE = 4  # idle connections kept per API server
-TIMEOUT = 5.0  # seconds, as the plugin's own GET
+TIMEOUT = 5.0  # seconds for the whole GET (both connections, if the idle one was stale), as the plugin's own
 
 
 def thread_netns() -> tuple[int, int]:
@@ -147,18 +154,19 @@ class KeepAliveClient:
         return cfg
 
     def get(self, cfg: KubeConfig, path: str) -> tuple[int, bytes]:
-        """Status and body of one GET (ApiError for transport failures)."""
+        """Status and body of one GET (ApiError for transport failures), all of it within `timeout` seconds."""
         request = build_request(cfg, path, keep_alive=True)
+        deadline = time.monotonic() + self.timeout
         key = self._key(cfg)
         conn = self._take(key)
         if conn is not None:
             try:
-                return self._exchange(conn, key, request, cfg)
+                return self._exchange(conn, key, request, cfg, deadline)
             except _Stale:
                 pass  # dropped while idle: once more, on a fresh connection
-        conn = self._connect(cfg, key)
+        conn = self._connect(cfg, key, deadline)
         try:
-            return self._exchange(conn, key, request, cfg)
+            return self._exchange(conn, key, request, cfg, deadline)
         except _Stale as err:
             raise ApiError(f"reading from the API server {cfg.host}:{cfg.port} failed: {err}") from None
 
@@ -201,11 +209,13 @@ class KeepAliveClient:
                 self._contexts[key] = ctx
         return ctx
 
-    def _connect(self, cfg: KubeConfig, key: Key) -> socket.socket:
+    def _connect(self, cfg: KubeConfig, key: Key, deadline: float) -> socket.socket:
         if thread_netns() != self.own_netns:
             raise RuntimeError("refusing to connect to the API server from a thread in another network namespace")
         try:
-            sock = socket.create_connection((cfg.host, cfg.port), timeout=self.timeout)
+            sock = socket.create_connection((cfg.host, cfg.port), timeout=remaining(deadline, cfg, self.timeout))
+        except TimeoutError:
+            raise timed_out(cfg, self.timeout) from None
         except OSError as err:
             raise ApiError(f"cannot connect to the API server {cfg.scheme}://{cfg.host}:{cfg.port}: "
                            f"{err.strerror or err}") from None
@@ -218,7 +228,11 @@ class KeepAliveClient:
 
         try:
             ctx = self._context(cfg, key)
+            sock.settimeout(remaining(deadline, cfg, self.timeout))  # bounds the whole handshake (one deadline)
             conn = ctx.wrap_socket(sock, server_hostname=cfg.server_name or cfg.host)  # type: ignore[attr-defined]
+        except TimeoutError:
+            sock.close()
+            raise timed_out(cfg, self.timeout) from None
         except (OSError, ssl.SSLError) as err:
             sock.close()
             raise ApiError(f"TLS handshake with the API server {cfg.host}:{cfg.port} failed: {err}") from None
@@ -228,12 +242,13 @@ class KeepAliveClient:
         self.connections_opened += 1
         return conn  # type: ignore[no-any-return]
 
-    def _exchange(self, conn: socket.socket, key: Key, request: bytes, cfg: KubeConfig) -> tuple[int, bytes]:
+    def _exchange(self, conn: socket.socket, key: Key, request: bytes, cfg: KubeConfig,
+                  deadline: float) -> tuple[int, bytes]:
         data = b""
         keep = False
         try:
-            conn.settimeout(self.timeout)
             try:
+                conn.settimeout(remaining(deadline, cfg, self.timeout))
                 conn.sendall(request)
                 while True:
                     length = response_length(data)
@@ -241,6 +256,7 @@ class KeepAliveClient:
                         break
                     with contextlib.suppress(OSError):  # ACK at once: a server sending its head and body in
                         conn.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)  # two writes waits for it (Nagle)
+                    conn.settimeout(remaining(deadline, cfg, self.timeout))
                     chunk = conn.recv(65536)
                     if not chunk:
                         if not data:
@@ -251,6 +267,8 @@ class KeepAliveClient:
                     data += chunk
                     if len(data) > MAX_RESPONSE:
                         raise ApiError(f"the API server's response exceeds {MAX_RESPONSE} bytes")
+            except TimeoutError:  # a slow server, not a stale connection: the attempt's failure
+                raise timed_out(cfg, self.timeout) from None
             except OSError as err:
                 if not data:
                     raise _Stale(str(err)) from None

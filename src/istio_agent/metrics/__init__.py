@@ -16,7 +16,8 @@ yielding families, the process collector and the two text renderings, which is
 what this package is, in the same shapes (so a collector reads the same in both).
 
 `core`: families, samples, the registry, `go_float`; `instruments`: Counter,
-Gauge, Histogram; `process`: ProcessCollector; `exposition`: text 0.0.4 and
+Gauge, Histogram, and Sum (a counter under its own name, as upstream's Go agent
+writes its sums: prometheus_client has no such thing); `process`: ProcessCollector; `exposition`: text 0.0.4 and
 OpenMetrics 1.0.0. The parity tests (tests/unit/test_metrics_parity.py) build
 the same metrics in both and compare the rendered bytes. install-cni and its
 repair controller count on it too: the product has one metrics stack.
@@ -29,6 +30,7 @@ from istio_agent.metrics.core import (
     GaugeMetricFamily,
     Metric,
     Sample,
+    SumMetricFamily,
     go_float,
 )
 from istio_agent.metrics.exposition import (
@@ -36,7 +38,7 @@ from istio_agent.metrics.exposition import (
     generate_latest,
     generate_openmetrics,
 )
-from istio_agent.metrics.instruments import Counter, Gauge, Histogram
+from istio_agent.metrics.instruments import Counter, Gauge, Histogram, Sum
 from istio_agent.metrics.process import ProcessCollector
 
 __all__ = [
@@ -51,6 +53,8 @@ __all__ = [
     "Metric",
     "ProcessCollector",
     "Sample",
+    "Sum",
+    "SumMetricFamily",
     "generate_latest",
     "generate_openmetrics",
     "go_float",

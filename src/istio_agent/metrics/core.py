@@ -88,7 +88,13 @@ class Sample(NamedTuple):
 
 
 class Metric:
-    """One metric family: its name (without `_total` for a counter), help, type, unit and samples."""
+    """One metric family: its name (without `_total` for a counter), help, type, unit and samples.
+
+    `suffixed` is False for a sum written as upstream's Go agent writes it (`SumMetricFamily`, `Sum`): a
+    counter whose series carry the family's own name, with no `_total` added and no `_created`.
+    """
+
+    suffixed = True
 
     def __init__(self, name: str, documentation: str, typ: str, unit: str = "") -> None:
         self.name = family_name(name, unit)
@@ -134,6 +140,28 @@ class CounterMetricFamily(_Family):
         self.samples.append(Sample(self.name + "_total", self._labels(labels), value, timestamp))
         if created is not None:
             self.samples.append(Sample(self.name + "_created", self._labels(labels), created, timestamp))
+
+
+class SumMetricFamily(_Family):
+    """A counter written under its own name, as upstream's agent exports its sums (Go's OpenTelemetry exporter,
+    set `WithoutCounterSuffixes`): `x 3` under `# TYPE x counter`, not `x_total`, and no `_created`.
+
+    Dashboards and alerts query upstream's series by those names (`istio_agent_xds_proxy_requests`), so a
+    family upstream writes so is written so here; a name that ends in `_total` keeps it (upstream's
+    `istio_agent_num_file_secret_failures_total`). OpenMetrics wants a counter's series to end in `_total`:
+    there the family has no TYPE line (`exposition` says why), and its series keep their names.
+    """
+
+    suffixed = False
+
+    def __init__(self, name: str, documentation: str, value: float | None = None,
+                 labels: Sequence[str] | None = None) -> None:
+        super().__init__(name, documentation, "counter", value, labels, "")
+        if value is not None:
+            self.add_metric((), value)
+
+    def add_metric(self, labels: Sequence[str], value: float, timestamp: float | None = None) -> None:
+        self.samples.append(Sample(self.name, self._labels(labels), value, timestamp))
 
 
 class GaugeMetricFamily(_Family):

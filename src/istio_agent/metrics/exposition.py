@@ -7,6 +7,13 @@ histogram, unknown as untyped; the OpenMetrics-only series (`_created`, `_gsum`,
 order, with the family's help; HELP escapes `\\` and newlines; timestamps are
 milliseconds.
 
+A sum (`core.SumMetricFamily`: a counter written under its own name, as upstream's
+agent writes its sums) is `# TYPE x counter`, then `x 3`, in text 0.0.4; in
+OpenMetrics it has no TYPE line (read as "unknown"), the rule the merged page applies
+to any counter without `_total` (`status/merged_metrics/filter.py`): its series keep
+their names, strict OpenMetrics parsers accept it, and so do text parsers such as
+promtool's, where `unknown` would break them and `counter` would break the former.
+
 OpenMetrics (`generate_openmetrics`): families as they are, `# UNIT` when the
 family has one, HELP escapes `"` too, timestamps in seconds, and `# EOF` last.
 
@@ -40,7 +47,7 @@ def _text_sample(sample: Sample) -> str:
 
 
 def _text_family(metric: Metric, out: list[str]) -> None:
-    suffix, typ = _TEXT_RENAMES.get(metric.type, ("", metric.type))
+    suffix, typ = ("", "counter") if not metric.suffixed else _TEXT_RENAMES.get(metric.type, ("", metric.type))
     help_text = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
     out.append(f"# HELP {metric.name}{suffix} {help_text}\n# TYPE {metric.name}{suffix} {typ}\n")
     split_off: dict[str, list[str]] = {}
@@ -66,7 +73,9 @@ def generate_latest(registry: Collector) -> bytes:
 
 def _openmetrics_family(metric: Metric, out: list[str]) -> None:
     help_text = _label_value(metric.documentation)
-    out.append(f"# HELP {metric.name} {help_text}\n# TYPE {metric.name} {metric.type}\n")
+    out.append(f"# HELP {metric.name} {help_text}\n")
+    if metric.suffixed:  # a sum's series lack `_total`: no TYPE, which OpenMetrics reads as "unknown"
+        out.append(f"# TYPE {metric.name} {metric.type}\n")
     if metric.unit:
         out.append(f"# UNIT {metric.name} {metric.unit}\n")
     for sample in metric.samples:

@@ -1,4 +1,4 @@
-"""Counter, Gauge and Histogram, with or without labels, registered on a `CollectorRegistry`.
+"""Counter, Sum, Gauge and Histogram, with or without labels, registered on a `CollectorRegistry`.
 
 They render as prometheus_client's do: a counter's family is named without
 `_total` and exports `<name>_total` and `<name>_created`; a histogram exports
@@ -63,6 +63,22 @@ class _CounterChild:
         return out
 
 
+class _SumChild:
+    __slots__ = ("_lock", "value")
+
+    def __init__(self, lock: threading.Lock, created: float) -> None:
+        self._lock, self.value = lock, 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        with self._lock:
+            self.value += amount
+
+    def samples(self) -> list[ChildSample]:
+        return [("", (), self.value)]
+
+
 class _GaugeChild:
     __slots__ = ("_lock", "value")
 
@@ -117,18 +133,19 @@ class _HistogramChild:
         return out
 
 
-Child = TypeVar("Child", _CounterChild, _GaugeChild, _HistogramChild)
+Child = TypeVar("Child", _CounterChild, _SumChild, _GaugeChild, _HistogramChild)
 
 
 class _Instrument(Generic[Child]):
     """One family: a single child without label names, else one child per label values."""
 
     _type = ""
+    _suffixed = True
     _reserved: tuple[str, ...] = ()
 
     def __init__(self, name: str, documentation: str, labelnames: Iterable[str] = (), *, unit: str = "",
                  registry: CollectorRegistry | None = None) -> None:
-        if self._type == "counter" and name.endswith("_total"):
+        if self._type == "counter" and self._suffixed and name.endswith("_total"):
             name = name[:-6]
         self.name = family_name(name, unit)
         self.documentation = documentation
@@ -169,11 +186,16 @@ class _Instrument(Generic[Child]):
             raise ValueError(f"{self._type} metric {self.name} is missing label values")
         return self._single
 
+    def _family(self) -> Metric:
+        metric = Metric(self.name, self.documentation, self._type, self.unit)
+        metric.suffixed = self._suffixed
+        return metric
+
     def describe(self) -> list[Metric]:
-        return [Metric(self.name, self.documentation, self._type, self.unit)]
+        return [self._family()]
 
     def collect(self) -> list[Metric]:
-        metric = Metric(self.name, self.documentation, self._type, self.unit)
+        metric = self._family()
         if self._single is not None:
             children: list[tuple[tuple[str, ...], Child]] = [((), self._single)]
         else:
@@ -193,6 +215,20 @@ class Counter(_Instrument[_CounterChild]):
 
     def _new_child(self) -> _CounterChild:
         return _CounterChild(self._lock, self._clock())
+
+    def inc(self, amount: float = 1) -> None:
+        self._unlabelled().inc(amount)
+
+
+class Sum(_Instrument[_SumChild]):
+    """A monotonic count written as upstream's agent writes its sums: under its own name (`x 3`, no
+    `_total` added, no `_created`), typed `counter` in text 0.0.4 (`core.SumMetricFamily` says why)."""
+
+    _type = "counter"
+    _suffixed = False
+
+    def _new_child(self) -> _SumChild:
+        return _SumChild(self._lock, 0.0)
 
     def inc(self, amount: float = 1) -> None:
         self._unlabelled().inc(amount)

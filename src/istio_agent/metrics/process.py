@@ -6,6 +6,12 @@ ProcessCollector, which upstream's agent also exports (Go's process collector):
 start time (clock ticks since boot + `btime` of `/proc/stat`) and CPU seconds
 (utime + stime); `/proc/<pid>/fd` and `/proc/<pid>/limits` for open and
 maximum file descriptors. Nothing when /proc cannot be read.
+
+With `go_extras`, also the three families Go's process collector adds on Linux,
+which upstream's agent exports: `network_receive_bytes_total` and
+`network_transmit_bytes_total` (every interface of `/proc/<pid>/net/dev`, the
+process's network namespace) and `virtual_memory_max_bytes` (`Max address space`
+of `/proc/<pid>/limits`; unlimited is 2^64-1, as Go writes it).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from collections.abc import Callable
 
 from istio_agent.metrics.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 
+UNLIMITED = float(2**64 - 1)  # what Go's collector reports for an unlimited address space
+
 
 def _sysconf(name: str, default: int) -> int:
     try:
@@ -23,12 +31,23 @@ def _sysconf(name: str, default: int) -> int:
         return default
 
 
+def process_start_time(proc: str = "/proc", pid: int | str = "self") -> float | None:
+    """When the process started, in seconds since the epoch (what `process_start_time_seconds` reports);
+    None when /proc cannot tell."""
+    collector = ProcessCollector(pid=lambda: pid, proc=proc)
+    for family in collector.collect():
+        if family.name.endswith("_start_time_seconds"):
+            return family.samples[0].value
+    return None
+
+
 class ProcessCollector:
     """Registers itself on `registry`; `pid` names the process (`self` by default), `proc` the procfs root."""
 
     def __init__(self, namespace: str = "", pid: Callable[[], int | str] = lambda: "self", proc: str = "/proc",
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, go_extras: bool = False) -> None:
         self._prefix = f"{namespace}_process_" if namespace else "process_"
+        self._go_extras = go_extras
         self._pid, self._proc = pid, proc
         self._ticks = float(_sysconf("SC_CLK_TCK", 100))
         self._pagesize = _sysconf("SC_PAGE_SIZE", 4096)
@@ -80,4 +99,38 @@ class ProcessCollector:
                                              value=max_fds))
         except OSError:
             pass
+        if self._go_extras:
+            out.extend(self._network(pid_dir))
+            out.extend(self._address_space(pid_dir))
         return out
+
+    def _network(self, pid_dir: str) -> list[Metric]:
+        try:
+            with open(os.path.join(pid_dir, "net", "dev"), "rb") as dev:
+                lines = dev.read().splitlines()[2:]  # two header lines
+        except OSError:
+            return []
+        received = sent = 0.0
+        for line in lines:
+            fields = line.partition(b":")[2].split()
+            if len(fields) >= 9:
+                received += float(fields[0])
+                sent += float(fields[8])
+        prefix = self._prefix
+        return [CounterMetricFamily(prefix + "network_receive_bytes_total",
+                                    "Number of bytes received by the process over the network.", value=received),
+                CounterMetricFamily(prefix + "network_transmit_bytes_total",
+                                    "Number of bytes sent by the process over the network.", value=sent)]
+
+    def _address_space(self, pid_dir: str) -> list[Metric]:
+        try:
+            with open(os.path.join(pid_dir, "limits"), "rb") as limits:
+                line = next((line for line in limits if line.startswith(b"Max address space")), None)
+        except OSError:
+            return []
+        if line is None:
+            return []
+        soft = line.split()[3]
+        value = UNLIMITED if soft == b"unlimited" else float(soft)
+        return [GaugeMetricFamily(self._prefix + "virtual_memory_max_bytes",
+                                  "Maximum amount of virtual memory available in bytes.", value=value)]

@@ -29,6 +29,7 @@ from istio_agent.netaddr import split_host_optional_port
 from istio_agent.protos import istioca_pb2, istioca_pb2_grpc
 from istio_agent.security.core.rotation import CA_MAX_ATTEMPTS, ca_retry_delay
 from istio_agent.security.core.secrets import SecretError, pem_certificates, system_bundle_path
+from istio_agent.security.credentials import CredentialError, bearer_token
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
     CERT_CHAIN_FILE,
@@ -144,21 +145,6 @@ def ca_metadata(options: SecurityOptions, token: str | None) -> list[tuple[str, 
     return istiod_call_metadata(options.cluster_id, options.ca_headers, token)
 
 
-def read_token(path: Path) -> str | None:
-    """The bearer token in `path`, None (no authorization header, as upstream) when it is missing or empty.
-
-    Upstream warns on every call that finds no token; so does this, naming the path tried.
-    """
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        log.warning("no bearer token sent: cannot read token file %s: %s", path, exc.strerror or exc)
-        return None
-    if not token:
-        log.warning("no bearer token sent: token file %s is empty", path)
-    return token or None
-
-
 def require_certificates(pem: bytes, path: Path, what: str) -> bytes:
     """`pem` if it holds at least one certificate; else SecretError naming `path` (gRPC would only say the
     handshake failed)."""
@@ -176,8 +162,10 @@ class CaClient:
         *,
         rand: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_retry: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
+        self._on_retry = on_retry  # told before each retry (upstream's num_outgoing_retries{request_type="csr"})
         self._rand = rand
         self._sleep = sleep
         self._channel: grpc.aio.Channel | None = None
@@ -240,10 +228,17 @@ class CaClient:
         last: CaError | None = None
         for attempt in range(CA_MAX_ATTEMPTS):
             delay = ca_retry_delay(attempt, self._rand())
+            if attempt and self._on_retry is not None:
+                self._on_retry()
             if delay:
                 await self._sleep(delay)
             stub = self._ensure_stub()
-            token = read_token(self.options.token_path)
+            try:
+                token = await bearer_token(self.options.credentials, self.options.token_path)
+            except CredentialError as exc:  # the platform gave no token: this attempt fails, as a transient one
+                last = CaError(f"CreateCertificate to {self.options.ca_address}: {exc}", grpc.StatusCode.UNAVAILABLE)
+                log.debug("CA call %d/%d failed, retrying: %s", attempt + 1, CA_MAX_ATTEMPTS, last)
+                continue
             metadata = ca_metadata(self.options, token)
             try:
                 response = await stub.CreateCertificate(

@@ -128,6 +128,16 @@ class SecretCache:
         """Certificates obtained from the CA, for diagnostics and tests."""
         return self._lifecycle.issued_count
 
+    @property
+    def file_failures(self) -> int:
+        """Secrets that could not be made from their files (upstream's num_file_secret_failures_total)."""
+        return self._files.failures
+
+    @property
+    def file_watch_failures(self) -> int:
+        """Failures of the certificate file watcher (upstream's num_file_watcher_failures_total)."""
+        return self._files.watch_failures
+
     # --- wiring -----------------------------------------------------------------------------------------
     def on_update(self, listener: SecretListener) -> None:
         """Call `listener(resource_name)` whenever that secret changes (rotation, root change, file change)."""

@@ -80,6 +80,14 @@ class FileSecretStore:
         self._reloads: dict[str, asyncio.Task[None]] = {}
         self._failing: dict[str, str] = {}  # the last reload error per name, logged once until it changes
         self._changed_while_reloading: set[str] = set()
+        # Upstream's num_file_secret_failures_total: secrets that could not be made from their files (a load
+        # refused, or a changed file that does not load; a reload retried with the same error counts once).
+        self.failures = 0
+
+    @property
+    def watch_failures(self) -> int:
+        """The watcher's failures (upstream's num_file_watcher_failures_total)."""
+        return self._watcher.failures
 
     async def start(self) -> None:
         await self._watcher.start()
@@ -134,7 +142,11 @@ class FileSecretStore:
     # --- loading -----------------------------------------------------------------------------------------
     async def load(self, name: str, spec: FileSpec, caller: PeerCredentials | None = None) -> SecretItem:
         """Read and validate the files of `name` (off the loop); SecretError (SecretRefused) when impossible."""
-        loaded = await in_daemon_thread("cert-file-read", spec.load, name, self._clock.now(), caller)
+        try:
+            loaded = await in_daemon_thread("cert-file-read", spec.load, name, self._clock.now(), caller)
+        except SecretError:
+            self.failures += 1
+            raise
         if self._wanted(name, spec):  # still wanted once the read finished (a stream may have gone meanwhile)
             self._keep(name, spec, loaded)
         return loaded.item
@@ -186,7 +198,10 @@ class FileSecretStore:
         except SecretError as exc:
             if self._specs.get(name) is spec:
                 # Often a half-written update (key before chain): try again shortly.
-                level = logging.DEBUG if self._failing.get(name) == str(exc) else logging.WARNING
+                repeated = self._failing.get(name) == str(exc)
+                if not repeated:
+                    self.failures += 1
+                level = logging.DEBUG if repeated else logging.WARNING
                 log.log(level, "certificate files for %s changed but cannot be loaded yet: %s", name, exc)
                 self._failing[name] = str(exc)
                 self._schedule_reload(name, self._poll_interval)

@@ -42,6 +42,10 @@ class FileWatcher:
         self._reading: dict[Path, asyncio.Task[None]] = {}
         self._ticker = Periodic(interval, self._tick, "cert-file-watcher")
         self._started = False
+        # Upstream's num_file_watcher_failures_total counts watches its inotify watcher could not add and the
+        # errors it reported. A poll has no watch to add: what fails here is a watched file becoming unreadable
+        # (missing, refused), counted once until it reads again, and a change that could not be handled.
+        self.failures = 0
 
     def watch(self, path: Path, key: str, digest: str | None) -> None:
         """Watch `path` for `key`; `digest` is that of the content just loaded (kept if the path is watched already)."""
@@ -122,8 +126,11 @@ class FileWatcher:
         keys = self._keys.get(path)
         if keys is None or digest == self._digests.get(path):
             return
+        if digest is None:
+            self.failures += 1
         self._digests[path] = digest
         try:
             self._on_change(set(keys))
         except Exception:
+            self.failures += 1
             log.exception("certificate file watch failed for %s", path)

@@ -22,7 +22,7 @@ from istio_agent.security.key_ahead import KeyAhead
 from istio_agent.security.options import SecurityOptions
 
 if TYPE_CHECKING:
-    from istio_agent.security.sds import SdsServer
+    from istio_agent.security.sds import SdsEventHook, SdsServer
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,10 @@ class WorkloadIdentity:
     name = "identity"
 
     def __init__(self, options: SecurityOptions, *, signer: CertificateSigner | None = None,
-                 first_key: KeyAhead | None = None) -> None:
+                 first_key: KeyAhead | None = None, on_sds_event: SdsEventHook | None = None) -> None:
         self.options = options
         self._signer_override = signer
+        self._on_sds_event = on_sds_event  # the metrics' hook, handed to the SDS server
         self.signer: CertificateSigner | None = None
         # Built now so other components can subscribe (`cache.on_update`) before `start()`.
         self.cache = SecretCache(options, None, first_key=first_key)
@@ -69,7 +70,7 @@ class WorkloadIdentity:
             await asyncio.sleep(0)
             from istio_agent.security.sds import SdsServer
 
-            self.sds = SdsServer(self.cache, opts.sds_listen_path)
+            self.sds = SdsServer(self.cache, opts.sds_listen_path, self._on_sds_event)
             await self.sds.start()
         self._started = True
 

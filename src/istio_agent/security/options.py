@@ -29,6 +29,24 @@ KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 
 KeyAlgorithm = Literal["RSA", "ECDSA"]
+# CREDENTIAL_FETCHER_TYPE values (upstream's).
+JWT_FETCHER = "JWT"
+GCE_FETCHER = "GoogleComputeEngine"
+CREDENTIAL_FETCHERS = (JWT_FETCHER, GCE_FETCHER)
+
+
+@dataclass(frozen=True)
+class CredentialSource:
+    """Where the bearer token sent to the CA and istiod comes from (upstream's credential fetcher).
+
+    `JWT`: the token file, read per call. `GoogleComputeEngine`: the VM's identity token from the GCE metadata
+    server (`metadata_host`, "" for 169.254.169.254) for `audience` (the trust domain), asked per call and
+    written to the token file (`security/credentials.py`).
+    """
+
+    fetcher: str = JWT_FETCHER
+    metadata_host: str = ""
+    audience: str = "cluster.local"
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,7 @@ class SecurityOptions:
     ca_headers: tuple[tuple[str, str], ...] = ()
     cert_signer: str = ""
     ca_call_timeout: float = 10.0
+    credentials: CredentialSource = field(default_factory=CredentialSource)  # CREDENTIAL_FETCHER_TYPE
     keepalive_interval: float = 30.0  # GRPC_KEEPALIVE_INTERVAL
     keepalive_timeout: float = 10.0  # GRPC_KEEPALIVE_TIMEOUT
     # None applies upstream's rule (plaintext iff the address ends in :15010); tests and

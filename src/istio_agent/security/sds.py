@@ -24,7 +24,8 @@ import itertools
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,12 @@ SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
 PRIVATE_SOCKET_NAME = "grpc"
 SDS_SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
+# What the metrics hook hears, as upstream's SDS server (pkg/xds) records it: (kind, seconds).
+SDS_SENT = "sent"  # a response written to Envoy, and how long the write took (pilot_xds_send_time)
+SDS_REJECTED = "rejected"  # Envoy NACKed a secret (pilot_total_xds_rejects{type="sds"})
+SDS_EXPIRED_NONCE = "expired_nonce"  # a request answered an older response (pilot_xds_expired_nonce{type="sds"})
+SDS_INTERNAL_ERROR = "internal_error"  # a stream's read failed other than by the client going away
+SdsEventHook = Callable[[str, float], None]
 
 
 @contextlib.contextmanager
@@ -73,8 +80,9 @@ def random_nonce() -> str:
 class SdsServer:
     """grpc.aio SDS server over a Unix socket, fed by a SecretCache."""
 
-    def __init__(self, cache: SecretCache, socket_path: Path) -> None:
+    def __init__(self, cache: SecretCache, socket_path: Path, on_event: SdsEventHook | None = None) -> None:
         self.cache = cache
+        self.on_event = on_event
         self.socket_path = socket_path
         self.private_socket_path = private_socket_path(socket_path)
         self._server: grpc.aio.Server | None = None
@@ -145,6 +153,13 @@ class SdsServer:
         for queue in list(self._streams):
             queue.put_nowait(("push", name))
 
+    def _event(self, kind: str, seconds: float = 0.0) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, seconds)
+            except Exception:
+                log.exception("SDS: event hook failed")
+
     def _caller(self, context: Any) -> PeerCredentials | None:
         return self._relay.caller(context.peer()) if self._relay is not None else None
 
@@ -185,7 +200,12 @@ class SdsServer:
             try:
                 async for request in request_iterator:
                     events.put_nowait(("request", request))
-            except Exception as exc:  # the client went away
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the client went away, or its stream broke
+                code = getattr(exc, "code", None)
+                if callable(code) and code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._event(SDS_INTERNAL_ERROR)
                 log.debug("SDS stream read ended: %s", exc)
             events.put_nowait(("end", None))
 
@@ -201,7 +221,8 @@ class SdsServer:
                     error = value.error_detail.message if value.HasField("error_detail") else None
                     if error is not None:
                         log.warning("SDS: Envoy rejected %s: %s", list(value.resource_names), error)
-                    before = state.watched
+                        self._event(SDS_REJECTED)
+                    before, expired = state.watched, state.expired_nonces
                     try:
                         names = state.on_request(list(value.resource_names), value.response_nonce, error,
                                                  value.node.id if value.HasField("node") else "")
@@ -211,6 +232,8 @@ class SdsServer:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                         return
                     self._subscriptions_changed(before, state.watched)
+                    if state.expired_nonces != expired:
+                        self._event(SDS_EXPIRED_NONCE)
                 else:
                     names = state.on_push(value)
                 if not names:
@@ -225,7 +248,9 @@ class SdsServer:
                     log.warning("SDS: closing stream of %s: %s", state.node_id, exc)
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
                     return
+                started = time.monotonic()
                 await context.write(response)
+                self._event(SDS_SENT, time.monotonic() - started)
                 state.on_sent(response.nonce)
                 log.debug("SDS: pushed %s to %s", ",".join(names), state.node_id)
         finally:

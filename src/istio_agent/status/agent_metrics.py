@@ -8,18 +8,23 @@ rest, fed in three ways that need no changes to the components' logic:
 
 - **read at scrape time** from state the components already keep: certificate
   expiry from `SecretCache.snapshot()`, certificates issued from
-  `SecretCache.issued`, the XDS proxy's request/response totals from
-  `XdsProxy.stats`;
+  `SecretCache.issued`, file secret and watcher failures from the cache, the XDS
+  proxy's request/response totals and largest request from `XdsProxy.stats`;
 - **existing callbacks**: `SecretCache.on_update` counts every pushed secret
   change (rotation, new root, file change) as a rotation of that resource;
 - **small wrappers and hooks**: `metered_signer()` wraps the CA client to time
-  each CSR and count its final gRPC code; `xds_event()` is the XDS proxy's
-  optional event hook (streams, pushes and NACKs by type).
+  each CSR and count its final gRPC code, `ca_retry` hears its retries;
+  `xds_event()` is the XDS proxy's event hook (streams, pushes, NACKs, how each
+  side of a stream ended), `sds_event()` the SDS server's (pushes and how long
+  their writes took, NACKs, stale nonces), `envoy_ready()` readiness's.
 
-Names follow upstream where upstream has the metric (`cert_expiry_seconds`,
-`num_outgoing_requests`, `num_failed_outgoing_requests`, `outgoing_latency`,
-`istiod_connection_failures`, `xds_proxy_requests`, `xds_proxy_responses`, the
-process collector); the rest are ours, prefixed the same way.
+Every family upstream's agent exports on :15020 is here under upstream's name,
+labels and type (`docs/PILOT-AGENT.md#metrics` lists them, and the few it does not
+have, with why; `tests/e2e/test_agent_metrics_upstream.py` compares the lists of
+two running agents): upstream's sums are `Sum`s, written as upstream writes them
+(`istio_agent_xds_proxy_requests 8`, no `_total` added); the `pilot_xds_*`
+families are pkg/xds's, which upstream's SDS server and XDS proxy record. The
+rest are ours, prefixed the same way.
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ from istio_agent.metrics import (
     Histogram,
     Metric,
     ProcessCollector,
+    Sum,
+    SumMetricFamily,
 )
+from istio_agent.metrics.process import process_start_time
 from istio_agent.protos import typeurls
 
 if TYPE_CHECKING:
@@ -51,6 +59,9 @@ log = logging.getLogger(__name__)
 
 CSR = "csr"  # upstream's request_type for CA calls
 CA_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SEND_TIME_BUCKETS = (0.01, 0.1, 1, 3, 5, 10, 20, 30)  # pkg/xds's pilot_xds_send_time
+TERMINATION_TYPES = ("cancelled", "error")  # upstream's `type` of the connection terminations
+SDS = "sds"  # pkg/xds's type label of the SDS server's own NACKs and stale nonces
 
 # xds_event kinds (the XDS proxy's hook vocabulary)
 XDS_CONNECT = "connect"  # detail: "sotw" | "delta"
@@ -59,6 +70,10 @@ XDS_PUSH = "push"  # detail: type URL of a response forwarded to Envoy or consum
 XDS_ENVOY_NACK = "envoy_nack"  # detail: type URL Envoy rejected
 XDS_AGENT_NACK = "agent_nack"  # detail: type URL the agent rejected (NDS, PCDS)
 XDS_UPSTREAM_FAILURE = "upstream_failure"  # detail: why (dial failure or gRPC code)
+XDS_UPSTREAM_END = "upstream_end"  # detail: "cancelled" | "error" (istiod's side of a stream ended)
+XDS_DOWNSTREAM_END = "downstream_end"  # detail: "cancelled" | "error" (Envoy's side of a stream ended)
+# sds_event kinds (security/sds.py's, repeated so that importing this module loads no SDS server)
+SDS_SENT, SDS_REJECTED, SDS_EXPIRED_NONCE, SDS_INTERNAL_ERROR = "sent", "rejected", "expired_nonce", "internal_error"
 
 
 def type_label(type_url: str) -> str:
@@ -100,18 +115,50 @@ class AgentMetrics:
         self._cache: SecretCache | None = None
         self._xds: XdsProxy | None = None
         self._root_expiry: dict[bytes, float] = {}
-        self.outgoing_requests = Counter(
+        self._process_start = process_start_time()
+        self._ready_after: float | None = None
+        # Upstream's sums (security/pkg/nodeagent/cache, security/pkg/monitoring, pkg/istio-agent/metrics).
+        self.outgoing_requests = Sum(
             "istio_agent_num_outgoing_requests",
             "Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)",
             ["request_type"], registry=registry)
-        self.failed_outgoing_requests = Counter(
+        self.failed_outgoing_requests = Sum(
             "istio_agent_num_failed_outgoing_requests",
             "Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)",
             ["request_type"], registry=registry)
-        self.outgoing_latency = Counter(
+        self.outgoing_latency = Sum(
             "istio_agent_outgoing_latency",
             "The latency of outgoing requests (e.g. to a token exchange server, CA, etc.) in milliseconds.",
             ["request_type"], registry=registry)
+        self.outgoing_retries = Sum(
+            "istio_agent_num_outgoing_retries",
+            "Number of outgoing retry requests (e.g. to a token exchange server, CA, etc.)",
+            ["request_type"], registry=registry)
+        self.istiod_failures = Sum(
+            "istio_agent_istiod_connection_failures", "The total number of connection failures to Istiod",
+            registry=registry)
+        self.istiod_terminations = Sum(
+            "istio_agent_istiod_connection_terminations", "The total number of connection errors to Istiod",
+            ["type"], registry=registry)
+        self.envoy_terminations = Sum(
+            "istio_agent_envoy_connection_terminations", "The total number of connection errors from envoy",
+            ["type"], registry=registry)
+        # pkg/xds's, which upstream's SDS server records (its XDS proxy: the largest request, read at scrape).
+        self.xds_rejects = Sum(
+            "istio_agent_pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.",
+            ["type"], registry=registry)
+        self.expired_nonces = Sum(
+            "istio_agent_pilot_xds_expired_nonce", "Total number of XDS requests with an expired nonce.",
+            ["type"], registry=registry)
+        self.write_timeouts = Sum(
+            "istio_agent_pilot_xds_write_timeout", "Pilot XDS response write timeouts.", registry=registry)
+        self.internal_errors = Sum(
+            "istio_agent_pilot_total_xds_internal_errors", "Total number of internal XDS errors in pilot.",
+            registry=registry)
+        self.send_time = Histogram(
+            "istio_agent_pilot_xds_send_time", "Total time in seconds Pilot takes to send generated configuration.",
+            buckets=SEND_TIME_BUCKETS, registry=registry)
+        # Ours.
         self.ca_requests = Counter(
             "istio_agent_ca_requests", "CSRs sent to the CA, by final gRPC status code (after retries).",
             ["code"], registry=registry)
@@ -134,18 +181,19 @@ class AgentMetrics:
         self.status_malformed_requests = Counter(
             "istio_agent_status_malformed_requests", "Requests to the status port that did not parse (answered 400).",
             registry=registry)
-        self.istiod_failures = Counter(
-            "istio_agent_istiod_connection_failures", "The total number of connection failures to Istiod",
-            registry=registry)
         # Series present at 0 from the start, so that rate() and alerts have a baseline.
         for mode in ("sotw", "delta"):
             self.xds_connections.labels(mode)
-        for counter in (self.outgoing_requests, self.failed_outgoing_requests, self.outgoing_latency):
-            counter.labels(CSR)
+        for family in (self.outgoing_requests, self.failed_outgoing_requests, self.outgoing_latency,
+                       self.outgoing_retries):
+            family.labels(CSR)
+        for kind in TERMINATION_TYPES:
+            self.istiod_terminations.labels(kind)
+            self.envoy_terminations.labels(kind)
         self.ca_requests.labels("OK")
         registry.register(_StateCollector(self))
         if process_metrics:
-            ProcessCollector(namespace="istio_agent", registry=registry)
+            ProcessCollector(namespace="istio_agent", registry=registry, go_extras=True)
 
     # --- feeding -------------------------------------------------------------------------------------------
     def watch_secrets(self, cache: SecretCache) -> None:
@@ -162,6 +210,16 @@ class AgentMetrics:
 
     def metered_signer(self, inner: CertificateSigner) -> MeteredSigner:
         return MeteredSigner(inner, self)
+
+    def ca_retry(self) -> None:
+        """The CA client is about to call again after a transient failure."""
+        self.outgoing_retries.labels(CSR).inc()
+
+    def envoy_ready(self) -> None:
+        """Envoy was found ready for the first time: the agent's start-up took this long (upstream's
+        startup_duration_seconds: from the process's start, as /proc tells it)."""
+        if self._ready_after is None and self._process_start is not None:
+            self._ready_after = max(0.0, self._clock() - self._process_start)
 
     def ca_request(self, code: str, seconds: float) -> None:
         """One CSR round (retries included) ended with gRPC `code` ("OK" on success) after `seconds`."""
@@ -186,7 +244,23 @@ class AgentMetrics:
         elif kind == XDS_DISCONNECT:
             self.xds_connections.labels(detail).dec()
         elif kind == XDS_UPSTREAM_FAILURE:
-            self.istiod_failures.inc()
+            if detail == "dial":
+                self.istiod_failures.inc()
+        elif kind == XDS_UPSTREAM_END:
+            self.istiod_terminations.labels(detail).inc()
+        elif kind == XDS_DOWNSTREAM_END:
+            self.envoy_terminations.labels(detail).inc()
+
+    def sds_event(self, kind: str, seconds: float) -> None:
+        """The SDS server's hook (pkg/xds's metrics of upstream's SDS server); unknown kinds are ignored."""
+        if kind == SDS_SENT:
+            self.send_time.observe(seconds)
+        elif kind == SDS_REJECTED:
+            self.xds_rejects.labels(SDS).inc()
+        elif kind == SDS_EXPIRED_NONCE:
+            self.expired_nonces.labels(SDS).inc()
+        elif kind == SDS_INTERNAL_ERROR:
+            self.internal_errors.inc()
 
     # --- read at scrape time -------------------------------------------------------------------------------
     def expiry(self, item: SecretItem) -> float | None:
@@ -225,11 +299,25 @@ class AgentMetrics:
         yield at
         yield CounterMetricFamily("istio_agent_certificates_issued", "Workload certificates obtained from the CA.",
                                   value=cache.issued if cache is not None else 0)
+        yield SumMetricFamily("istio_agent_num_file_secret_failures_total",
+                              "Number of times secret generation failed for files",
+                              value=cache.file_failures if cache is not None else 0)
+        yield SumMetricFamily("istio_agent_num_file_watcher_failures_total",
+                              "Number of times file watcher failed to add watchers",
+                              value=cache.file_watch_failures if cache is not None else 0)
         stats: Any = self._xds.stats if self._xds is not None else None
-        yield CounterMetricFamily("istio_agent_xds_proxy_requests", "The total number of Xds Proxy Requests",
-                                  value=stats.requests if stats is not None else 0)
-        yield CounterMetricFamily("istio_agent_xds_proxy_responses", "The total number of Xds Proxy Responses",
-                                  value=stats.responses if stats is not None else 0)
+        yield SumMetricFamily("istio_agent_xds_proxy_requests", "The total number of Xds Proxy Requests",
+                              value=stats.requests if stats is not None else 0)
+        yield SumMetricFamily("istio_agent_xds_proxy_responses", "The total number of Xds Proxy Responses",
+                              value=stats.responses if stats is not None else 0)
+        yield GaugeMetricFamily("istio_agent_pilot_xds_recv_max", "The maximum size request we have received so far.",
+                                value=stats.max_request if stats is not None else 0)
+        # Absent until Envoy has been ready once, as upstream's (which records it only then).
+        startup = GaugeMetricFamily("istio_agent_startup_duration_seconds",
+                                    "The time from the process starting to being marked ready.")
+        if self._ready_after is not None:
+            startup.add_metric((), self._ready_after)
+        yield startup
 
 
 class _StateCollector:

@@ -22,3 +22,4 @@ class StatusOptions:
     dns_enabled: bool = False  # ready only once the DNS proxy has a NameTable (sidecars with Envoy)
     probes: ProbeOptions = field(default_factory=ProbeOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    profiling: bool = True  # --profiling: /debug/pprof/ (status/profiling.py)

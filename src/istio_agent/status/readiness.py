@@ -15,6 +15,7 @@ result. Draining makes the agent unready again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SERVER_LIVE = 0
@@ -31,6 +32,8 @@ class ReadinessState:
     draining: bool = False
     envoy_ready_once: bool = False
     last_reason: str = field(default="not probed yet")
+    # Told once, when Envoy is first found ready (upstream records its startup_duration_seconds then).
+    on_first_ready: Callable[[], None] | None = None
 
     def needs_envoy_stats(self) -> bool:
         return self.envoy_enabled and not self.envoy_ready_once and not self.draining
@@ -63,6 +66,8 @@ class ReadinessState:
             if ready_stats.get("listener_manager.workers_started") != 1:
                 return "workers have not yet started"
             self.envoy_ready_once = True
+            if self.on_first_ready is not None:
+                self.on_first_ready()
         if self.dns_enabled and not self.name_table_received:
             return "DNS proxy has not received a NameTable yet"
         return None

@@ -2,16 +2,14 @@
 
 Upstream's sums are exported without a `_total` suffix (its exporter is set so), and dashboards and tests
 query them by those names (`istio_agent_wasm_remote_fetch_count{result="download_failure"}`): they are
-written here under the same names, as untyped series, since a counter family is always written with
-`_total` in the text format.
+`Sum`s here, written under the same names and type (`counter`) as upstream writes them.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
-from istio_agent.metrics import CollectorRegistry, Gauge, Histogram, Metric
+from istio_agent.metrics import CollectorRegistry, Gauge, Histogram, Metric, Sum
 
 # wasm_remote_fetch_count results (upstream's)
 FETCH_SUCCESS = "success"
@@ -23,26 +21,27 @@ CONVERSION_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 
 
 class _Sum:
-    """A monotonic sum by one label, written without a suffix."""
+    """A sum by one label, its series sorted by label value."""
 
     def __init__(self, name: str, documentation: str, label: str) -> None:
-        self.name, self.documentation, self.label = name, documentation, label
-        self._values: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self._sum = Sum(name, documentation, [label])
+        self.name, self.label = name, label
 
     def inc(self, value: str, amount: float = 1) -> None:
-        with self._lock:
-            self._values[value] = self._values.get(value, 0) + amount
+        self._sum.labels(value).inc(amount)
 
     def get(self, value: str) -> float:
-        return self._values.get(value, 0)
+        """The count for `value` (0 when never counted; reading makes no series)."""
+        for metric in self._sum.collect():
+            for sample in metric.samples:
+                if sample.labels.get(self.label) == value:
+                    return sample.value
+        return 0.0
 
     def collect(self) -> Iterator[Metric]:
-        metric = Metric(self.name, self.documentation, "unknown")
-        with self._lock:
-            for value, count in sorted(self._values.items()):
-                metric.add_sample(self.name, {self.label: value}, count)
-        yield metric
+        for metric in self._sum.collect():
+            metric.samples.sort(key=lambda sample: sorted(sample.labels.items()))
+            yield metric
 
 
 class WasmMetrics:

@@ -29,7 +29,8 @@ MAX_RECEIVE_MESSAGE_SIZE = 4 * 1024 * 1024
 NameTableHandler = Callable[["nds_pb2.NameTable"], None]
 TrustBundleHandler = Callable[[list[str]], None]
 # (kind, detail) for metrics: "connect"/"disconnect" (detail "sotw"|"delta"), "push" (type URL
-# forwarded or consumed), "envoy_nack" / "agent_nack" (type URL), "upstream_failure" (reason).
+# forwarded or consumed), "envoy_nack" / "agent_nack" (type URL), "upstream_failure" (reason),
+# "upstream_end" / "downstream_end" (istiod's / Envoy's side of a stream ended: "cancelled" | "error").
 EventHook = Callable[[str, str], None]
 
 

@@ -80,6 +80,7 @@ from istio_agent.security.ca_client import keepalive_options
 from istio_agent.xds import upstream
 from istio_agent.xds.core import messages, routing
 from istio_agent.xds.core.session import Consume, Drop, Health, StreamSession, ToEnvoy, apply_node_hook
+from istio_agent.xds.core.terminations import CANCELLED, termination_type
 from istio_agent.xds.options import XdsProxyHooks, XdsProxyOptions
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class ProxyStats:
     consumed: int = 0
     nacked: int = 0
     dropped: int = 0
+    max_request: int = 0  # the largest request read from Envoy, in bytes (upstream's pilot_xds_recv_max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,14 +280,22 @@ class _ProxiedStream:
 
     async def run(self) -> None:
         # The handler's task is cancelled by grpc when Envoy goes away: the read is awaited in a task of its own.
-        first = await asyncio.shield(self.proxy._spawn(self._guarded(self._first_requests())))
+        try:
+            first = await asyncio.shield(self.proxy._spawn(self._guarded(self._first_requests())))
+        except asyncio.CancelledError:
+            self._terminated("downstream_end", None)
+            raise
         if isinstance(first, _End):
+            self._terminated("downstream_end", first)
             self._finish(first)
             return
         self.proxy._register(self)
         settings = self.proxy.options.upstream
         try:
             channel = await upstream.dial(settings)
+        except asyncio.CancelledError:
+            self._terminated("downstream_end", None)
+            raise
         except upstream.UpstreamError as exc:
             self.proxy.stats.upstream_failures += 1
             self.proxy._event("upstream_failure", "dial")
@@ -302,19 +312,39 @@ class _ProxiedStream:
             latest = self.proxy._health
             if latest is not None and latest != self.session.health:
                 self.report_health(latest)
+            try:
+                metadata = await upstream.call_metadata(settings)
+            except upstream.UpstreamError as exc:
+                log.warning("XDS proxy: stream %d: %s", self.id, exc)
+                end = _End(grpc.StatusCode.UNAVAILABLE, str(exc), "upstream")
+                self._terminated("upstream_end", end)
+                self._terminated("downstream_end", None)
+                self._finish(end)
+                return
             call = channel.stream_stream(method, request_serializer=_identity, response_deserializer=_identity)(
-                self._requests(), metadata=upstream.call_metadata(settings)
+                self._requests(), metadata=metadata
             )
             log.info("XDS proxy: stream %d (%s) connected to %s", self.id, "delta" if self.delta else "sotw",
                      settings.address)
             end = await self._relay(call)
+        except asyncio.CancelledError:  # Envoy went away (grpc cancels the handler): istiod's side is ended too
+            self._terminated("upstream_end", None)
+            self._terminated("downstream_end", None)
+            raise
         finally:
             await channel.close()
         if end.side == "upstream" and end.code != grpc.StatusCode.OK:
             self.proxy.stats.upstream_failures += 1
             self.proxy._event("upstream_failure", end.code.name)
             log.info("XDS proxy: stream %d ended by %s: %s %s", self.id, end.side, end.code.name, end.details)
+        # Both sides end: the one that ended it as its status says, the other torn down by the proxy.
+        self._terminated("upstream_end", end if end.side == "upstream" else None)
+        self._terminated("downstream_end", end if end.side != "upstream" else None)
         self._finish(end)
+
+    def _terminated(self, kind: str, end: _End | None) -> None:
+        """Tell the metrics how one side ended (`upstream_end`, `downstream_end`): `cancelled` or `error`."""
+        self.proxy._event(kind, CANCELLED if end is None else termination_type(end.code.name, end.details))
 
     def _finish(self, end: _End) -> None:
         if end.code != grpc.StatusCode.OK:
@@ -338,6 +368,8 @@ class _ProxiedStream:
         """A request from Envoy: what to send upstream for it. Raises DecodeError on garbage."""
         head = messages.request_head(data, self.delta)
         out = self.session.upstream_requests(head, data)
+        if len(data) > self.proxy.stats.max_request:
+            self.proxy.stats.max_request = len(data)
         if head.error is not None:  # Envoy's NACK, for the metrics hook
             self.proxy._event("envoy_nack", head.type_url)
         elif head.type_url == typeurls.EXTENSION_CONFIG and head.version_info:

@@ -6,7 +6,8 @@ against `XDS_ROOT_CA` (`SYSTEM` = the OS bundle) or the mounted
 `./var/run/secrets/istio/root-cert.pem`, with the server name taken from the
 address host (`localhost` stands for `istiod.istio-system.svc`; `ISTIOD_SAN`
 wins). Every call carries `ClusterID`, the `XDS_HEADER_*` headers and the
-bearer token, re-read from disk per call because Kubernetes rotates it.
+bearer token, had anew per call (`security/credentials.py`: the token file, which
+Kubernetes rotates, or the GCE metadata server's identity token).
 
 Trust material is read at each dial, so a rotated root is picked up by the next
 stream without a watcher.
@@ -27,12 +28,12 @@ from istio_agent.security.ca_client import (
     istiod_call_metadata,
     keepalive_options,
     read_key_pair,
-    read_token,
     target_name_override,
     tls_server_name,
 )
 from istio_agent.security.core.secrets import pem_certificates, system_bundle_path
-from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH
+from istio_agent.security.credentials import CredentialError, bearer_token
+from istio_agent.security.options import CA_ROOT_DEFAULT_PATH, SYSTEM_ROOTS, TOKEN_PATH, CredentialSource
 
 PLAINTEXT_PORT = 15010
 
@@ -51,6 +52,7 @@ class UpstreamSettings:
     istiod_san: str = ""
     token_path: str = TOKEN_PATH
     send_token: bool = True  # XDS_AUTH
+    credentials: CredentialSource = field(default_factory=CredentialSource)  # CREDENTIAL_FETCHER_TYPE
     cluster_id: str = "Kubernetes"
     headers: tuple[tuple[str, str], ...] = ()  # XDS_HEADER_<K>=v, names already lower case
     client_key: str = ""  # mTLS to istiod: PROV_CERT's key.pem, or ISTIO_META_TLS_CLIENT_KEY with FILE_MOUNTED_CERTS
@@ -114,9 +116,14 @@ def channel_options(settings: UpstreamSettings) -> list[tuple[str, Any]]:
     return options
 
 
-def call_metadata(settings: UpstreamSettings) -> list[tuple[str, str]]:
-    """ClusterID, XDS_HEADER_* and the bearer token (read now; omitted when the file is absent)."""
-    token = read_token(settings.path(settings.token_path)) if settings.send_token else None
+async def call_metadata(settings: UpstreamSettings) -> list[tuple[str, str]]:
+    """ClusterID, XDS_HEADER_* and the bearer token (had now: read from its file, omitted when the file is
+    absent, or asked of the GCE metadata server); UpstreamError when the platform gives no token."""
+    try:
+        token = await bearer_token(settings.credentials, settings.path(settings.token_path)) \
+            if settings.send_token else None
+    except CredentialError as exc:
+        raise UpstreamError(str(exc)) from None
     return istiod_call_metadata(settings.cluster_id, settings.headers, token)
 
 

@@ -45,8 +45,19 @@ DEFAULT_SECURE_GRPC_ADDR = "127.0.0.1:15012"
 DEFAULT_MAX_CERT_TTL = 24 * 3600.0
 DEFAULT_TRUST_DOMAIN = "cluster.local"
 
-# SO_REUSEPORT is on by default in gRPC: two istiod-locals would then silently share a port.
-_SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+# SO_REUSEPORT is on by default in gRPC: two istiod-locals would then silently share a port. Keepalive as
+# istiod's gRPC server sets it (pilot/pkg/grpc ServerOptions with its 30 s / 10 s defaults): the server pings an
+# idle client every 30 s, and accepts a client's pings as often as every 15 s (half its interval) even between
+# streams' data. gRPC core's own default is 5 minutes, and upstream's Go agent, which pings every 30 s, was sent
+# GOAWAY "too_many_pings".
+KEEPALIVE_TIME_MS = 30_000
+_SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
 
 
 @dataclass(frozen=True)

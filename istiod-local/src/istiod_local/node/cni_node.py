@@ -13,6 +13,8 @@ the layout and the reasons):
   would pick from the net dir (the lexically first file), with the pod's
   `CNI_ARGS` and planned address; `delete()` runs DEL through the same lists
   in reverse, releasing the address;
+- `start_sandbox(pod)` starts the pod's sandbox process (a pause container's
+  part: it holds the namespace, so in-place repair finds it through /proc);
 - `validate(pod)` runs the pod's `istio-validation` init container
   (`pilot-agent istio-iptables --run-validation --skip-rule-apply`, uid 1337,
   in the pod namespace), once more when it fails as a kubelet restarts a
@@ -57,7 +59,6 @@ from istiod_local.node.cni_plan import (
     DEFAULT_EXCLUDED_NAMESPACES,
     INSTALL_CNI_READY_PORT,
     SYSTEM_CNI_BIN,
-    UPSTREAM_MOUNT_TARGETS,
     CniPaths,
     container_id,
     host_veth,
@@ -69,9 +70,12 @@ from istiod_local.node.cni_plan import (
     pod_attachment,
     pod_status_patch,
     primary_conflist,
+    repair_environment,
     result_address,
+    sandbox_argv,
     upstream_install_cni_argv,
     upstream_install_cni_mounts,
+    upstream_mount_targets,
     validation_status,
 )
 from istiod_local.node.cni_runtime import (
@@ -195,11 +199,11 @@ class NodeCni:
     """install-cni, the CNI runtime and the API client of one node in CNI capture mode."""
 
     def __init__(self, node: NodePlan, runtime_path: Path, bin_dir: Path, logs: Path, istiod_state: Path,
-                 base_env: Mapping[str, str], repair: str = "label", ready_timeout: float = 60.0,
+                 base_env: Mapping[str, str], repair: str = "repair", ready_timeout: float = 60.0,
                  plugin_timeout: float = 60.0, upstream: UpstreamCommands | None = None) -> None:
         self.node = node
         self.upstream = upstream  # upstream's install-cni and istio-cni in place of ours
-        self._mountpoints = MountPoints(UPSTREAM_MOUNT_TARGETS, f"{node.owner}-{node.index}-cni")
+        self._mountpoints = MountPoints(upstream_mount_targets(repair), f"{node.owner}-{node.index}-cni")
         self.paths = CniPaths(runtime_path / "cni")
         self.bin_dir = bin_dir
         self.logs = logs
@@ -251,7 +255,7 @@ class NodeCni:
                 str(self.paths.kubeconfig), "--service-account-dir", str(self.paths.node_service_account_dir),
                 "--server", server], timeout=60)
         self.api = KubeApi(read_kubeconfig(self.paths.kubeconfig), self.node.netns_path())
-        env = install_cni_environment(self.node, self.base_env)
+        env = {**install_cni_environment(self.node, self.base_env), **repair_environment(self.repair)}
         if self.upstream is None:
             argv = install_cni_argv(str(self.bin_dir / "install-cni"), self.paths, self.repair)
         else:
@@ -261,7 +265,7 @@ class NodeCni:
         if self.upstream is None:
             command = in_netns(self.node.netns, argv)
         else:
-            mounts = upstream_install_cni_mounts(self.paths, str(self.upstream.istio_cni))
+            mounts = upstream_install_cni_mounts(self.paths, str(self.upstream.istio_cni), self.repair)
             command = proxyless.in_container(self.node.netns, mounts, argv)
         self.agent = spawn("install-cni", command, self.logs / "install-cni.log", env=env)
         self.wait_agent_ready()
@@ -340,6 +344,10 @@ class NodeCni:
                 raise NodeError(f"pod {pod.spec.namespace}/{pod.name} is not in istiod-local's Kubernetes API "
                                 f"({error}): list it in the registry (plan.registry_workloads) before adding it")
             time.sleep(0.1)
+
+    def start_sandbox(self, pod: PodPlan) -> NetnsProcess:
+        """The pod's sandbox process in its (new) namespace, before its networks are attached."""
+        return spawn(f"{pod.name} sandbox", sandbox_argv(pod), self.logs / f"{pod.name}-sandbox.log")
 
     def primary_network(self) -> NetworkList:
         """The network a container runtime uses: the lexically first configuration in the net dir."""

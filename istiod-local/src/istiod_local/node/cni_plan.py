@@ -45,12 +45,19 @@ CONFLIST_NAME = "10-local-node.conflist"
 SYSTEM_CNI_BIN = Path("/usr/lib/cni")
 KUBE_API_PORT = 6443
 INSTALL_CNI_READY_PORT = 8000  # upstream's fixed readiness port
-INSTALL_CNI_MONITORING_PORT = 15014
+# Not upstream's 15014: istiod-local, in the same node namespace here (not a pod of its own), has that one.
+INSTALL_CNI_MONITORING_PORT = 15015
 CNI_IDENTITY = "istio-system/istio-cni"
 DEFAULT_EXCLUDED_NAMESPACES = ("kube-system",)  # the istio-cni chart's default
 VALIDATION_CONTAINER = "istio-validation"
 VALIDATION_FAILED = 126  # what istio-iptables --run-validation exits with when capture is missing
-REPAIR_MODES = ("label", "delete", "off")
+# What install-cni's repair controller does to a pod whose validation failed: repair it in place (the istio-cni
+# chart's default), label it, delete it, or nothing.
+REPAIR_MODES = ("repair", "label", "delete", "off")
+# In-place repair finds pods' network namespaces through the host's procfs: install-cni runs in the host's PID
+# namespace here, so that is /proc (upstream's DaemonSet mounts it at /host/proc).
+HOST_PROC = "/proc"
+UPSTREAM_HOST_PROC = "/host/proc"
 NETWORK_CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
 # Upstream's install-cni reads fixed paths of its image and DaemonSet: the plugin it installs from
 # /opt/cni/bin, into the host's /opt/cni/bin mounted at /host/opt/cni/bin, and its service account at
@@ -167,6 +174,14 @@ def pod_attachment(pod: PodPlan, sandbox_id: str) -> RuntimeConf:
                        {"ips": [f"{pod.ip}/{pod.prefix_len}"]})
 
 
+def sandbox_argv(pod: PodPlan) -> list[str]:
+    """The pod sandbox's process, what a pause container is: it holds the pod's network namespace for as long as
+    the pod lives, so the namespace has a process even while no container runs (a pod whose init container
+    keeps failing). In-place repair finds a pod's namespace through its processes, as on a Kubernetes node.
+    No death signal: it is killed with its namespace (`remove_netns`, and the sweep of a dead owner's)."""
+    return ["ip", "netns", "exec", pod.netns, "sleep", "infinity"]
+
+
 def loopback_attachment(pod: PodPlan, sandbox_id: str) -> RuntimeConf:
     return RuntimeConf(sandbox_id, pod.netns_path(), "lo", pod_cni_args(pod, sandbox_id))
 
@@ -195,8 +210,8 @@ def install_cni_argv(install_cni: str, paths: CniPaths, repair: str,
                      excluded_namespaces: Sequence[str] = DEFAULT_EXCLUDED_NAMESPACES) -> list[str]:
     """install-cni as the istio-cni DaemonSet runs it, against this node's directories.
 
-    Chained into the node's primary network; repair watching this node's pods
-    and labelling (or deleting) those whose validation failed.
+    Chained into the node's primary network; repair watching this node's pods and repairing in place (the
+    host's /proc is this one), labelling or deleting those whose validation failed.
     """
     if repair not in REPAIR_MODES:
         raise ValueError(f"cni repair {repair!r}: one of {', '.join(REPAIR_MODES)}")
@@ -211,9 +226,15 @@ def install_cni_argv(install_cni: str, paths: CniPaths, repair: str,
             "--monitoring-port", str(INSTALL_CNI_MONITORING_PORT),
             f"--repair-enabled={'false' if repair == 'off' else 'true'}"]
     if repair != "off":
-        argv += [f"--repair-label-pods={'true' if repair == 'label' else 'false'}",
-                 f"--repair-delete-pods={'true' if repair == 'delete' else 'false'}"]
+        argv += _repair_mode_flags(repair)
+    if repair == "repair":
+        argv += ["--repair-host-proc-dir", HOST_PROC]
     return argv
+
+
+def _repair_mode_flags(repair: str) -> list[str]:
+    return [f"--repair-label-pods={'true' if repair == 'label' else 'false'}",
+            f"--repair-delete-pods={'true' if repair == 'delete' else 'false'}"]
 
 
 def upstream_install_cni_argv(install_cni: str, paths: CniPaths, repair: str) -> list[str]:
@@ -229,19 +250,31 @@ def upstream_install_cni_argv(install_cni: str, paths: CniPaths, repair: str) ->
             "--monitoring-port", str(INSTALL_CNI_MONITORING_PORT),
             f"--repair-enabled={'false' if repair == 'off' else 'true'}"]
     if repair != "off":
-        argv += [f"--repair-label-pods={'true' if repair == 'label' else 'false'}",
-                 f"--repair-delete-pods={'true' if repair == 'delete' else 'false'}"]
+        argv += _repair_mode_flags(repair)
     return argv
 
 
-def upstream_install_cni_mounts(paths: CniPaths, istio_cni: str) -> list[tuple[str, str]]:
+def repair_environment(repair: str) -> dict[str, str]:
+    """In-place repair is REPAIR_REPAIR_PODS, which upstream's install-cni reads from the environment only (ours
+    reads it too, and has the flag); "false" for the other modes, whatever the caller's environment says."""
+    return {"REPAIR_REPAIR_PODS": "true" if repair == "repair" else "false"}
+
+
+def upstream_install_cni_mounts(paths: CniPaths, istio_cni: str, repair: str = "label") -> list[tuple[str, str]]:
     """(host path, container path) binds, in order, that give upstream's install-cni its image and volumes: the
     plugin at /opt/cni/bin/istio-cni (the only file there), the node's CNI bin directory as the host's, the
-    service-account directory at the in-cluster path."""
-    return [(str(paths.upstream_image_bin), UPSTREAM_PLUGIN_SOURCE),
-            (istio_cni, f"{UPSTREAM_PLUGIN_SOURCE}/istio-cni"),
-            (str(paths.bin_dir), UPSTREAM_PLUGIN_TARGET),
-            (str(paths.service_account_dir), SERVICE_ACCOUNT_PATH)]
+    service-account directory at the in-cluster path, and for in-place repair the host's /proc at /host/proc
+    (the chart's `cni-host-procfs` volume)."""
+    mounts = [(str(paths.upstream_image_bin), UPSTREAM_PLUGIN_SOURCE),
+              (istio_cni, f"{UPSTREAM_PLUGIN_SOURCE}/istio-cni"),
+              (str(paths.bin_dir), UPSTREAM_PLUGIN_TARGET),
+              (str(paths.service_account_dir), SERVICE_ACCOUNT_PATH)]
+    return [*mounts, (HOST_PROC, UPSTREAM_HOST_PROC)] if repair == "repair" else mounts
+
+
+def upstream_mount_targets(repair: str) -> tuple[str, ...]:
+    """The mount points upstream's install-cni needs on the host (created empty when missing)."""
+    return (*UPSTREAM_MOUNT_TARGETS, UPSTREAM_HOST_PROC) if repair == "repair" else UPSTREAM_MOUNT_TARGETS
 
 
 def install_cni_environment(node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:

@@ -168,7 +168,8 @@ class NodeOptions:
     through the CNI chain (loopback, bridge + host-local, and the `istio-cni` entry install-cni adds),
     the plugin captures, and the `istio-validation` init container checks it; "init": the node wires
     pods itself and runs istio-iptables as the `istio-init` container would. `cni_repair`: what
-    install-cni's repair controller does to a pod whose validation failed ("label", "delete", "off").
+    install-cni's repair controller does to a pod whose validation failed: "repair" (in place, the
+    istio-cni chart's default), "label", "delete" or "off".
     `cni`: the node's CNI agent in capture "cni": our install-cni ("istio-agent") or upstream's Go one
     ("upstream"); `upstream_bin` is where upstream's Go commands are (`upstream.py`; None: ISTIO_UPSTREAM_BIN,
     else the checkout's `.upstream/bin`), for `cni="upstream"` and for pods on upstream's agent.
@@ -187,7 +188,7 @@ class NodeOptions:
     stop_grace: float = 10.0
     runtime_root: Path = RUNTIME_ROOT
     capture: str = "cni"
-    cni_repair: str = "label"
+    cni_repair: str = "repair"
     start_parallelism: int = 0  # pods `add_pods` prepares at once; 0: DEFAULT_START_PARALLELISM
     upstream_bin: Path | None = None  # upstream's Go commands (`upstream.py`); None: ISTIO_UPSTREAM_BIN or default
     cni: str = "istio-agent"  # the node's CNI agent (capture "cni"): our install-cni, or upstream's ("upstream")
@@ -227,6 +228,7 @@ class Pod:
     post_start: int | None = None  # exit code of a proxyless pod's postStart hook, once it ran
     attachment: Attachment | None = None  # CNI mode: the networks the chain attached
     validation: list[int] = field(default_factory=list)  # CNI mode: istio-validation's exit codes
+    sandbox: NetnsProcess | None = None  # CNI mode: the process holding the namespace (a pause container)
 
     @property
     def node_veth(self) -> str:
@@ -257,7 +259,8 @@ class Pod:
         return self.plan.netns
 
     def processes(self) -> list[NetnsProcess]:
-        return [p for p in (self.agent, self.app) if p is not None]
+        """The pod's processes, the sandbox last (it holds the namespace while the others stop)."""
+        return [p for p in (self.agent, self.app, self.sandbox) if p is not None]
 
 
 class LocalNode:
@@ -424,6 +427,19 @@ class LocalNode:
             self.real_istiod.start(self._read_registry(), self.options.ready_timeout)
         return self.istiod
 
+    def stop_cni_agent(self) -> int | None:
+        """Stop install-cni (SIGTERM: its cleanup takes our entry out of the conflist), as a node whose CNI
+        DaemonSet pod is not running yet, or restarting: pods added now get no capture. Its exit status."""
+        if self.cni is None:
+            raise NodeError("the node has no CNI agent (capture 'init')")
+        return self.cni.stop_agent(self.options.stop_grace)
+
+    def start_cni_agent(self) -> NetnsProcess:
+        """Start install-cni again (istiod-local must be serving) and wait for its /readyz."""
+        if self.cni is None:
+            raise NodeError("the node has no CNI agent (capture 'init')")
+        return self.cni.start_agent()
+
     def stop_istiod(self) -> None:
         """Stop the control plane (the real istiod too, when the node has one)."""
         if self.real_istiod is not None:
@@ -574,19 +590,35 @@ class LocalNode:
         assert self.cni is not None
         self.cni.wait_in_api(pod.plan, min(self.options.ready_timeout, 15.0))
         run_ip(["ip", "netns", "add", pod.netns])
+        pod.sandbox = self.cni.start_sandbox(pod.plan)
         pod.attachment = self.cni.add(pod.plan)
 
-    def _istio_validation(self, pod: Pod) -> None:
+    def _istio_validation(self, pod: Pod, attempts: int = 2) -> None:
         """The istio-validation init container: must pass before the app starts (else the pod crash-loops)."""
         assert self.cni is not None
         argv = [self._pilot_agent(pod), "istio-iptables", *validation_args(pod.plan)]
         wrapped = container.agent_command(pod.netns, self._image_for(pod), argv)
-        pod.validation = self.cni.validate(pod.plan, wrapped)
+        pod.validation = [*pod.validation, *self.cni.validate(pod.plan, wrapped, attempts)]
         if pod.validation[-1] != 0:
             self.cni.report(pod.plan, pod.ip, pod.validation, [], _containers(pod, planned=True))
             log = self.logs / f"{pod.name}-validation.log"
             raise PodInitError(f"pod {pod.name}: {VALIDATION_CONTAINER} exited with {pod.validation} (capture "
                                f"missing?):\n{log.read_text(errors='replace')[-1500:]}", pod, pod.validation)
+
+    def retry_init(self, pod: Pod | str) -> Pod:
+        """What a kubelet does when a crash-looping `istio-validation`'s back-off ends: run it once more and
+        report it; when it passes, start the pod's containers (app, then agent) and report them running.
+
+        CNI mode, for a pod whose validation failed (`PodInitError`). Raises `PodInitError` again when it
+        fails again (the pod stays as it is), NodeError for a pod with nothing to retry.
+        """
+        running = self.pods[pod if isinstance(pod, str) else pod.name]
+        if self.cni is None or not running.validation or running.validation[-1] == 0:
+            raise NodeError(f"pod {running.name} has no failed {VALIDATION_CONTAINER} to restart")
+        self._istio_validation(running, attempts=1)
+        self._start_containers(running)
+        self.cni.report(running.plan, running.ip, running.validation, _containers(running), [])
+        return running
 
     def remove_pod(self, pod: Pod | str) -> None:
         """Stop the pod's processes, DEL its networks through the chain (CNI mode), delete its namespace.

@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PLUGIN_NAME = "istio-cni"
@@ -57,8 +58,13 @@ def plugin_installed(source: Path | bytes, bin_dir: str) -> bool:
         return False
 
 
-def atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
-    """Replace `path` with `data` (mode `mode`, and `owner` when given and permitted) by rename."""
+def atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None,
+                 before_rename: Callable[[], None] | None = None) -> None:
+    """Replace `path` with `data` (mode `mode`, and `owner` when given and permitted) by rename.
+
+    `before_rename` runs last, just before the rename: raising there leaves `path` untouched (the
+    caller's check that nobody changed it meanwhile).
+    """
     temporary = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
@@ -70,6 +76,8 @@ def atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | No
                 with contextlib.suppress(PermissionError):
                     os.fchown(fd, *owner)
             os.fsync(fd)
+        if before_rename is not None:
+            before_rename()
         os.rename(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

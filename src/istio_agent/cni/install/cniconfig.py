@@ -20,16 +20,21 @@ What upstream's installer decides, stated once (SPEC.md "Istio CNI" and the
   newline (`gojson`).
 
 The file edge (`installer.py`) reads the directory into a `Listing` and
-performs the `ConfigWrite` that `plan_config_write` returns.
+performs the `ConfigWrite` that `plan_config_write` returns. Every text is
+read with limits (the edge's size limit, `jsonlimits.MAX_DEPTH` for nesting):
+a file past them is a problem named in the error, never a crash. A file too
+large to read that sorts before every valid one may be what the runtime
+loads, so install-cni waits (not ready, the reason logged) rather than merge
+into another file the runtime would not use.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from istio_agent.cni.jsonlimits import loads as load_json
 from istio_agent.gojson import dumps as go_marshal_indent
 
 PLUGIN_TYPE = "istio-cni"
@@ -164,7 +169,7 @@ def marshal_config(config: Mapping[str, Any]) -> str:
 
 def _load_object(text: str, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = load_json(text)  # nesting limited: a deep file is a JSON error naming the limit, not a crash
     except ValueError as exc:
         raise CniConfigError(f"error loading {what} (JSON error): {exc}") from None
     if not isinstance(value, dict):
@@ -285,15 +290,24 @@ def validate_network_file(name: str, text: str) -> str | None:
 
 @dataclass(frozen=True)
 class Listing:
-    """What the edge read of the net dir: file name -> text, for regular files (None: present but unreadable)."""
+    """What the edge read of the net dir: file name -> text, for regular files (None: present but not read).
+
+    `problems` says why a file was not read (default: unreadable); `oversized` names those too large to read.
+    """
 
     files: Mapping[str, str | None] = field(default_factory=dict)
+    problems: Mapping[str, str] = field(default_factory=dict)
+    oversized: frozenset[str] = frozenset()
 
     def exists(self, name: str) -> bool:
         return name in self.files
 
     def text(self, name: str) -> str | None:
         return self.files.get(name)
+
+    def problem(self, name: str) -> str:
+        """Why `name` has no text: `name: reason`."""
+        return f"{name}: {self.problems.get(name, 'unreadable')}"
 
 
 def primary_candidates(listing: Listing, exclude: str = "") -> tuple[list[str], list[str]]:
@@ -304,7 +318,7 @@ def primary_candidates(listing: Listing, exclude: str = "") -> tuple[list[str], 
         if not name.endswith(CNI_EXTENSIONS) or name == exclude:
             continue
         text = listing.text(name)
-        reason = f"{name}: unreadable" if text is None else validate_network_file(name, text)
+        reason = listing.problem(name) if text is None else validate_network_file(name, text)
         if reason is None:
             valid.append(name)
         else:
@@ -325,9 +339,14 @@ def resolve_named(listing: Listing, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Waiting:
-    """Chained mode and no primary config yet: install waits for the directory to change."""
+    """Chained mode and no primary config yet: install waits for the directory to change.
+
+    `unread` names a file too large to read that may be the runtime's choice: an entry merged elsewhere
+    before it appeared is then not in effect either.
+    """
 
     reason: str
+    unread: str | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +379,10 @@ def resolve_primary(settings: ConfigSettings, listing: Listing) -> str | Waiting
             return Waiting(f"CNI config file {settings.cni_conf_name} does not exist")
         return found
     valid, problems = primary_candidates(listing, exclude=owned)
+    unread = sorted(n for n in listing.oversized if n.endswith(CNI_EXTENSIONS) and n != owned)
+    if unread and (not valid or unread[0] < valid[0]):  # it may be the file the runtime loads first
+        return Waiting(f"{listing.problem(unread[0])}; the runtime may load it before any file install-cni can "
+                       "merge into", unread[0])
     if not valid:
         detail = f" ({'; '.join(problems)})" if problems else ""
         return Waiting(f"no valid networks found{detail}")
@@ -376,7 +399,7 @@ def plan_config_write(settings: ConfigSettings, listing: Listing, entry: Mapping
         return primary
     existing = listing.text(primary)
     if existing is None:
-        raise CniConfigError(f"{primary}: unreadable")
+        raise CniConfigError(listing.problem(primary))
     merged = marshal_config(insert_plugin_entry(entry, existing))
     if settings.istio_owned:
         target = settings.istio_owned_cni_config_filename
@@ -420,7 +443,7 @@ def check_installed(settings: ConfigSettings, listing: Listing, written: str | N
     owned = settings.istio_owned_cni_config_filename if settings.istio_owned else ""
     primary = resolve_primary(settings, listing)
     if isinstance(primary, Waiting):
-        return None if not owned else primary.reason
+        return None if not owned and primary.unread is None else primary.reason
     if owned:
         valid, _ = primary_candidates(listing)
         if valid and valid[0] != owned:

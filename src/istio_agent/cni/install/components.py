@@ -21,6 +21,7 @@ import logging
 import time
 from pathlib import Path
 
+from istio_agent.cni.install.cniconfig import split_exclude_namespaces
 from istio_agent.cni.install.fastpath import FastPath
 from istio_agent.cni.install.installer import (
     RESULT_SUCCESS,
@@ -196,6 +197,7 @@ class InstallerLoop:
         installer, watcher = self.installation.installer, self.installation.watcher
         if installer is None or watcher is None:
             raise RuntimeError("the installer loop starts after the installation")
+        self.readiness.check = installer.in_effect  # /readyz looks at the files as they are at each request
         self._task = asyncio.create_task(keep_installed(installer, watcher, self.on_state, self.on_failure),
                                          name="install")
 
@@ -251,7 +253,9 @@ class RepairSupervisor:
             started = time.monotonic()
             self.view.current = CollectorRegistry(auto_describe=True)
             try:
-                await run_repair(self.options.repair, self.access, self.view.current)
+                await run_repair(self.options.repair, self.access, self.view.current,
+                                 native_nftables=self.options.native_nftables,
+                                 exclude_namespaces=self.excluded_namespaces())
                 return  # returned by itself: disabled
             except asyncio.CancelledError:
                 raise
@@ -264,6 +268,10 @@ class RepairSupervisor:
                 backoff = 1.0
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.backoff_max)
+
+    def excluded_namespaces(self) -> list[str]:
+        """`--exclude-namespaces` as the plugin reads it: in-place repair leaves those pods alone, as the plugin."""
+        return split_exclude_namespaces(self.options.exclude_namespaces) or []
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -21,21 +21,32 @@ Upstream's ambient mode has the same shape (its plugin hands ADD to the node age
   The next waiting thread is started before the call enters any namespace, or by the event loop's
   thread, never by a thread that may be in a pod's namespace (a new thread inherits its creator's), and
   a waiting thread that finds itself elsewhere serves nothing.
-- At most `MAX_CONCURRENT` calls run at once (no thread waits in accept while they do; callers wait in
-  the listen backlog). Each call has a deadline (`call_deadline`, beyond the slowest the retry settings
-  allow): the event loop looks every `WATCH_INTERVAL` and answers a call past it with error 11 itself;
-  the late result is dropped (whichever side claims a call first answers it).
+- A thread always waits in accept(2): reading a request holds no call slot, so connections that never
+  send theirs cannot keep a real call waiting. At most `MAX_PENDING` connections are taken and not yet
+  running (their request being read, `READ_TIMEOUT` at most, or waiting for a slot); one more closes the
+  oldest with a refusal (its launcher, if it is one, runs the plugin in-process).
+- At most `MAX_CONCURRENT` calls run at once. A whole request waits at most `SLOT_WAIT` for a slot, then is
+  refused: with every slot held by calls stuck on a slow API server, a new ADD runs in-process at once
+  rather than queueing behind them.
+- Each call has a deadline (`call_deadline`, beyond the slowest the retry settings allow; every pod GET
+  is bounded as a whole by `KeepAliveClient`'s): the event loop looks every `WATCH_INTERVAL` and answers a
+  call past it with error 11 itself; the late result is dropped (whichever side claims a call first
+  answers it). The claim frees the call's slot at once, and the call's thread stops at its next retry
+  (its sleep and its next GET raise `fastcalls.Abandoned`).
 - Logs: after the answer is written and the connection closed (the pod's ADD never waits for them), the
   entries the plugin would post to the log socket are logged under the plugin's scope
   (`servers.emit_plugin_lines`); its stderr lines go back to the launcher with the answer.
+
+One call's own parts (reading its request, running the plugin, its deadline and cancellation, the late
+answer) are in `fastcalls.py`; this module is the socket, its threads and their limits.
 """
 
 from __future__ import annotations
 
 import _thread
 import asyncio
+import collections
 import contextlib
-import io
 import json
 import logging
 import os
@@ -44,124 +55,62 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from istio_agent.cni.install import fastwire
+from istio_agent.cni.install.fastcalls import (
+    GET_TIMEOUT,
+    Abandoned,
+    Call,
+    call_deadline,
+    late_answer,
+    peer_uid,
+    read_request,
+    run_call,
+    thread_netns,
+)
 from istio_agent.cni.install.servers import emit_plugin_lines
 
 log = logging.getLogger("istio_agent.cni.install")
 
 MAX_CONCURRENT = 16
-READ_TIMEOUT = 10.0  # seconds for the whole request to arrive
-DEADLINE_SLACK = 60.0  # seconds beyond the retries' worst case (iptables-restore waiting for the xtables lock)
-GET_TIMEOUT = 5.0
+MAX_PENDING = 64  # connections taken and not yet running; one more closes the oldest (with a refusal)
+SLOT_WAIT = 0.5  # seconds a whole request waits for a free slot before it is refused (the plugin runs in-process)
 WATCH_INTERVAL = 1.0  # seconds between the event loop's looks at the calls' deadlines
+ANSWER_TIMEOUT = 10.0  # seconds for an answer to be taken by the caller
 BACKLOG = 128
-_RECV = 1 << 18
 
 
-@dataclass(frozen=True)
-class CallResult:
-    """One call's answer and what to log of it."""
+class _Taken:
+    """A connection taken from accept(2) and not running yet: its request being read, or waiting for a slot."""
 
-    code: int
-    stdout: bytes
-    stderr: bytes
-    entries: tuple[str, ...]  # the plugin's log entries (JSON), when it would have posted them
+    __slots__ = ("conn", "evicted")
 
-
-def call_deadline(env: dict[str, str]) -> float:
-    """Seconds a call may take: every retry's GET timeout and interval, plus slack (pure)."""
-    from istio_agent.cni.plugin.add import retry_settings
-    from istio_agent.cni.plugin.protocol import CniError
-
-    try:
-        retries, interval = retry_settings(env)
-    except (CniError, ValueError):
-        return DEADLINE_SLACK  # the plugin fails at once with code 4
-    return retries * (interval + GET_TIMEOUT) + DEADLINE_SLACK
-
-
-def run_call(env: dict[str, str], stdin: bytes, get: Callable[[str, str, str], dict[str, object]]) -> CallResult:
-    """The plugin's invocation, as the in-process plugin runs it (blocking: call it on a thread of its own)."""
-    from istio_agent.cni.plugin.log import PluginLog
-    from istio_agent.cni.plugin.main import handle
-
-    stderr = io.StringIO()
-    plugin_log = PluginLog(stderr=stderr)
-    outcome = handle(env, stdin, plugin_log, sleep=time.sleep, get=get)
-    entries = tuple(plugin_log.entries) if outcome.socket_path else ()
-    return CallResult(outcome.code, outcome.stdout, stderr.getvalue().encode(), entries)
-
-
-def peer_uid(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a unix socket."""
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                         struct.calcsize("3i")))
-    return pid, uid
-
-
-def thread_netns() -> tuple[int, int]:
-    """The calling thread's network namespace (device, inode)."""
-    info = os.stat("/proc/thread-self/ns/net")
-    return info.st_dev, info.st_ino
-
-
-def read_request(conn: socket.socket, timeout: float = READ_TIMEOUT) -> bytes:
-    """One whole request from `conn` within `timeout` seconds (FrameError, TimeoutError, ConnectionError)."""
-    end = time.monotonic() + timeout
-    data = b""
-    while len(data) < (size := fastwire.request_size(data)):
-        left = end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request did not arrive in time")
-        conn.settimeout(left)
-        chunk = conn.recv(min(_RECV, size - len(data)))
-        if not chunk:
-            raise ConnectionError("the caller closed the connection before its request was whole")
-        data += chunk
-    return data
-
-
-class _Call:
-    """One call in flight: whichever of its thread and the deadline watch claims it first answers it."""
-
-    __slots__ = ("_claimed", "_lock", "command", "conn", "container", "deadline", "limit", "stdin")
-
-    def __init__(self, conn: socket.socket, env: dict[str, str], stdin: bytes, started: float) -> None:
+    def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
-        self.command = env.get("CNI_COMMAND", "")
-        self.container = env.get("CNI_CONTAINERID", "")
-        self.stdin = stdin
-        self.limit = call_deadline(env)  # seconds
-        self.deadline = started + self.limit  # time.monotonic() after which the watch answers
-        self._lock = threading.Lock()
-        self._claimed = False
+        self.evicted = False  # closed to make room (or by stop): it is refused, never run
 
-    def claim(self) -> bool:
-        with self._lock:
-            if self._claimed:
-                return False
-            self._claimed = True
-            return True
 
 
 class FastPath:
     """The socket server; `start` then `stop` (both on install-cni's event loop)."""
 
-    def __init__(self, run_dir: str, max_concurrent: int = MAX_CONCURRENT) -> None:
+    def __init__(self, run_dir: str, max_concurrent: int = MAX_CONCURRENT, max_pending: int = MAX_PENDING) -> None:
         from istio_agent.kube.keepalive import KeepAliveClient
 
         self.path = os.path.join(run_dir, fastwire.SOCKET_NAME)
         self.client = KeepAliveClient(timeout=GET_TIMEOUT)
         self.max_concurrent = max_concurrent
+        self.max_pending = max_pending
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_netns = thread_netns()
         self._lock = threading.Lock()
-        self._calls: set[_Call] = set()
-        self._running = 0  # calls taken and not yet finished (their threads still running)
+        self._slot_free = threading.Condition(self._lock)
+        self._calls: set[Call] = set()
+        self._pending: collections.deque[_Taken] = collections.deque()  # oldest first
+        self._active = 0  # calls holding a slot (running, and not yet answered by the watch or stop)
+        self._threads = 0  # threads that took a connection and have not ended (abandoned calls' included)
         self._waiting = False  # a thread is in accept(2), or about to be
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
@@ -194,6 +143,12 @@ class FastPath:
         """Stop accepting; let calls in flight answer for up to `grace` seconds; remove the socket."""
         with self._lock:
             self._stopping = True
+            pending = list(self._pending)
+            for taken in pending:
+                taken.evicted = True
+            self._slot_free.notify_all()
+        for taken in pending:  # a request still arriving or waiting for a slot: refused, so run in-process
+            _wake(taken.conn)
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept(2)
@@ -204,6 +159,8 @@ class FastPath:
         for call in self._in_flight():
             if call.claim():  # never answered: the launcher reports that the agent gave no answer (error 11)
                 _close(call.conn)
+                call.cancel()
+                self._release_slot()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,9 +171,9 @@ class FastPath:
 
     def _busy(self) -> bool:
         with self._lock:
-            return self._running > 0
+            return self._threads > 0
 
-    def _in_flight(self) -> list[_Call]:
+    def _in_flight(self) -> list[Call]:
         with self._lock:
             return list(self._calls)
 
@@ -250,29 +207,36 @@ class FastPath:
                 log.error("fast path: accept failed (%s); trying again in 1 s", exc)
                 self._loop_call(self._wait_again_later)
             return
+        taken = _Taken(conn)
         with self._lock:
-            self._running += 1
-            self._waiting = self._running < self.max_concurrent and not self._stopping
+            self._threads += 1
+            self._pending.append(taken)
+            oldest = self._pending.popleft() if len(self._pending) > self.max_pending else None
+            if oldest is not None:
+                oldest.evicted = True
+                self._slot_free.notify_all()
+            self._waiting = not self._stopping
             start_next = self._waiting
         if start_next:
             self._start_waiting_thread()  # from here: this thread has not entered any namespace yet
+        if oldest is not None:
+            log.warning("fast path: %d connections are waiting to be served; the oldest is refused (its istio-cni "
+                        "runs in-process)", self.max_pending + 1)
+            _wake(oldest.conn)
         try:
-            self._serve(conn)
+            self._serve(taken)
         finally:
             with self._lock:
-                self._running -= 1
-                wanted = not self._waiting and not self._stopping and self._running < self.max_concurrent
-                if wanted:
-                    self._waiting = True
-            if wanted:  # from the event loop's thread: this one may be in the pod's namespace by now
-                self._loop_call(self._start_waiting_thread)
+                self._threads -= 1
+                with contextlib.suppress(ValueError):
+                    self._pending.remove(taken)
 
     def _wait_again(self) -> None:
         """On the event loop: a waiting thread again, unless one is waiting or the path is stopping."""
         with self._lock:
             if self._waiting:  # another path started one meanwhile (a call that ended): one waiter at a time
                 return
-            if self._stopping or self._running >= self.max_concurrent:
+            if self._stopping:
                 return
             self._waiting = True
         self._start_waiting_thread()
@@ -286,8 +250,9 @@ class FastPath:
             with contextlib.suppress(RuntimeError):  # the loop is closed: install-cni stopped meanwhile
                 self._loop.call_soon_threadsafe(function)
 
-    def _serve(self, conn: socket.socket) -> None:
-        """One connection, on its own thread: read, check, run, answer, close, then log."""
+    def _serve(self, taken: _Taken) -> None:
+        """One connection, on its own thread: read, check, wait for a slot, run, answer, close, then log."""
+        conn = taken.conn
         handed = False  # to a `_Call`: from then on only the side that claims it uses or closes the connection
         try:
             try:
@@ -301,6 +266,8 @@ class FastPath:
                 log.error("fast path: a malformed request from pid %d: %s", pid, exc)
                 return
             except (OSError, TimeoutError):
+                if taken.evicted:  # its launcher may still read: nothing was done, so it runs in-process
+                    _send(conn, fastwire.encode_refusal(), timeout=1.0)
                 return  # the caller went away or never sent its request
             if uid != 0:
                 log.warning("fast path: refused a call from pid %d, uid %d (only root, the container runtime, is "
@@ -316,34 +283,72 @@ class FastPath:
                             env.get("CNI_CONTAINERID", ""))
                 _send(conn, fastwire.encode_refusal())
                 return
+            if not self._take_slot(taken):
+                if not taken.evicted:
+                    log.warning("fast path: all %d call slots stayed busy for %.1f s; container %s's istio-cni runs "
+                                "in-process", self.max_concurrent, SLOT_WAIT, env.get("CNI_CONTAINERID", ""))
+                _send(conn, fastwire.encode_refusal(), timeout=1.0)
+                return
             handed = True
             self._run(conn, env, stdin)
         finally:
             if not handed:
                 _close(conn)
 
+    def _take_slot(self, taken: _Taken) -> bool:
+        """A call slot for this request within `SLOT_WAIT` seconds; False when it was refused instead."""
+        end = time.monotonic() + SLOT_WAIT
+        with self._lock:
+            while True:
+                if taken.evicted or self._stopping:
+                    return False
+                if self._active < self.max_concurrent:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._slot_free.wait(left)
+            self._active += 1
+            with contextlib.suppress(ValueError):
+                self._pending.remove(taken)  # running: no longer one to make room from
+            return True
+
+    def _release_slot(self) -> None:
+        """The side that claimed a call (its thread, the deadline watch or stop) frees its slot, once."""
+        with self._lock:
+            self._active -= 1
+            self._slot_free.notify()
+
     def _run(self, conn: socket.socket, env: dict[str, str], stdin: bytes) -> None:
         started = time.monotonic()
-        call = _Call(conn, env, stdin, started)
+        call = Call(conn, env, stdin, started, call_deadline(env))
         command, container = call.command, call.container
         with self._lock:
             self._calls.add(call)
         try:
             try:
-                result = run_call(env, stdin, self.client.get_pod)
+                result = run_call(env, stdin, call.guard(self.client.get_pod), call.sleep)
+            except Abandoned:  # answered by the watch or stop, which freed the slot; nothing more to do here
+                log.warning("fast path: %s for container %s stopped after its answer was given (error 11)", command,
+                            container)
+                return
             except Exception as exc:  # a bug in the plugin's code path: the in-process plugin would crash too
                 log.exception("fast path: %s for container %s failed", command, container)
-                result = _late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
+                result = late_answer(command, container, 0, stdin, f"{type(exc).__name__}: {exc}")
             except BaseException:  # SystemExit and the like: no answer (the launcher reports error 11), then on
                 if call.claim():
                     _close(conn)
+                    self._release_slot()
                 raise
             if not call.claim():  # the watch or stop answered and closed it: the connection is theirs
                 log.warning("fast path: %s for container %s finished after its deadline or install-cni's stop with "
                             "status %d (answer dropped)", command, container, result.code)
                 return
-            _send(conn, fastwire.encode_answer(result.code, result.stdout, result.stderr))
-            _close(conn)  # the launcher stops reading once the answer is whole; closed before logging anyway
+            try:
+                _send(conn, fastwire.encode_answer(result.code, result.stdout, result.stderr))
+                _close(conn)  # the launcher stops reading once the answer is whole; closed before logging anyway
+            finally:
+                self._release_slot()
             elapsed = time.monotonic() - started
         finally:
             with self._lock:
@@ -362,12 +367,14 @@ class FastPath:
                 if now > call.deadline and call.claim():
                     log.error("fast path: %s for container %s did not finish within %.0f s; answered try again later",
                               call.command, call.container, call.limit)
-                    late = _late_answer(call.command, call.container, call.limit, call.stdin)
+                    late = late_answer(call.command, call.container, call.limit, call.stdin)
                     _send(call.conn, fastwire.encode_answer(late.code, late.stdout, late.stderr), timeout=1.0)
                     _close(call.conn)
+                    call.cancel()  # its thread stops at its next retry
+                    self._release_slot()  # at once: the thread may still be in a GET or a restore
 
 
-def _send(conn: socket.socket, data: bytes, timeout: float = READ_TIMEOUT) -> None:
+def _send(conn: socket.socket, data: bytes, timeout: float = ANSWER_TIMEOUT) -> None:
     with contextlib.suppress(OSError):
         conn.settimeout(timeout)
         conn.sendall(data)
@@ -378,9 +385,7 @@ def _close(conn: socket.socket) -> None:
         conn.close()
 
 
-def _late_answer(command: str, container: str, deadline: float, stdin: bytes, why: str = "") -> CallResult:
-    from istio_agent.cni.plugin.protocol import ERR_TRY_AGAIN_LATER, CniError, error_result, error_version
-
-    message = why or f"the node agent did not finish {command} for container {container} within {deadline:.0f} s"
-    body = error_result(CniError(ERR_TRY_AGAIN_LATER, f"istio-cni: {message}"), error_version(stdin))
-    return CallResult(1, body, b"", ())
+def _wake(conn: socket.socket) -> None:
+    """End the read another thread may be blocked in on `conn` (it sees the end of the stream); writing still works."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RD)

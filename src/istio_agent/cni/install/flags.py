@@ -11,7 +11,7 @@ Some of upstream's settings are read by viper from the environment only (they
 have no registered flag: `EXCLUDE_NAMESPACES`, `POD_NAMESPACE`,
 `NATIVE_NFTABLES`, the ambient ones, `REPAIR_REPAIR_PODS`); here each is a
 flag too. Ours, not upstream's: `--cni-bin-dir`, `--service-account-dir`,
-`--readiness-port`. The repair controller's defaults are its options'
+`--readiness-port`, `--repair-host-proc-dir`. The repair controller's defaults are its options'
 (`cni/repair/options.py`). `main.py` builds the command line from this table,
 `options.py` resolves it into `InstallOptions`, and
 `docs/reference/install-cni.md` is generated from it.
@@ -70,8 +70,8 @@ def _flag(name: str, default: Any, description: str, *, dest: str | None = None,
                 takes_value=True, upstream=upstream, support=support, note=note)
 
 
-def _repair(name: str, field: str, description: str) -> Flag[Any]:
-    return _flag(name, getattr(_REPAIR, field), description, dest=field)
+def _repair(name: str, field: str, description: str, *, upstream: bool = True) -> Flag[Any]:
+    return _flag(name, getattr(_REPAIR, field), description, dest=field, upstream=upstream)
 
 
 # Settings that go to InstallOptions' field of the same name (but `log-level`, the plugin's level's fallback).
@@ -141,6 +141,9 @@ REPAIR_FLAGS: tuple[Flag[Any], ...] = (
             "A set of label selectors in label=value format that will be added to the pod list filters"),
     _repair("repair-field-selectors", "field_selectors",
             "A set of field selectors in label=value format that will be added to the pod list filters"),
+    _repair("repair-host-proc-dir", "host_proc_dir",
+            "Where the host's /proc is mounted: in-place repair finds pods' network namespaces there "
+            "(not upstream: upstream hard-codes /host/proc)", upstream=False),
 )
 # Ours (upstream hard-codes these for its container image); InstallOptions' fields of the same name.
 OUR_FLAGS: tuple[Flag[Any], ...] = (
@@ -170,6 +173,13 @@ KUBERNETES_ENV: tuple[EnvVar[str], ...] = (
            "string"),
 )
 
+# `install-cni version`, upstream's (istio's common version subcommand).
+VERSION = Command("version", "Prints out build version information", (
+    Flag("short", False, "Use --short=false to generate full version information", go_bool, "bool", short="s",
+         takes_value=True),
+    Flag("output", "", "One of 'yaml' or 'json'.", short="o"),
+))
+
 INSTALL_CNI = Program(
     "install-cni",
     "The Istio CNI node agent: installs the `istio-cni` plugin (its binary and its entry in the node's CNI "
@@ -177,7 +187,8 @@ INSTALL_CNI = Program(
     "and repairs pods broken by the race between the CNI and the pod's start. It runs until SIGTERM or SIGINT. "
     "Every flag can also be given by its variable; the command line wins.",
     (Command("", "Install and configure the Istio CNI plugin on a node, keep it installed, repair pods broken by "
-             "the race.", (*LOG_FLAGS, *FLAGS)),),
+             "the race.", (*LOG_FLAGS, *FLAGS)),
+     VERSION),
     "src/istio_agent/cni/install/flags.py",
     variables=KUBERNETES_ENV,
 )

@@ -7,10 +7,14 @@ into the run dir, our entry into the CNI config (what `cniconfig.plan_config_wri
 says). Each writes only when what is there differs, so a re-check after our own
 write is read-only and another agent watching the net dir is not woken for
 nothing. Files are replaced atomically (temp file in the same directory, then
-rename) keeping a merged file's permissions and owner.
+rename) keeping a merged file's permissions and owner, and never over a file
+that changed since it was read: just before the rename the file must still
+hold the bytes the merge was made from, else it is read and merged again
+(`netdir.unchanged_since`). Files are read with `netdir`'s limits.
 
 `Installer.cleanup` undoes it (upstream's Cleanup): our entry out of the primary
-file, or our own file deleted; the kubeconfig and the executable removed. When
+file, or our own file deleted; the kubeconfig and the executable removed, each
+step whatever the one before it met. When
 the primary still holds exactly what we wrote, its original bytes (and `.conf`
 name) are put back, so the node's file is byte-identical to before install-cni;
 otherwise (someone changed it since) our entry is removed as upstream does.
@@ -22,7 +26,7 @@ re-check, install again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import os
 import stat
@@ -31,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istio_agent.cni.install import binaries, cniconfig
+from istio_agent.cni.install import binaries, cniconfig, netdir
 from istio_agent.cni.install.kubeconfig import KubeconfigInputs, render_kubeconfig
 from istio_agent.cni.install.options import InstallOptions
 from istio_agent.cni.install.watcher import DirectoryWatcher, ReinstallThrottle
@@ -47,6 +51,7 @@ RESULT_CREATE_KUBECONFIG_FAILURE = "CREATE_KUBECONFIG_FAILURE"
 RESULT_CREATE_CNI_CONFIG_FAILURE = "CREATE_CNI_CONFIG_FAILURE"
 
 RECHECK_INTERVAL = 5.0  # seconds: the safety net under inotify
+WRITE_ATTEMPTS = 3  # reads and merges of a file another writer keeps changing under us, per install round
 
 
 class InstallError(Exception):
@@ -55,28 +60,6 @@ class InstallError(Exception):
     def __init__(self, result: str, message: str) -> None:
         super().__init__(message)
         self.result = result
-
-
-def read_listing(net_dir: str, extra_names: tuple[str, ...] = ()) -> cniconfig.Listing:
-    """The net dir's `.conf`/`.conflist` files (and `extra_names`) with their text, as `cniconfig` takes it."""
-    files: dict[str, str | None] = {}
-    try:
-        entries = list(os.scandir(net_dir))
-    except FileNotFoundError:
-        return cniconfig.Listing({})
-    wanted = set(extra_names)
-    for entry in entries:
-        if not (entry.name.endswith(cniconfig.CNI_EXTENSIONS) or entry.name in wanted):
-            continue
-        try:
-            if not entry.is_file():  # follows symlinks, as libcni's reading does
-                continue
-            files[entry.name] = Path(entry.path).read_text(encoding="utf-8", errors="surrogateescape")
-        except FileNotFoundError:
-            continue
-        except OSError:
-            files[entry.name] = None
-    return cniconfig.Listing(files)
 
 
 @dataclass
@@ -180,7 +163,7 @@ class Installer:
     # ---- the CNI config
     def listing(self) -> cniconfig.Listing:
         extra = tuple(n for n in self._names_of_interest() if n)
-        return read_listing(self.options.mounted_cni_net_dir, extra)
+        return netdir.read_listing(self.options.mounted_cni_net_dir, extra)
 
     def _names_of_interest(self) -> list[str]:
         name = self.settings.cni_conf_name
@@ -196,28 +179,40 @@ class Installer:
         return cniconfig.check_installed(self.settings, listing or self.listing(), self.written)
 
     def sync_config(self) -> tuple[bool, str | None]:
-        """Write our entry if it is not in effect: (whether a file was written, why we wait, if we do)."""
-        listing = self.listing()
-        reason = self.check_config(listing)
-        if reason is None:
-            return False, None
-        try:
-            plan = cniconfig.plan_config_write(self.settings, listing, self.entry)
-        except cniconfig.CniConfigError as exc:
-            raise InstallError(RESULT_CREATE_CNI_CONFIG_FAILURE, f"create CNI config file: {exc}") from None
-        if isinstance(plan, cniconfig.Waiting):
-            return False, plan.reason
-        if self.written is not None:
-            log.info("configuration requires updates, (re)writing CNI config file: %s", reason)
-        if (self.written and self.written != plan.final_name and not self.settings.istio_owned
-                and self.settings.chained_cni_plugin):
-            self._take_entry_out(self.written)  # the primary moved: leave no entry behind in the old one
-        try:
-            self._write_config(plan, listing)
-        except OSError as exc:
-            raise InstallError(RESULT_CREATE_CNI_CONFIG_FAILURE,
-                               f"create CNI config file {plan.target}: {exc.strerror or exc}") from None
-        return True, None
+        """Write our entry if it is not in effect: (whether a file was written, why we wait, if we do).
+
+        A file that changed between our read and our write is read and merged again (`WRITE_ATTEMPTS` in all):
+        the other writer's newer file is never replaced by its older content plus our entry.
+        """
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            listing = self.listing()
+            reason = self.check_config(listing)
+            if reason is None:
+                return False, None
+            try:
+                plan = cniconfig.plan_config_write(self.settings, listing, self.entry)
+            except cniconfig.CniConfigError as exc:
+                raise InstallError(RESULT_CREATE_CNI_CONFIG_FAILURE, f"create CNI config file: {exc}") from None
+            if isinstance(plan, cniconfig.Waiting):
+                return False, plan.reason
+            if self.written is not None:
+                log.info("configuration requires updates, (re)writing CNI config file: %s", reason)
+            try:
+                if (self.written and self.written != plan.final_name and not self.settings.istio_owned
+                        and self.settings.chained_cni_plugin):
+                    self._leave(self.written)  # the primary moved: leave no entry behind in the old one
+                self._write_config(plan, listing)
+            except netdir.Changed as exc:
+                log.info("%s; reading it again (attempt %d of %d)", exc, attempt, WRITE_ATTEMPTS)
+                continue
+            except (OSError, ValueError) as exc:
+                raise InstallError(RESULT_CREATE_CNI_CONFIG_FAILURE,
+                                   f"create CNI config file {plan.target}: {getattr(exc, 'strerror', None) or exc}"
+                                   ) from None
+            return True, None
+        raise InstallError(RESULT_CREATE_CNI_CONFIG_FAILURE,
+                           f"create CNI config file: the file kept changing while install-cni merged into it "
+                           f"({WRITE_ATTEMPTS} attempts); trying again at its next change")
 
     def _write_config(self, plan: cniconfig.ConfigWrite, listing: cniconfig.Listing) -> None:
         net_dir = Path(self.options.mounted_cni_net_dir)
@@ -226,14 +221,17 @@ class Installer:
         data = plan.text.encode("utf-8", "surrogateescape")
         mode, owner = self.options.cni_conf_mode, None
         source_bytes = b""
+        check = None
+        if plan.source is not None:
+            source_bytes = (listing.text(plan.source) or "").encode("utf-8", "surrogateescape")
+            check = functools.partial(netdir.unchanged_since, net_dir / plan.source, source_bytes)
         if plan.keep_source_mode and plan.source is not None:
             info = (net_dir / plan.source).stat()
             mode, owner = stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
-            source_bytes = (listing.text(plan.source) or "").encode("utf-8", "surrogateescape")
         if plan.rename_to is None and listing.text(plan.target) == plan.text and _mode_of(target) == mode:
             log.info("valid Istio config already present in %s, not modifying", target)
         else:
-            binaries.atomic_write(target, data, mode, owner)
+            binaries.atomic_write(target, data, mode, owner, before_rename=check)
             if plan.rename_to is not None:
                 log.info("renaming %s extension to .conflist", target)
                 os.rename(target, final)
@@ -246,30 +244,57 @@ class Installer:
         else:
             self._merged = None
 
-    def _take_entry_out(self, name: str) -> None:
-        """Our entry out of a file we merged into (restoring its original bytes when it is as we left it)."""
-        path = Path(self.options.mounted_cni_net_dir) / name
+    def _leave(self, name: str) -> None:
+        """Our entry out of the file we merged into before, best effort: what it became is its writer's."""
         try:
-            current = path.read_bytes()
+            self._take_entry_out(name)
+        except (OSError, ValueError) as exc:
+            log.warning("could not take the istio-cni entry out of %s: %s", name, _described(exc))
+
+    def _take_entry_out(self, name: str) -> None:
+        """Our entry out of a file we merged into (restoring its original bytes when it is as we left it).
+
+        Re-read and done again when the file changes between our read and our write (`WRITE_ATTEMPTS`).
+        """
+        path = Path(self.options.mounted_cni_net_dir) / name
+        for _ in range(WRITE_ATTEMPTS - 1):
+            try:
+                self._take_entry_out_once(path)
+                return
+            except netdir.Changed as exc:
+                log.info("%s; reading it again", exc)
+        self._take_entry_out_once(path)
+
+    def _take_entry_out_once(self, path: Path) -> None:
+        try:
+            current = netdir.read_bounded(path)
         except FileNotFoundError:
             return
         merged = self._merged
-        if merged is not None and merged.name == name and merged.original_name is not None \
+        check = functools.partial(netdir.unchanged_since, path, current)  # just before the rename
+        if merged is not None and merged.name == path.name and merged.original_name is not None \
                 and current == merged.written:
             original = path.with_name(merged.original_name)
-            binaries.atomic_write(original, merged.original, merged.original_mode, merged.original_owner)
+            binaries.atomic_write(original, merged.original, merged.original_mode, merged.original_owner,
+                                  before_rename=check)
             if original != path:
                 os.unlink(path)
             log.info("restored %s as it was before install", original)
             return
         text = current.decode("utf-8", "surrogateescape")
+        config = cniconfig.remove_plugin_entry(text, path.name)  # CniConfigError naming why, if it is no list now
         if not cniconfig.has_plugin_entry(text):
             return
-        config = cniconfig.remove_plugin_entry(text, name)
         info = path.stat()
         binaries.atomic_write(path, cniconfig.marshal_config(config).encode("utf-8", "surrogateescape"),
-                     stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid))
+                              stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid), before_rename=check)
         log.info("removed the istio-cni entry from %s", path)
+
+    def in_effect(self) -> bool:
+        """Whether the installation holds as the files are now (for /readyz): our CNI config in effect, the
+        executable and the kubeconfig in place. Read-only and bounded (`netdir`'s limits)."""
+        plugin = Path(self.options.cni_bin_dir) / binaries.PLUGIN_NAME
+        return self.check_config() is None and self.kubeconfig_path.is_file() and plugin.is_file()
 
     # ---- all of it
     def install_all(self) -> StepOutcome:
@@ -289,8 +314,11 @@ class Installer:
         return StepOutcome(ready, changed)
 
     def cleanup(self) -> None:
-        """Remove our CNI config (entry or file), the kubeconfig and the executable; errors are logged and the
-        remaining steps still run."""
+        """Remove our CNI config (entry or file), the kubeconfig and the executable.
+
+        Each step runs whatever the steps before it met (a file that no longer parses, one too large to
+        read, a directory gone): its error is logged and the rest is still removed.
+        """
         log.info("cleaning up CNI installation")
         if self.written is not None:
             path = Path(self.options.mounted_cni_net_dir) / self.written
@@ -302,16 +330,27 @@ class Installer:
                 else:
                     log.info("removing Istio CNI config from CNI config file: %s", path)
                     self._take_entry_out(self.written)
-            except (OSError, cniconfig.CniConfigError) as exc:
-                log.error("cleanup of %s failed: %s", path, exc)
-        with contextlib.suppress(FileNotFoundError):
+            except Exception as exc:  # whatever it was, the kubeconfig and binary still go
+                log.error("cleanup of %s failed: %s", path, _described(exc))
+        try:
             self.kubeconfig_path.unlink()
             log.info("removed Istio CNI kubeconfig file: %s", self.kubeconfig_path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            log.error("removing the kubeconfig %s failed: %s", self.kubeconfig_path, _described(exc))
         try:
             if binaries.remove_plugin(self.options.cni_bin_dir):
                 log.info("removed binary: %s", Path(self.options.cni_bin_dir) / binaries.PLUGIN_NAME)
-        except OSError as exc:
-            log.error("removing the binary failed: %s", exc)
+        except Exception as exc:
+            log.error("removing the binary failed: %s", _described(exc))
+
+
+def _described(exc: BaseException) -> str:
+    """An error for the log, in one line: the OS's words for an OSError, else its type and message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, cniconfig.CniConfigError) else str(exc)
 
 
 def _mode_of(path: Path) -> int:

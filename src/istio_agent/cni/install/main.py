@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from istio_agent.cni.install import binaries
-from istio_agent.cni.install.flags import FLAGS, INSTALL_CNI, KUBERNETES_ENV, LOG_FLAGS
+from istio_agent.cni.install.flags import FLAGS, INSTALL_CNI, KUBERNETES_ENV, LOG_FLAGS, VERSION
 from istio_agent.cni.install.options import OptionsError, resolve_install_options
 from istio_agent.config import clickflags
 from istio_agent.config.reference import default_text
@@ -102,11 +102,16 @@ def _flag_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
-               help=INSTALL_CNI.commands[0].summary)
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
+
+
+@click.group(context_settings=CONTEXT, help=INSTALL_CNI.commands[0].summary, invoke_without_command=True)
 @clickflags.options(LOG_FLAGS)
 @_flag_options
-def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None:
+@click.pass_context
+def command(ctx: click.Context, log_output_level: str, log_as_json: bool, **raw: str | None) -> None:
+    if ctx.invoked_subcommand is not None:  # `install-cni version`: the node agent does not run
+        return
     configure_logging(log_output_level, log_as_json)
     values = {flag.name: raw[key] for flag in FLAGS if raw.get(key := flag.name.replace("-", "_")) is not None}
     env = {variable.name: raw.get(variable.name.lower()) or "" for variable in KUBERNETES_ENV}
@@ -139,6 +144,17 @@ def command(log_output_level: str, log_as_json: bool, **raw: str | None) -> None
     from istio_agent.cni.install.assembly import run_install_cni
 
     sys.exit(run_install_cni(options, access, source))
+
+
+@command.command("version", context_settings=CONTEXT, help=VERSION.summary)
+@clickflags.options(VERSION.flags)
+def version(short: bool, output: str) -> None:
+    from istio_agent.version import VersionOutputError, version_output
+
+    try:
+        click.echo(version_output(short, output), nl=False)
+    except VersionOutputError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def main() -> None:

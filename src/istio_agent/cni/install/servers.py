@@ -7,7 +7,8 @@ agent's shared `httpio` server with one catch-all route: a handful of fixed
 paths, connections kept alive, request bodies capped (4 MiB, 413 beyond), and
 the same refusals of non-HTTP input and slow clients as the status server.
 
-- health: `/healthz` 200 always, `/readyz` 200 while `Readiness.ready`, else 503;
+- health: `/healthz` 200 always, `/readyz` 200 while installed and in effect as the files are now
+  (`Readiness.now`), else 503;
 - metrics: `/metrics`, the registry in Prometheus' text format 0.0.4 (upstream's path; `istio_agent.metrics`);
 - log socket: POST `/log` from the plugin (`pluginlog` parses it), each line
   logged under the plugin's logger with the plugin's time and labels; the
@@ -40,9 +41,24 @@ Handler = Callable[[str, str, bytes], Awaitable[tuple[int, str, bytes]]]
 
 @dataclass
 class Readiness:
-    """What /readyz reports: installed, and our entry still in effect."""
+    """What /readyz reports: installed (the installer loop's last round), and still in effect now.
+
+    `check` is asked on every /readyz (the installer's look at the files as they are): a writer that took
+    our entry out makes /readyz 503 at once, not only once the loop has seen the change and put it back.
+    """
 
     ready: bool = False
+    check: Callable[[], bool] | None = None
+
+    def now(self) -> bool:
+        if not self.ready:
+            return False
+        if self.check is None:
+            return True
+        try:
+            return self.check()
+        except Exception:  # a look that fails is no proof of readiness
+            return False
 
 
 def _text(status: int, text: str) -> tuple[int, str, bytes]:
@@ -54,7 +70,7 @@ def health_handler(readiness: Readiness) -> Handler:
         if path == "/healthz":
             return _text(200, "")
         if path == "/readyz":
-            return _text(200, "") if readiness.ready else _text(503, "Service Unavailable\n")
+            return _text(200, "") if readiness.now() else _text(503, "Service Unavailable\n")
         return _text(404, "404 page not found\n")
     return handle
 

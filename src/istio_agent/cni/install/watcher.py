@@ -147,9 +147,14 @@ class DirectoryWatcher:
                 self._changed.set()
 
     async def wait(self, timeout: float) -> bool:
-        """Until a relevant change (True) or `timeout` seconds (False); the change flag is then cleared."""
+        """Until a relevant change (True) or `timeout` seconds (False); the change flag is then cleared.
+
+        `asyncio.timeout`, not `wait_for`: Python 3.11's `wait_for` swallows a cancellation that arrives as the
+        change does, and install-cni's stop (SIGTERM while another writer changes files) then waited for ever.
+        """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
         changed = self._changed.is_set()
         self._changed.clear()
         return changed

@@ -1,4 +1,5 @@
-"""The plugin's log: JSON lines on stderr, and the same entries POSTed to the node agent's log socket.
+"""The plugin's log: JSON lines on stderr, and the same entries POSTed to the node agent's log socket (and, for
+ADD, those at info and above appended to `istio-cni.log`: `rollinglog.py`).
 
 stdout belongs to the CNI protocol, so the plugin logs to stderr (the runtime
 keeps it) and, as upstream does, to install-cni's `<cni_agent_run_dir>/log.sock`:
@@ -66,6 +67,7 @@ class PluginLog:
         self.clock = clock
         self.labels: dict[str, str] = {}
         self.entries: list[str] = []
+        self.file_entries: list[str] = []  # those at info and above: what upstream's rolling file keeps
 
     def set_level(self, level: str) -> None:
         if level and level not in LEVELS:
@@ -79,6 +81,8 @@ class PluginLog:
             return
         line = format_entry(level, msg, self.clock(), self.labels)
         self.entries.append(line)
+        if LEVELS[level] >= LEVELS["info"]:
+            self.file_entries.append(line)
         try:
             self.stderr.write(line + "\n")
             self.stderr.flush()

@@ -41,14 +41,16 @@ if TYPE_CHECKING:
 
 
 class Outcome:
-    """What one invocation answers: the exit status, stdout's bytes, and the log socket it would post to."""
+    """What one invocation answers: the exit status, stdout's bytes, the log socket it would post to, and (ADD)
+    the rolling log file its entries at info and above go to."""
 
-    __slots__ = ("code", "socket_path", "stdout")
+    __slots__ = ("code", "log_file", "socket_path", "stdout")
 
-    def __init__(self, code: int, stdout: bytes, socket_path: str = "") -> None:
+    def __init__(self, code: int, stdout: bytes, socket_path: str = "", log_file: str = "") -> None:
         self.code = code
         self.stdout = stdout
         self.socket_path = socket_path
+        self.log_file = log_file
 
 
 def handle(env: Mapping[str, str], stdin: bytes | OSError, log: PluginLog,
@@ -59,7 +61,7 @@ def handle(env: Mapping[str, str], stdin: bytes | OSError, log: PluginLog,
     `get` fetches the pod (default: one fresh HTTPS GET per attempt); the log's
     entries are in `log` (and on its stderr) when this returns.
     """
-    socket_path = ""
+    socket_path = log_file = ""
     version = ""
     if isinstance(stdin, OSError):
         if env.get("CNI_COMMAND", "") in ("", "VERSION"):
@@ -84,6 +86,9 @@ def handle(env: Mapping[str, str], stdin: bytes | OSError, log: PluginLog,
         result = b""
         if request.command == "ADD":
             from istio_agent.cni.plugin.add import cmd_add
+            from istio_agent.cni.plugin.rollinglog import LOG_NAME
+
+            log_file = os.path.join(conf.cni_agent_run_dir, LOG_NAME)
 
             log.debug(f"istio-cni ADD for container {request.container_id}, netns {request.netns}, "
                       f"if {request.ifname}, args {request.args!r}")
@@ -94,28 +99,41 @@ def handle(env: Mapping[str, str], stdin: bytes | OSError, log: PluginLog,
                 cmd_add(request, conf, env, log, get=get, sleep=sleep)
         # DEL, CHECK, STATUS and GC have nothing to do in sidecar mode (upstream's are no-ops too):
         # the rules live in the pod's netns and go with it.
-        return Outcome(0, result, socket_path)
+        return Outcome(0, result, socket_path, log_file)
     except CniError as err:
         log.error(f"istio-cni {env.get('CNI_COMMAND', '')} error: {err}")
-        return Outcome(1, error_result(err, version or error_version(stdin)), socket_path)
+        return Outcome(1, error_result(err, version or error_version(stdin)), socket_path, log_file)
     except Exception as err:
         log.error(f"istio-cni {env.get('CNI_COMMAND', '')} failed unexpectedly: {type(err).__name__}: {err}")
         return Outcome(1, error_result(CniError(ERR_INTERNAL, f"istio-cni failed: {type(err).__name__}: {err}"),
-                                       version or error_version(stdin)), socket_path)
+                                       version or error_version(stdin)), socket_path, log_file)
 
 
 def run(env: Mapping[str, str], stdin: bytes | OSError, stdout: BinaryIO, stderr: TextIO,
         sleep: Callable[[float], None] = time.sleep) -> int:
     """One in-process invocation: the answer written to `stdout`, the log to the node agent's socket; the status."""
     log = PluginLog(stderr=stderr)
-    outcome = handle(env, stdin, log, sleep)
+    try:
+        outcome = handle(env, stdin, log, sleep)
+    except Exception as err:  # past handle's own guards: still the spec's error object, never a traceback
+        outcome = Outcome(1, error_result(CniError(ERR_INTERNAL, f"istio-cni failed: {type(err).__name__}")))
     try:
         if outcome.stdout:
             stdout.write(outcome.stdout)
     finally:
         if outcome.socket_path:
             send_to_socket(outcome.socket_path, log.entries)
+        if outcome.log_file:
+            write_log_file(outcome.log_file, log.file_entries)
     return outcome.code
+
+
+def write_log_file(path: str, entries: list[str]) -> None:
+    """ADD's entries at info and above to the rolling `istio-cni.log` (best effort, as the socket)."""
+    if entries:
+        from istio_agent.cni.plugin.rollinglog import append
+
+        append(path, entries)
 
 
 def read_stdin() -> bytes | OSError:

@@ -10,6 +10,8 @@ plugin is built on) for spec versions 0.3.0 to 1.1.0:
 - stdin must be a JSON object with a usable `name` (codes 6 and 7); a missing
   `cniVersion` means 0.1.0, which this plugin does not speak (code 1).
 - CHECK needs a config version of at least 0.4.0, STATUS and GC 1.1.0.
+- stdin nested deeper than `jsonlimits.MAX_DEPTH` is a decoding error (code 6), refused before it is
+  parsed: every failure is answered with an error object, never a traceback.
 
 Nothing here reads the environment or does I/O: `main.py` passes them in.
 A plain class instead of dataclasses keeps `import dataclasses` (and
@@ -19,6 +21,8 @@ A plain class instead of dataclasses keeps `import dataclasses` (and
 from __future__ import annotations
 
 import json
+
+from istio_agent.cni.jsonlimits import loads as load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -141,7 +145,7 @@ def check_version(command: str, version: str) -> None:
 def parse_network_config(stdin: bytes) -> dict[str, object]:
     """stdin as a network config object with a valid `name` (skel's validateConfig)."""
     try:
-        config = json.loads(stdin)
+        config = load_json(stdin)  # nesting limited: a deep document is a decoding error, not a crash
     except (ValueError, UnicodeDecodeError) as err:
         raise CniError(ERR_DECODING_FAILURE, f"failed to parse the network configuration on stdin as JSON: {err}") \
             from None
@@ -243,7 +247,7 @@ def version_result(stdin: bytes) -> bytes:
     """VERSION's answer: the supported versions, and the input's cniVersion when it is one of them (spec 1.1)."""
     version = LATEST
     try:
-        asked = json.loads(stdin).get("cniVersion") if stdin.strip() else None
+        asked = load_json(stdin).get("cniVersion") if stdin.strip() else None  # type: ignore[attr-defined]
     except (ValueError, UnicodeDecodeError, AttributeError):
         asked = None
     if isinstance(asked, str) and asked in SUPPORTED_VERSIONS:
@@ -264,9 +268,10 @@ def error_result(err: CniError, version: str = "") -> bytes:
 
 
 def error_version(stdin: bytes) -> str:
-    """Best effort: the config's cniVersion, for labelling an error found before the request parsed."""
+    """Best effort: the config's cniVersion, for labelling an error found before the request parsed (never raises:
+    it labels the answers to every failure)."""
     try:
-        version = json.loads(stdin).get("cniVersion", "")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+        version = load_json(stdin).get("cniVersion", "")  # type: ignore[attr-defined]
+    except Exception:
         return ""
     return version if isinstance(version, str) else ""

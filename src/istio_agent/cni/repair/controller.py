@@ -8,9 +8,10 @@ Each pod `rules.diagnose` finds broken is acted on once per resourceVersion (`le
 `pods/{name}/status` or deleted with upstream's preconditions; a failure is logged with the API's message and
 retried with backoff.
 
-In-place repair (`repair_pods`, upstream's REPAIR_REPAIR_PODS) enters the pod's network namespace, found by
-scanning the host's /proc for the pod's IP; this controller works through the Kubernetes API only, so it falls
-back to deletion or labelling when those are set, and says so.
+In-place repair (`repair_pods`, upstream's REPAIR_REPAIR_PODS, which wins over deletion and labelling) programs
+the pod's capture in its network namespace, found through the host's procfs by the pod's IP (`inplace.py`); it
+needs no API call beyond the watch. As upstream, each pod (uid) is repaired once: the pod stays broken in the
+API's eyes until the kubelet restarts its validation, and the rules are in place meanwhile.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from istio_agent.cni.repair.inplace import InPlaceError, InPlaceRepair
 from istio_agent.cni.repair.ledger import Backoff, Ledger
 from istio_agent.cni.repair.options import RepairOptions
 from istio_agent.cni.repair.rules import (
@@ -66,27 +68,17 @@ class RepairMetrics:
         self.repaired.labels(type=action, result=result).inc()
 
 
-def effective_action(options: RepairOptions) -> Action | None:
-    """Upstream's choice, with in-place repair (not possible through the API alone) falling back."""
-    action = chosen_action(options)
-    if action != "repair":
-        return action
-    fallback: Action | None = "delete" if options.delete_pods else "label" if options.label_pods else None
-    log.warning("in-place repair (REPAIR_REPAIR_PODS) is not supported here: it needs the pod's network namespace "
-                "on this node, and this controller works through the Kubernetes API only; broken pods are %s",
-                f"handled by {fallback} instead" if fallback else "only logged")
-    return fallback
-
-
 class RepairController:
     """One list+watch of the selected pods, a cache of their latest versions and one worker acting on them."""
 
     def __init__(self, options: RepairOptions, action: Action | None, api: PodApi, metrics: RepairMetrics,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, in_place: InPlaceRepair | None = None) -> None:
         self.options, self.action, self.api, self.metrics = options, action, api, metrics
         self.backoff = backoff or Backoff()
         self.ledger = Ledger(self.backoff)
+        self.in_place = in_place or InPlaceRepair(options.host_proc_dir)
         self.pods: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.repaired: dict[tuple[str, str], str] = {}  # in-place repair: the uid repaired (or left alone) per pod
         self.resource_version = ""
         self.synced = asyncio.Event()  # set once the first list is in
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -144,6 +136,7 @@ class RepairController:
         fresh = {(pod_key(p).namespace, pod_key(p).name): p for p in items}
         for key in self.pods.keys() - fresh.keys():
             self.ledger.forget(key)
+            self.repaired.pop(key, None)
         self.pods = fresh
         for pod in items:
             self._consider(pod)
@@ -155,6 +148,7 @@ class RepairController:
         if kind == "DELETED":
             self.pods.pop((key.namespace, key.name), None)
             self.ledger.forget((key.namespace, key.name))
+            self.repaired.pop((key.namespace, key.name), None)
         elif kind in ("ADDED", "MODIFIED"):
             self.pods[(key.namespace, key.name)] = obj
             self._consider(obj)
@@ -185,7 +179,7 @@ class RepairController:
                 continue
             try:
                 await self._act(pod)
-            except KubeApiError as exc:
+            except (KubeApiError, InPlaceError) as exc:
                 delay = self.ledger.failed(slot, key.uid, version)
                 if delay is None:
                     log.error("could not %s broken pod %s: %s; giving up until it changes", self.action, key, exc)
@@ -202,8 +196,8 @@ class RepairController:
     async def _act(self, pod: Mapping[str, Any]) -> None:
         key = pod_key(pod)
         if self.action is None:
-            log.warning("broken pod %s left as it is: neither --repair-delete-pods nor --repair-label-pods is set",
-                        key)
+            log.warning("broken pod %s left as it is: none of --repair-repair-pods, --repair-delete-pods and "
+                        "--repair-label-pods is set", key)
         elif self.action == "label":
             if has_label(pod, self.options.label_key):
                 self.metrics.count("label", RESULT_SKIP)
@@ -215,6 +209,30 @@ class RepairController:
         elif self.action == "delete":
             await self._counted(pod, "delete", self.api.delete(key.namespace, key.name, delete_options(pod)))
             log.info("deleted broken pod %s", key)
+        elif self.action == "repair":
+            await self._repair_in_place(pod)
+
+    async def _repair_in_place(self, pod: Mapping[str, Any]) -> None:
+        """Upstream's repairPod: once per pod uid; counted as type="repair"; no event (upstream writes none)."""
+        key = pod_key(pod)
+        slot = (key.namespace, key.name)
+        if self.repaired.get(slot) == key.uid:
+            log.debug("broken pod %s already repaired in place (uid %s)", key, key.uid)
+            return
+        log.info("repairing broken pod %s in place", key)
+        try:
+            outcome = await self.in_place.repair(pod)
+        except InPlaceError:
+            self.metrics.count("repair", RESULT_FAIL)
+            raise
+        self.repaired[slot] = key.uid
+        if outcome.skipped:
+            self.metrics.count("repair", RESULT_SKIP)
+            log.info("broken pod %s not repaired in place: %s", key, outcome.skipped)
+            return
+        self.metrics.count("repair", RESULT_SUCCESS)
+        assert outcome.netns is not None
+        log.info("pod %s repaired in place (network namespace %s)", key, outcome.netns.path)
 
     async def _counted(self, pod: Mapping[str, Any], action: Action, call: Any) -> None:
         """Make the call, count it, and tell the pod's events, as upstream's recorder does."""
@@ -236,8 +254,12 @@ class RepairController:
             log.debug("event about pod %s not written: %s", pod_key(pod), exc)
 
 
-async def run_repair(options: RepairOptions, access: KubeAccess, registry: CollectorRegistry) -> None:
+async def run_repair(options: RepairOptions, access: KubeAccess, registry: CollectorRegistry, *,
+                     native_nftables: bool = False, exclude_namespaces: Collection[str] = ()) -> None:
     """Run until cancelled: watch `options`' pods through the API at `access`, count on `registry`.
+
+    In-place repair programs iptables (nftables with `native_nftables`) as the plugin does, and leaves pods in
+    `exclude_namespaces` alone, as the plugin does.
 
     Raises `rules.RepairOptionsError` (naming the flag) at once for settings the API would refuse, and
     `kube.KubeApiError` when the CA file cannot be read.
@@ -246,10 +268,13 @@ async def run_repair(options: RepairOptions, access: KubeAccess, registry: Colle
         log.info("CNI repair controller is disabled")
         return
     check_options(options)
-    action = effective_action(options)
+    action = chosen_action(options)
+    in_place = InPlaceRepair(options.host_proc_dir, native_nftables, exclude_namespaces)
+    if action == "repair" and (problem := in_place.check()):
+        log.warning("%s", problem)
     metrics = RepairMetrics(registry)
     api = PodApi(access, label_selector=label_selector(options), field_selector=field_selector(options))
     try:
-        await RepairController(options, action, api, metrics).run()
+        await RepairController(options, action, api, metrics, in_place=in_place).run()
     finally:
         await api.close()

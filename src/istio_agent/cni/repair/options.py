@@ -19,7 +19,7 @@ class RepairOptions:
     label_key: str = "cni.istio.io/uninitialized"
     label_value: str = "true"
     # Upstream has no `--repair-repair-pods` flag: the binary reads REPAIR_REPAIR_PODS (unset: false); Istio's
-    # istio-cni chart sets it true. In-place repair needs the pod's netns on this node: see controller.py.
+    # istio-cni chart sets it true. In-place repair finds the pod's netns through the host's procfs: inplace.py.
     repair_pods: bool = False
     delete_pods: bool = False
     label_pods: bool = False
@@ -29,3 +29,6 @@ class RepairOptions:
     init_container_exit_code: int = VALIDATION_EXIT_CODE
     label_selectors: str = ""
     field_selectors: str = ""
+    # Not upstream (which hard-codes it): where the host's /proc is, for in-place repair. Upstream's chart mounts
+    # it at /host/proc when repair.repairPods is set; `/proc` when install-cni shares the host's PID namespace.
+    host_proc_dir: str = "/host/proc"

@@ -171,6 +171,9 @@ def label_selector(options: RepairOptions) -> str:
 def check_options(options: RepairOptions) -> None:
     """Refuse, naming the flag, settings that would make every list or patch fail at the API."""
     action = chosen_action(options)
+    if action == "repair" and not options.host_proc_dir.strip():
+        raise RepairOptionsError("--repair-host-proc-dir '': in-place repair needs the host's /proc (upstream's "
+                                 "chart mounts it at /host/proc)")
     if action == "label":
         if error := _qualified_name_error(options.label_key):
             raise RepairOptionsError(f"--repair-broken-pod-label-key {options.label_key!r}: {error}")

@@ -42,6 +42,7 @@ class SubscriptionState:
     last_error: str = ""
     node_id: str = ""
     requests: int = field(default=0)
+    expired_nonces: int = 0  # requests answering a nonce older than the last one sent
 
     def on_request(
         self, names: Sequence[str], response_nonce: str, error_message: str | None, node_id: str = ""
@@ -66,6 +67,7 @@ class SubscriptionState:
             self.watched = frozenset(wanted)
             return wanted
         if response_nonce != self.nonce_sent:
+            self.expired_nonces += 1
             return ()
         previous = self.watched
         self.watched = frozenset(wanted)

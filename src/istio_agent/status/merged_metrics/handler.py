@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from istio_agent.httpio.client import Pool, PooledResponse
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server_core import Request, Response, text_response
-from istio_agent.metrics import CollectorRegistry, Counter
+from istio_agent.metrics import CollectorRegistry, Sum
 from istio_agent.netaddr import is_localhost
 from istio_agent.status.merged_metrics.filter import (
     SourceError,
@@ -75,12 +75,13 @@ class Source:
 
 
 class ScrapeCounters:
-    """Upstream's `istio_agent_scrapes_total` and `istio_agent_scrape_failures_total{type}`."""
+    """Upstream's `istio_agent_scrapes_total` and `istio_agent_scrape_failures_total{type}` (sums, as upstream
+    writes them: those names, no `_created`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.scrapes = Counter("istio_agent_scrapes", "The total number of scrapes.", registry=registry)
-        self.failures = Counter("istio_agent_scrape_failures", "The total number of failed scrapes.",
-                                ["type"], registry=registry)
+        self.scrapes = Sum("istio_agent_scrapes_total", "The total number of scrapes.", registry=registry)
+        self.failures = Sum("istio_agent_scrape_failures_total", "The total number of failed scrapes.",
+                            ["type"], registry=registry)
         for kind in (ENVOY, APPLICATION, AGENT):
             self.failures.labels(kind)  # present at 0 from the start, so rate() has a baseline
 
