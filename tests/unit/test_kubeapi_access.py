@@ -25,7 +25,11 @@ from istiod_local.controlplane.tokens import TokenIdentity
     (rbac.CNI_USER, "deletecollection", "pods", False),
     (rbac.CNI_USER, "list", "secrets", False),
     ("system:serviceaccount:default:echo", "get", "pods", False),
-    ("system:serviceaccount:istio-system:istiod", "list", "pods", False),
+    ("system:serviceaccount:istio-system:istio-ingressgateway", "list", "pods", False),
+    (rbac.ISTIOD_USER, "list", "pods", True),  # the real istiod: cluster-admin, as its ClusterRole is wide
+    (rbac.ISTIOD_USER, "create", "tokenreviews", True),
+    (rbac.CNI_USER, "create", "tokenreviews", False),
+    (rbac.CNI_USER, "list", "configmaps", False),
 ])
 def test_rbac(user: str, verb: str, resource: str, allowed: bool) -> None:
     assert rbac.allowed(rbac.Request(user, verb, resource, "default", "x")) is allowed
@@ -59,7 +63,18 @@ def test_status_object_shape() -> None:
     ("/api/v1/namespaces/default/pods/echo-1/status", ("pods/status", "default", "echo-1")),
     ("/api/v1/namespaces/default/events", ("events", "default", "")),
     ("/api/v1/namespaces/default/pods/echo-1/log", None),
-    ("/api/v1/services", None),
+    ("/api/v1/services", ("services", "", "")),
+    ("/api/v1/namespaces/default/services/echo", ("services", "default", "echo")),
+    ("/api/v1/services/echo", None),  # a namespaced object is named with its namespace
+    ("/api/v1/nodes/n1", ("nodes", "", "n1")),
+    ("/api/v1/namespaces/default/nodes/n1", None),  # nodes are cluster-scoped
+    ("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+     ("endpointslices.discovery.k8s.io", "default", "")),
+    ("/apis/coordination.k8s.io/v1/namespaces/istio-system/leases/x",
+     ("leases.coordination.k8s.io", "istio-system", "x")),
+    ("/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices", None),  # only the version served
+    ("/api/v1/namespaces/default/configmaps/x/status", None),
+    ("/api/v1/replicationcontrollers", None),
     ("/apis/apps/v1/deployments", None),
 ])
 def test_paths(path: str, route: tuple[str, str, str] | None) -> None:

@@ -43,7 +43,8 @@ def test_first_load_adds_namespaces_and_pods_with_increasing_versions() -> None:
     events = store.apply_registry(parse_registry(MESH), NOW)
     assert {(t, r, n) for t, r, n in _names(events)} == {
         ("ADDED", NAMESPACES, n) for n in ("default", "istio-system", "kube-system", "apps")} | {
-        ("ADDED", PODS, n) for n in ("a", "b", "c")}
+        ("ADDED", PODS, n) for n in ("a", "b", "c")} | {
+        ("ADDED", "nodes", n) for n in ("default-node", "n1", "n2")}  # the nodes pods name, and the default
     versions = [e.resource_version for e in events]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     pods, rv = store.list_objects(PODS)

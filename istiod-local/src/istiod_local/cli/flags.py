@@ -164,6 +164,10 @@ UP = Command(
         Flag("cni", "istio-agent", "The node's CNI agent (with --capture cni): our install-cni and istio-cni, or "
              "upstream Istio's Go ones (installed by `make upstream`, or in ISTIO_UPSTREAM_BIN).",
              choices=("istio-agent", "upstream")),
+        Flag("control-plane", "istiod-local", "Whose xDS and certificates the pods get: istiod-local's, or upstream's "
+             "real istiod (pilot-discovery, installed by `make upstream`, or in ISTIO_UPSTREAM_BIN) run beside "
+             "istiod-local, which keeps the Kubernetes API, the token issuer and the root CA (needs --capture cni).",
+             choices=("istiod-local", "istiod")),
         Flag("scale", 1, "Multiply every deployment's replicas.", integer, "int"),
         Flag("check", False, "Probe every pair of workloads against the file's policies, print the table, exit 0 if "
              "every expectation held, 1 otherwise.", go_bool, "bool"),

@@ -26,8 +26,8 @@ from istiod_local.cli.flags import UP
 @clickflags.options(UP.flags, {
     "dir": {"type": click.Path(file_okay=False, path_type=Path)}, "scale": {"type": click.IntRange(min=1)},
     "timeout": {"type": click.FloatRange(min=1)}}, show_default=True)
-def up(mesh_file: Path | None, directory: Path, capture: str, cni: str, scale: int, check: bool, once: bool,
-       timeout: float, pod_cidr: str, live: bool | None) -> None:
+def up(mesh_file: Path | None, directory: Path, capture: str, cni: str, control_plane: str, scale: int, check: bool,
+       once: bool, timeout: float, pod_cidr: str, live: bool | None) -> None:
     if os.geteuid() != 0:
         raise click.UsageError("istiod-local up builds network namespaces and iptables rules: run it as root")
     from istiod_local.mesh.up import UpOptions, default_mesh, interrupt_on_signals, run_up
@@ -39,7 +39,14 @@ def up(mesh_file: Path | None, directory: Path, capture: str, cni: str, scale: i
         missing = upstream_commands().missing("install-cni", "istio-cni")
         if missing:
             raise click.UsageError(f"--cni upstream: {missing}")
+    if control_plane == "istiod":
+        if capture != "cni":
+            raise click.UsageError("--control-plane istiod reads the pods from istiod-local's Kubernetes API, which "
+                                   "only a --capture cni node serves")
+        missing = upstream_commands().missing("pilot-discovery")
+        if missing:
+            raise click.UsageError(f"--control-plane istiod: {missing}")
     interrupt_on_signals()
     options = UpOptions(mesh_file=(mesh_file or default_mesh()).resolve(), directory=directory, capture=capture,
-                        cni=cni, scale=scale, timeout=timeout, pod_cidr=pod_cidr)
+                        cni=cni, control_plane=control_plane, scale=scale, timeout=timeout, pod_cidr=pod_cidr)
     sys.exit(run_up(options, check, once, live))

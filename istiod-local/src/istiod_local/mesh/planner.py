@@ -112,10 +112,24 @@ def app_argv(deployment: Deployment, mesh: Mesh, ips: Mapping[str, str], python:
     return []
 
 
+# Upstream's grpc-agent template leaves this label to the user ("must be set by user, if gRPC is using mTLS
+# initialization code"); the demo gRPC apps use xDS credentials, so their proxyless pods carry it, as a user's
+# would. istiod-local implies it anyway; a real istiod reads it from the Pod and, without it, would give a
+# proxyless server a plaintext listener under PERMISSIVE while its clients speak mTLS.
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+
+
+def pod_labels(deployment: Deployment) -> dict[str, str]:
+    labels = dict(deployment.labels)
+    if deployment.mode == "proxyless" and deployment.app.kind in ("grpc-server", "grpc-client"):
+        labels.setdefault(TLS_MODE_LABEL, "istio")
+    return labels
+
+
 def pod_spec(deployment: Deployment, index: int, mesh: Mesh, ips: Mapping[str, str], python: str) -> PodSpec:
     name = pod_name(deployment, index)
     return PodSpec(name, namespace=deployment.namespace,
-                   service_account=deployment.service_account, labels=dict(deployment.labels),
+                   service_account=deployment.service_account, labels=pod_labels(deployment),
                    app=tuple(app_argv(deployment, mesh, ips, python, name)), sidecar=deployment.mode != "none",
                    dns_capture=deployment.dns_capture, proxyless=deployment.mode == "proxyless",
                    agent_implementation=deployment.agent)

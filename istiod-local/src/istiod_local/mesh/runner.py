@@ -112,6 +112,7 @@ class UpOptions:
     directory: Path
     capture: str = "cni"
     cni: str = "istio-agent"  # the node's CNI agent: ours or upstream's install-cni (NodeOptions.cni)
+    control_plane: str = "istiod-local"  # the pods' control plane: istiod-local or the real istiod beside it
     scale: int = 1
     timeout: float = 120.0
     pod_cidr: str = "10.244.0.0/24"
@@ -194,7 +195,8 @@ class MeshRun:
             registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
             ready_timeout=self.options.timeout, proxy_config=self.options.proxy_config,
             capture=self.options.capture, python=self.options.python, upstream_bin=self.options.upstream.bin,
-            cni=self.options.cni if self.options.capture == "cni" else "istio-agent"))
+            cni=self.options.cni if self.options.capture == "cni" else "istio-agent",
+            control_plane=self.options.control_plane))
         node.create()
         agent = " by upstream's install-cni" if node.cni is not None and node.cni.upstream is not None else ""
         self.log.event(f"node {node.plan.netns}: bridge {node.plan.bridge} {node.plan.gateway}/"
@@ -203,6 +205,9 @@ class MeshRun:
         self._write_registry(plans)
         node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])
         self.log.event(f"istiod-local on {node.plan.istiod_tls_addr}, registry {node.registry}")
+        if node.real_istiod is not None:
+            self.log.event(f"the real istiod (pilot-discovery) on {node.plan.discovery_address}, serving the pods; "
+                           f"log {node.real_istiod.log}")
         if before_pods is not None:
             before_pods()
         self._start_pods(plans)
@@ -242,6 +247,7 @@ class MeshRun:
         partial = self.node.registry.with_name(f".{self.node.registry.name}.partial")
         partial.write_text(text)
         partial.replace(self.node.registry)  # istiod-local polls it and pushes the change
+        self.node.registry_changed()  # the real istiod's config, when it serves the pods
 
     def _start_pods(self, plans: list[PodPlan]) -> None:
         assert self.node is not None and self.plan is not None

@@ -94,15 +94,20 @@ from typing import Any, TypeVar
 
 from istiod_local.controlplane.podfiles import write_pod_files
 from istiod_local.controlplane.state import ControlPlaneState, StateError, load_or_create_state
+from istiod_local.controlplane.xds.registry import Registry, parse_registry
 from istiod_local.node import container, neighbours, proxyless, upstream, vm
 from istiod_local.node.cni_node import Attachment, NodeCni
 from istiod_local.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
+from istiod_local.node.istiod import RealIstiod
 from istiod_local.node.mountpoints import MountPoints
 from istiod_local.node.plan import (
     AGENT_GID,
     AGENT_UID,
     AGENT_UMASK,
     CAPTURE_MODES,
+    CONTROL_PLANES,
+    ISTIOD_LOCAL,
+    UPSTREAM_ISTIOD,
     NodePlan,
     PodPlan,
     PodSpec,
@@ -187,6 +192,7 @@ class NodeOptions:
     start_parallelism: int = 0  # pods `add_pods` prepares at once; 0: DEFAULT_START_PARALLELISM
     upstream_bin: Path | None = None  # upstream's Go commands (`upstream.py`); None: ISTIO_UPSTREAM_BIN or default
     cni: str = "istio-agent"  # the node's CNI agent (capture "cni"): our install-cni, or upstream's ("upstream")
+    control_plane: str = ISTIOD_LOCAL  # the pods' control plane: istiod-local, or the real istiod beside it
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURE_MODES:
@@ -195,6 +201,11 @@ class NodeOptions:
             raise ValueError(f"NodeOptions.cni_repair {self.cni_repair!r}: one of {', '.join(REPAIR_MODES)}")
         if self.cni not in upstream.CNI_IMPLEMENTATIONS:
             raise ValueError(f"NodeOptions.cni {self.cni!r}: one of {', '.join(upstream.CNI_IMPLEMENTATIONS)}")
+        if self.control_plane not in CONTROL_PLANES:
+            raise ValueError(f"NodeOptions.control_plane {self.control_plane!r}: one of {', '.join(CONTROL_PLANES)}")
+        if self.control_plane == UPSTREAM_ISTIOD and self.capture != "cni":
+            raise ValueError("NodeOptions.control_plane 'istiod' needs capture 'cni': the real istiod reads the "
+                             "pods from istiod-local's Kubernetes API, which only a CNI node runs")
 
 
 class PodInitError(NodeError):
@@ -256,7 +267,7 @@ class LocalNode:
     def __init__(self, options: NodeOptions | None = None) -> None:
         self.options = options or NodeOptions()
         self.plan: NodePlan = plan_node(os.getpid(), next(_node_counter), self.options.pod_cidr,
-                                        capture=self.options.capture)
+                                        capture=self.options.capture, control_plane=self.options.control_plane)
         self._own_workdir = self.options.workdir is None
         self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="ia-node-")).resolve()
         self.istiod_state = Path(self.options.istiod_state or self.workdir / "istiod").resolve()
@@ -271,6 +282,10 @@ class LocalNode:
         self.proxy_config = {"binaryPath": str(self.envoy_source), **self.options.proxy_config}
         self.envoy_install = ""  # how uid 1337 gets its Envoy, once a sidecar needs it (`NodeRuntime.envoy_for`)
         self.upstream = upstream.UpstreamCommands(self.options.upstream_bin or upstream.upstream_bin())
+        self.real_istiod: RealIstiod | None = None  # upstream's istiod beside istiod-local (`istiod.py`)
+        if self.options.control_plane == UPSTREAM_ISTIOD:
+            self.real_istiod = RealIstiod(self.plan, self.workdir / "pilot-discovery", self.logs, self.upstream,
+                                          self.istiod_state, self.options.istiod_log_level)
         self._upstream_agent = ""  # upstream's pilot-agent as uid 1337 execs it, once a pod needs it
         self._mountpoints = MountPoints(proxyless.mount_targets(), f"{os.getpid()}-{self.plan.index}")
         self._vm_mountpoints = MountPoints(vm.mount_targets(), f"{os.getpid()}-{self.plan.index}-vm")
@@ -346,6 +361,8 @@ class LocalNode:
                                self._parallelism(len(attached))):  # DEL through the chain: addresses released
                 problems += found
             self.cni.stop_agent(grace)  # SIGTERM: install-cni's cleanup removes our entry and the plugin
+        if self.real_istiod is not None:
+            self.real_istiod.stop(grace)
         if self.istiod is not None:
             self.istiod.stop(grace)
         try:
@@ -379,7 +396,9 @@ class LocalNode:
         """Run `istiod-local serve` in the node namespace on the gateway address and wait until it listens.
 
         In CNI mode its Kubernetes API is on `<gateway>:6443`, and the first start
-        also starts install-cni (the node agent), waiting until it is ready.
+        also starts install-cni (the node agent), waiting until it is ready. A node with
+        `control_plane="istiod"` then starts the real istiod against that API and waits until it is ready
+        (`istiod.py`; the pods' agents are pointed at it).
         """
         if self.istiod is not None and self.istiod.running():
             raise NodeError("istiod-local is already running")
@@ -404,6 +423,8 @@ class LocalNode:
             if self.cni.api is not None:  # a restart: wait for its API as well before pods are added
                 self.cni.wait_api(self.options.ready_timeout)
             self.cni.start_agent()
+        if self.real_istiod is not None and not self.real_istiod.running():
+            self.real_istiod.start(self._read_registry(), self.options.ready_timeout)
         return self.istiod
 
     def stop_cni_agent(self) -> int | None:
@@ -420,9 +441,25 @@ class LocalNode:
         return self.cni.start_agent()
 
     def stop_istiod(self) -> None:
+        """Stop the control plane (the real istiod too, when the node has one)."""
+        if self.real_istiod is not None:
+            self.real_istiod.stop(self.options.stop_grace)
         if self.istiod is not None:
             self.istiod.stop(self.options.stop_grace)
             self.istiod = None
+
+    def _read_registry(self) -> Registry:
+        try:
+            return parse_registry(self.registry.read_text(), str(self.registry)) if self.registry.exists() \
+                else Registry()
+        except (OSError, ValueError) as exc:
+            raise NodeError(f"the registry {self.registry}: {exc}") from None
+
+    def registry_changed(self) -> None:
+        """Tell the control plane the registry file changed: istiod-local reloads it by itself; the real
+        istiod's Istio config is rewritten from it (its pods and services follow through the API)."""
+        if self.real_istiod is not None and self.real_istiod.running():
+            self.real_istiod.update(self._read_registry())
 
     # ---- pods --------------------------------------------------------------------------------
 

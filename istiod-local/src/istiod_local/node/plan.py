@@ -51,6 +51,14 @@ CONTAINER_RESTRICTIONS = ("--no-new-privs", "--inh-caps=-all", "--bounding-set=-
 ISTIOD_SAN = "istiod.istio-system.svc"
 ISTIOD_PLAINTEXT_PORT = 15010
 ISTIOD_TLS_PORT = 15012
+# Where the real istiod (upstream's pilot-discovery, `istiod.py`) listens on the gateway beside istiod-local.
+UPSTREAM_ISTIOD_PLAINTEXT_PORT = 15110
+UPSTREAM_ISTIOD_TLS_PORT = 15112
+UPSTREAM_ISTIOD_MONITORING_PORT = 15114
+# Who serves the pods' xDS and certificates: istiod-local, or the real istiod beside it (`istiod.py`).
+ISTIOD_LOCAL = "istiod-local"
+UPSTREAM_ISTIOD = "istiod"
+CONTROL_PLANES = (ISTIOD_LOCAL, UPSTREAM_ISTIOD)
 # Ports the injector excludes from inbound capture: Envoy's prometheus, health and the agent's status.
 EXCLUDED_INBOUND_PORTS = (15090, 15021, 15020)
 # What a local node drains for on pod stop: nothing here holds long-lived connections worth 5 s.
@@ -115,6 +123,7 @@ class NodePlan:
     network: ipaddress.IPv4Network
     gateway: str
     capture: str = "cni"  # who programs a sidecar pod's capture: the istio-cni plugin, or istio-init
+    control_plane: str = ISTIOD_LOCAL  # whose xDS and certificates the pods get (CONTROL_PLANES)
 
     @property
     def name(self) -> str:
@@ -133,6 +142,13 @@ class NodePlan:
     @property
     def istiod_plaintext_addr(self) -> str:
         return f"{self.gateway}:{ISTIOD_PLAINTEXT_PORT}"
+
+    @property
+    def discovery_address(self) -> str:
+        """Where pods' agents find their control plane (`discoveryAddress`, `CA_ADDR`): istiod-local's TLS
+        port, or the real istiod's."""
+        port = UPSTREAM_ISTIOD_TLS_PORT if self.control_plane == UPSTREAM_ISTIOD else ISTIOD_TLS_PORT
+        return f"{self.gateway}:{port}"
 
     def netns_path(self) -> str:
         return f"{NETNS_DIR}/{self.netns}"
@@ -161,10 +177,12 @@ class PodPlan:
 
 
 def plan_node(owner: int, index: int = 0, pod_cidr: str = DEFAULT_POD_CIDR,
-              bridge: str = DEFAULT_BRIDGE, capture: str = "cni") -> NodePlan:
+              bridge: str = DEFAULT_BRIDGE, capture: str = "cni", control_plane: str = ISTIOD_LOCAL) -> NodePlan:
     """Name the node after its owner process; the gateway is the CIDR's first host address."""
     if capture not in CAPTURE_MODES:
         raise PlanError(f"capture {capture!r}: one of {', '.join(CAPTURE_MODES)}")
+    if control_plane not in CONTROL_PLANES:
+        raise PlanError(f"control plane {control_plane!r}: one of {', '.join(CONTROL_PLANES)}")
     try:
         network = ipaddress.IPv4Network(pod_cidr, strict=True)
     except ValueError as exc:
@@ -172,7 +190,8 @@ def plan_node(owner: int, index: int = 0, pod_cidr: str = DEFAULT_POD_CIDR,
     if network.num_addresses < 4:
         raise PlanError(f"pod CIDR {pod_cidr!r} is too small for a gateway and a pod")
     gateway = str(next(network.hosts()))
-    return NodePlan(owner, index, f"{NETNS_PREFIX}{owner}-{index}-node", bridge, network, gateway, capture)
+    return NodePlan(owner, index, f"{NETNS_PREFIX}{owner}-{index}-node", bridge, network, gateway, capture,
+                    control_plane)
 
 
 def plan_pod(node: NodePlan, spec: PodSpec, pods: Iterable[PodPlan]) -> PodPlan:
@@ -349,7 +368,7 @@ def validation_args(pod: PodPlan) -> list[str]:
 
 def proxy_config_json(node: NodePlan, pod: PodPlan, defaults: Mapping[str, Any] | None = None) -> str:
     """`PROXY_CONFIG`: istiod at the node's gateway, plus node defaults and the pod's own fields."""
-    config: dict[str, Any] = {"discoveryAddress": node.istiod_tls_addr,
+    config: dict[str, Any] = {"discoveryAddress": node.discovery_address,
                               "terminationDrainDuration": DEFAULT_TERMINATION_DRAIN}
     config.update(defaults or {})
     config.update(pod.spec.proxy_config)
@@ -360,8 +379,9 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
                       proxy_config_defaults: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The istio-proxy container's environment, as the injector sets it, for this node.
 
-    `CA_ADDR` and `discoveryAddress` point at the gateway address; since that is
-    not a name on istiod's serving certificate, `ISTIOD_SAN` names the service.
+    `CA_ADDR` and `discoveryAddress` point at the control plane on the gateway address
+    (`NodePlan.discovery_address`); since that is not a name on istiod's serving
+    certificate, `ISTIOD_SAN` names the service.
     The agent runs as uid/gid 1337 (`AGENT_UID`), so Envoy runs as its user, as
     upstream's does: no `ISTIO_AGENT_ENVOY_UID`.
     """
@@ -373,7 +393,7 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
         "SERVICE_ACCOUNT": spec.service_account,
         "INSTANCE_IP": pod.ip,
         "ISTIO_META_CLUSTER_ID": "Kubernetes",
-        "CA_ADDR": node.istiod_tls_addr,
+        "CA_ADDR": node.discovery_address,
         "ISTIOD_SAN": ISTIOD_SAN,
         "PROXY_CONFIG": proxy_config_json(node, pod, proxy_config_defaults),
         "HOME": "/tmp",

@@ -82,7 +82,7 @@ def in_container(netns: str, mounts: Sequence[tuple[str, str]], argv: Sequence[s
 
 def proxy_config_json(node: NodePlan, pod: PodPlan) -> str:
     """`PROXY_CONFIG`: the template's `{}` plus istiod at the node's gateway and the pod's own fields."""
-    config: dict[str, Any] = {"discoveryAddress": node.istiod_tls_addr}
+    config: dict[str, Any] = {"discoveryAddress": node.discovery_address}
     config.update(pod.spec.proxy_config)
     return json.dumps(config, sort_keys=True)
 
@@ -101,7 +101,7 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
         "OUTPUT_CERTS": OUTPUT_CERTS,
         "JWT_POLICY": "third-party-jwt",
         "PILOT_CERT_PROVIDER": "istiod",
-        "CA_ADDR": node.istiod_tls_addr,
+        "CA_ADDR": node.discovery_address,
         "ISTIOD_SAN": ISTIOD_SAN,
         "POD_NAME": spec.name,
         "POD_NAMESPACE": spec.namespace,

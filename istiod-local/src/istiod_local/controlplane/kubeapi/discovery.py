@@ -2,7 +2,7 @@
 
 kubectl finds resources through `/api` and `/api/v1` (the legacy discovery
 documents; it asks for the aggregated form first and falls back when the
-answer is plain `application/json`) and `/apis` (no groups here). `kubectl
+answer is plain `application/json`) and `/apis` (the groups of `resources.TYPES`). `kubectl
 get` asks for a `meta.k8s.io/v1` `Table` so the server decides the columns;
 `table()` renders the apiserver's columns for pods and namespaces.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from typing import Any
+
+from istiod_local.controlplane.kubeapi import resources
 
 KUBE_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0", "gitCommit": "istiod-local",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
@@ -24,22 +26,47 @@ def api_versions(server_address: str) -> dict[str, Any]:
 
 
 def api_group_list() -> dict[str, Any]:
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+    """`/apis`: every group served, each with its one version."""
+    out = []
+    for group, types in resources.groups().items():
+        version = {"groupVersion": f"{group}/{types[0].version}", "version": types[0].version}
+        out.append({"name": group, "versions": [version], "preferredVersion": version})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": out}
 
 
-_READ = ["get", "list", "watch"]
+def _entry(rtype: resources.ResourceType) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": rtype.plural, "singularName": rtype.singular, "namespaced": rtype.namespaced,
+                           "kind": rtype.kind, "verbs": sorted(rtype.verbs)}
+    if rtype.short_names:
+        out["shortNames"] = list(rtype.short_names)
+    if rtype.key == "pods":
+        out["categories"] = ["all"]
+    return out
 
 
 def api_resource_list() -> dict[str, Any]:
-    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-        {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event", "verbs": ["create", "list"],
-         "shortNames": ["ev"]},
-        {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
-         "verbs": _READ, "shortNames": ["ns"]},
-        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
-         "verbs": ["delete", "get", "list", "patch", "watch"], "shortNames": ["po"], "categories": ["all"]},
-        {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get", "patch"]},
-    ]}
+    """`/api/v1`."""
+    items = [_entry(t) for t in resources.core_types()]
+    items.append({"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod",
+                  "verbs": ["get", "patch"]})
+    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": sorted(items, key=lambda i: i["name"])}
+
+
+def group_resource_list(group: str, version: str) -> dict[str, Any] | None:
+    """`/apis/{group}/{version}`; None for a group or version not served."""
+    types = [t for t in resources.groups().get(group, []) if t.version == version]
+    if not types:
+        return None
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+            "resources": [_entry(t) for t in types]}
+
+
+def group_document(group: str) -> dict[str, Any] | None:
+    """`/apis/{group}`."""
+    for entry in api_group_list()["groups"]:
+        if entry["name"] == group:
+            return {"kind": "APIGroup", "apiVersion": "v1", **entry}
+    return None
 
 
 def wants_table(accept: str) -> bool:
@@ -114,6 +141,7 @@ def _pod_cells(pod: dict[str, Any], now: float) -> list[Any]:
 _POD_COLUMNS = [("Name", "string", "name", 0), ("Ready", "string", "", 0), ("Status", "string", "", 0),
                 ("Restarts", "string", "", 0), ("Age", "string", "", 0), ("IP", "string", "", 1),
                 ("Node", "string", "", 1), ("Nominated Node", "string", "", 1), ("Readiness Gates", "string", "", 1)]
+_NAME_AGE_COLUMNS = [("Name", "string", "name", 0), ("Age", "string", "", 0)]
 _NAMESPACE_COLUMNS = [("Name", "string", "name", 0), ("Status", "string", "", 0), ("Age", "string", "", 0)]
 
 
@@ -132,11 +160,16 @@ def _row_object(obj: dict[str, Any], include: str) -> dict[str, Any] | None:
 
 def table(resource: str, objects: Iterable[dict[str, Any]], resource_version: str, now: float,
           include_object: str = "Metadata", columns: bool = True) -> dict[str, Any]:
-    """A `Table` of pods or namespaces, with the apiserver's columns and `includeObject` honoured."""
+    """A `Table` with the apiserver's columns (pods, namespaces; name and age for the rest), `includeObject`
+    honoured."""
     rows = []
     for obj in objects:
-        cells = _pod_cells(obj, now) if resource == "pods" else \
-            [obj["metadata"]["name"], (obj.get("status") or {}).get("phase", ""), _age(obj, now)]
+        if resource == "pods":
+            cells = _pod_cells(obj, now)
+        elif resource == "namespaces":
+            cells = [obj["metadata"]["name"], (obj.get("status") or {}).get("phase", ""), _age(obj, now)]
+        else:
+            cells = [obj["metadata"]["name"], _age(obj, now)]
         row: dict[str, Any] = {"cells": cells}
         row_object = _row_object(obj, include_object)
         if row_object is not None:
@@ -145,6 +178,7 @@ def table(resource: str, objects: Iterable[dict[str, Any]], resource_version: st
     out: dict[str, Any] = {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
                            "metadata": {"resourceVersion": resource_version}}
     if columns:
-        out["columnDefinitions"] = _columns(_POD_COLUMNS if resource == "pods" else _NAMESPACE_COLUMNS)
+        out["columnDefinitions"] = _columns(_POD_COLUMNS if resource == "pods" else _NAMESPACE_COLUMNS
+                                            if resource == "namespaces" else _NAME_AGE_COLUMNS)
     out["rows"] = rows
     return out

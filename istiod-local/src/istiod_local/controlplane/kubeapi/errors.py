@@ -102,3 +102,15 @@ def invalid_fields(kind: str, name: str, found: list[validation.FieldError]) -> 
     resource, and list each rule as a cause)."""
     return ApiError(422, f'{kind} "{name}" is invalid: {validation.aggregate(found)}', name=name, kind=kind,
                     causes=[e.cause() for e in found])
+
+
+def already_exists(resource: str, name: str) -> ApiError:
+    """`resource` as the apiserver names it in messages: `configmaps`, `leases.coordination.k8s.io`."""
+    return ApiError(409, f'{resource} "{name}" already exists', reason="AlreadyExists", name=name, kind=resource)
+
+
+def quota_exceeded(resource: str, name: str, limit: int) -> ApiError:
+    """Too many objects of one type: refused as a ResourceQuota refuses a create (403)."""
+    return ApiError(403, f'{resource} "{name}" is forbidden: exceeded quota: istiod-local, '
+                         f'requested: count/{resource}=1, limited: count/{resource}={limit}', reason="Forbidden",
+                    name=name, kind=resource)

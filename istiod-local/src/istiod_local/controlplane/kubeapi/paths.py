@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from istiod_local.controlplane.kubeapi.store import NAMESPACES, PODS
+from istiod_local.controlplane.kubeapi.resources import EVENTS, GENERIC, NAMESPACES, PODS, TOKENREVIEWS, lookup
 
 
 @dataclass(frozen=True)
 class Route:
-    resource: str  # pods, pods/status, namespaces, events, or "" for discovery/unknown
+    resource: str  # a type's key (resources.py: pods, configmaps, leases.coordination.k8s.io, ...) or pods/status
     namespace: str = ""
     name: str = ""
 
@@ -66,35 +66,51 @@ def request_verb(method: str, named: bool, watch: bool) -> str:
     return _METHOD_VERBS.get(method, method.lower())
 
 
-# What each served route supports, once authorized; anything else is 405.
-SERVED: dict[tuple[str, bool], frozenset[str]] = {
-    (PODS, False): frozenset({"list", "watch"}),
-    (PODS, True): frozenset({"get", "watch", "patch", "delete"}),
-    ("pods/status", True): frozenset({"get", "patch"}),
-    (NAMESPACES, False): frozenset({"list", "watch"}),
-    (NAMESPACES, True): frozenset({"get", "watch"}),
-    ("events", False): frozenset({"create", "list"}),
-}
+def _served() -> dict[tuple[str, bool], frozenset[str]]:
+    """What each served route supports, once authorized; anything else is 405."""
+    out = {
+        (PODS, False): frozenset({"list", "watch"}),
+        (PODS, True): frozenset({"get", "watch", "patch", "delete"}),
+        ("pods/status", True): frozenset({"get", "patch"}),
+        (NAMESPACES, False): frozenset({"list", "watch"}),
+        (NAMESPACES, True): frozenset({"get", "watch"}),
+        (EVENTS, False): frozenset({"create", "list"}),
+        (TOKENREVIEWS, False): frozenset({"create"}),
+    }
+    for key in GENERIC:
+        out[key, False] = frozenset({"list", "watch", "create"})
+        out[key, True] = frozenset({"get", "watch", "update", "patch", "delete"})
+    return out
+
+
+SERVED: dict[tuple[str, bool], frozenset[str]] = _served()
 
 
 def parse_path(path: str) -> Route | None:
-    """The resource a /api/v1/... path names; None when it names none this server has."""
+    """The resource a /api/v1/... or /apis/{group}/{version}/... path names; None when it names none this
+    server has (a cluster-scoped type under a namespace, a namespaced one named without its namespace)."""
     parts = [p for p in path.split("/") if p]
-    if parts[:2] != ["api", "v1"]:
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
         return None
-    rest = parts[2:]
-    if rest == ["pods"]:
-        return Route(PODS)
-    if rest == ["namespaces"]:
-        return Route(NAMESPACES)
-    if len(rest) == 2 and rest[0] == "namespaces":
-        return Route(NAMESPACES, "", rest[1])
+    namespace = ""
+    if group == "" and len(rest) in (1, 2) and rest[0] == NAMESPACES:
+        return Route(NAMESPACES, "", rest[1] if len(rest) == 2 else "")
     if len(rest) >= 3 and rest[0] == "namespaces":
-        namespace, kind, tail = rest[1], rest[2], rest[3:]
-        if kind == "pods" and len(tail) <= 1:
-            return Route(PODS, namespace, tail[0] if tail else "")
-        if kind == "pods" and len(tail) == 2 and tail[1] == "status":
-            return Route("pods/status", namespace, tail[0])
-        if kind == "events" and not tail:
-            return Route("events", namespace)
-    return None
+        namespace, rest = rest[1], rest[2:]
+    if not rest or len(rest) > 3:
+        return None
+    rtype = lookup(group, version, rest[0])
+    if rtype is None or (namespace and not rtype.namespaced):
+        return None
+    name = rest[1] if len(rest) > 1 else ""
+    if name and rtype.namespaced and not namespace:
+        return None
+    if len(rest) == 3:
+        if rtype.key == PODS and rest[2] == "status":
+            return Route("pods/status", namespace, name)
+        return None
+    return Route(rtype.key, namespace, name)

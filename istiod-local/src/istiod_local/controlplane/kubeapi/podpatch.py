@@ -24,8 +24,8 @@ from typing import Any
 
 from istiod_local.controlplane.kubeapi import errors, jsonbody, schema, validation
 from istiod_local.controlplane.kubeapi.patch import PatchError, PatchLimits, PatchTooLarge, apply_patch
+from istiod_local.controlplane.kubeapi.resources import OBJECT_MAX_BYTES
 
-OBJECT_MAX_BYTES = 1572864  # etcd's default --max-request-bytes (1.5 MiB): the largest object the apiserver stores
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 SPEC_CHANGE = ("spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
                "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions "

@@ -8,7 +8,12 @@ Two identities are bound:
 - `system:serviceaccount:kube-system:istiod-local-admin`, the identity
   `istiod-local kubeconfig` writes by default, for kubectl and the local node
   (which reports pod status as a kubelet would), as cluster-admin: it may do
-  anything, so what it asks that is not served is 404 or 405, never 403.
+  anything, so what it asks that is not served is 404 or 405, never 403, and
+- `system:serviceaccount:istio-system:istiod`, the real istiod's identity
+  (`istiod-local kubeconfig --identity istio-system/istiod`), also as
+  cluster-admin: upstream's istiod ClusterRole reads every type here and
+  writes ConfigMaps, Leases, webhook configurations and token reviews, which
+  is all this API serves besides pods, so a narrower role would grant the same.
 
 The CNI's role: get, list and watch pods and namespaces; patch and delete pods;
 get and patch pods/status; create and list events (none are kept: a list is empty). Every other authenticated identity
@@ -25,6 +30,8 @@ CNI_USER = "system:serviceaccount:istio-system:istio-cni"
 ADMIN_USER = "system:serviceaccount:kube-system:istiod-local-admin"
 ADMIN_IDENTITY = "kube-system/istiod-local-admin"
 CNI_IDENTITY = "istio-system/istio-cni"
+ISTIOD_USER = "system:serviceaccount:istio-system:istiod"
+ISTIOD_IDENTITY = "istio-system/istiod"
 
 ROLE: frozenset[tuple[str, str]] = frozenset(
     {(verb, "pods") for verb in ("get", "list", "watch", "patch", "delete")}
@@ -33,7 +40,7 @@ ROLE: frozenset[tuple[str, str]] = frozenset(
 )
 BINDINGS: dict[str, frozenset[tuple[str, str]]] = {CNI_USER: ROLE}
 # The admin identity is bound as cluster-admin is: every verb on every resource of every group.
-SUPERUSERS = frozenset({ADMIN_USER})
+SUPERUSERS = frozenset({ADMIN_USER, ISTIOD_USER})
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def parse_label_selector(text: str) -> LabelSelector:
 FieldGetter = Callable[[Mapping[str, Any]], str]
 
 
-def _path(*keys: str) -> FieldGetter:
+def path_getter(*keys: str) -> FieldGetter:
     def get(obj: Mapping[str, Any]) -> str:
         value: Any = obj
         for key in keys:
@@ -125,21 +125,21 @@ def _path(*keys: str) -> FieldGetter:
 
 
 POD_FIELDS: dict[str, FieldGetter] = {
-    "metadata.name": _path("metadata", "name"),
-    "metadata.namespace": _path("metadata", "namespace"),
-    "spec.nodeName": _path("spec", "nodeName"),
-    "spec.restartPolicy": _path("spec", "restartPolicy"),
-    "spec.schedulerName": _path("spec", "schedulerName"),
-    "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+    "metadata.name": path_getter("metadata", "name"),
+    "metadata.namespace": path_getter("metadata", "namespace"),
+    "spec.nodeName": path_getter("spec", "nodeName"),
+    "spec.restartPolicy": path_getter("spec", "restartPolicy"),
+    "spec.schedulerName": path_getter("spec", "schedulerName"),
+    "spec.serviceAccountName": path_getter("spec", "serviceAccountName"),
     "spec.hostNetwork": lambda o: "true" if (o.get("spec") or {}).get("hostNetwork") else "false",
-    "status.phase": _path("status", "phase"),
-    "status.podIP": _path("status", "podIP"),
-    "status.nominatedNodeName": _path("status", "nominatedNodeName"),
+    "status.phase": path_getter("status", "phase"),
+    "status.podIP": path_getter("status", "podIP"),
+    "status.nominatedNodeName": path_getter("status", "nominatedNodeName"),
 }
 NAMESPACE_FIELDS: dict[str, FieldGetter] = {
-    "metadata.name": _path("metadata", "name"),
-    "metadata.namespace": _path("metadata", "namespace"),
-    "status.phase": _path("status", "phase"),
+    "metadata.name": path_getter("metadata", "name"),
+    "metadata.namespace": path_getter("metadata", "namespace"),
+    "status.phase": path_getter("status", "phase"),
 }
 
 

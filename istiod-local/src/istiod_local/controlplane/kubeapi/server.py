@@ -56,22 +56,17 @@ from istio_agent.httpio.server import HttpServer
 from istio_agent.httpio.server_core import Limits, Request, Response
 from istio_agent.memory import MemoryTrimmer
 from istio_agent.netaddr import join_host_port, split_host_port
-from istiod_local.controlplane.kubeapi import discovery, errors, jsonbody, rbac
+from istiod_local.controlplane.kubeapi import discovery, errors, jsonbody, objects, rbac, tokenreview
 from istiod_local.controlplane.kubeapi.credentials import KUBE_API_AUDIENCE, load_or_issue_serving_cert
 from istiod_local.controlplane.kubeapi.paths import SERVED, Route, parse_path, request_verb, resource_path
 from istiod_local.controlplane.kubeapi.podpatch import PatchedPod, check_field_validation, patch_pod_object
+from istiod_local.controlplane.kubeapi.resources import BY_KEY, EVENTS, GENERIC, PODS, TOKENREVIEWS
 from istiod_local.controlplane.kubeapi.responses import JSON, json_response, refusal, status_response
-from istiod_local.controlplane.kubeapi.selectors import (
-    NAMESPACE_FIELDS,
-    POD_FIELDS,
-    SelectorError,
-    parse_field_selector,
-    parse_label_selector,
-)
-from istiod_local.controlplane.kubeapi.store import PODS, KubeStore, StaleObject, WatchEvent
+from istiod_local.controlplane.kubeapi.selectors import SelectorError, parse_field_selector, parse_label_selector
+from istiod_local.controlplane.kubeapi.store import KubeStore, StaleObject, WatchEvent
 from istiod_local.controlplane.kubeapi.watch import MAX_BUFFERED_BYTES, ObjectJson, WatchRequest, WatchStream, dumps
 from istiod_local.controlplane.state import ControlPlaneState
-from istiod_local.controlplane.tokens import TokenError, TokenVerifier
+from istiod_local.controlplane.tokens import TokenClaims, TokenError, TokenVerifier
 from istiod_local.controlplane.xds.registry import Registry
 
 log = logging.getLogger("istiod_local.controlplane.kubeapi")
@@ -119,6 +114,7 @@ class KubeApiServer:
         self.state = state
         self._clock = clock
         self.verifier = TokenVerifier(state.token_key.public_key(), audience=KUBE_API_AUDIENCE)
+        self._review_verifiers: dict[str, TokenVerifier] = {}
         self.store = KubeStore(options.default_node, options.host_ip, options.history,
                                first_version=max(1, int(clock() * 1_000_000)))
         self.objects = ObjectJson()
@@ -216,9 +212,12 @@ class KubeApiServer:
 
     async def _handle(self, request: Request) -> Response:
         try:
-            return await self._dispatch(request, {k: v[0] for k, v in parse_qs(request.query_string,
-                                                                                 keep_blank_values=True).items()})
+            response = await self._dispatch(request, {k: v[0] for k, v in parse_qs(request.query_string,
+                                                                                     keep_blank_values=True).items()})
+            log.debug("kube API: %s %s?%s: %d", request.method, request.path, request.query_string, response.status)
+            return response
         except errors.ApiError as exc:
+            log.debug("kube API: %s %s?%s: %d", request.method, request.path, request.query_string, exc.code)
             return status_response(exc)
         except Exception as exc:  # a bug here must still answer as an apiserver does, and be seen
             log.exception("kube API: %s %s failed", request.method, request.path)
@@ -251,6 +250,13 @@ class KubeApiServer:
             return json_response(discovery.api_resource_list())
         if path == "/apis":
             return json_response(discovery.api_group_list())
+        group_path = path.split("/")[2:] if path.startswith("/apis/") else []
+        if len(group_path) in (1, 2):
+            document = discovery.group_document(group_path[0]) if len(group_path) == 1 else \
+                discovery.group_resource_list(group_path[0], group_path[1])
+            if document is None:
+                raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
+            return json_response(document)
         # Authorization comes first, from the path and the method alone, as the apiserver's filter chain has
         # it: a request the identity may not make is 403 whatever this server would have done with it.
         attributes = resource_path(path)
@@ -268,19 +274,19 @@ class KubeApiServer:
             raise errors.method_not_allowed(request.method)
         if verb == "watch":
             return self._watch(request, query, route)
-        if verb == "list" and route.resource == "events":  # kubectl describe asks; none are kept
+        if verb == "list" and route.resource == EVENTS:  # kubectl describe asks; none are kept
             return json_response({"kind": "EventList", "apiVersion": "v1",
                           "metadata": {"resourceVersion": str(self.store.resource_version)}, "items": []})
         if verb == "list":
             return self._list(request, query, route)
         if verb == "get":
             return self._get(request, query, route)
-        if verb in ("patch", "delete", "create"):
+        if verb in ("patch", "delete", "create", "update"):
             return await self._mutate(request, query, route, verb)
         raise errors.method_not_allowed(request.method)
 
     def _selectors(self, query: dict[str, str], resource: str) -> tuple[Any, Any]:
-        fields = POD_FIELDS if resource == PODS else NAMESPACE_FIELDS
+        fields = BY_KEY[resource].field_getters()
         try:
             return (parse_label_selector(query.get("labelSelector", "")),
                     parse_field_selector(query.get("fieldSelector", ""), fields))
@@ -293,8 +299,9 @@ class KubeApiServer:
         if discovery.wants_table(request.header("Accept", "") or ""):
             return json_response(discovery.table(route.resource, items, str(rv), self._clock(),
                                          query.get("includeObject", "Metadata")))
-        kind = "PodList" if route.resource == PODS else "NamespaceList"
-        head = dumps({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})[:-1]
+        rtype = BY_KEY[route.resource]
+        head = dumps({"kind": rtype.list_kind, "apiVersion": rtype.api_version,
+                      "metadata": {"resourceVersion": str(rv)}})[:-1]
         return json_response(head + b',"items":[' + b",".join(self.objects.get(item) for item in items) + b"]}")
 
     def _get(self, request: Request, query: dict[str, str], route: Route) -> Response:
@@ -327,11 +334,15 @@ class KubeApiServer:
             raise errors.ApiError(429, "Too many requests, please try again later.")
         self._mutating += 1
         try:
+            if route.resource in GENERIC:
+                return await self._write(request, route, verb)
             if verb == "patch":
                 return await self._patch(request, query, route)
             if verb == "delete":
                 return await self._delete(request, route)
-            return await self._create_event(request, route)  # the one create served
+            if route.resource == TOKENREVIEWS:
+                return await self._token_review(request)
+            return await self._create_event(request, route)
         finally:
             self._mutating -= 1
 
@@ -356,6 +367,49 @@ class KubeApiServer:
         warnings = [("Warning", f"299 - {json.dumps(text)}") for text in patched.warnings]
         return json_response(self.objects.get(obj), headers=warnings)
 
+    async def _write(self, request: Request, route: Route, verb: str) -> Response:
+        """create, update, patch or delete of a stored object (`objects` works the body out, off the loop)."""
+        rtype = BY_KEY[route.resource]
+        if verb == "delete":
+            return await self._delete(request, route)
+        if verb in ("create", "update"):  # a patch's media type names its format (`objects.patched_object`)
+            _check_json_body(request.header("Content-Type", "") or "")
+        if verb == "create":
+            if rtype.namespaced and not route.namespace:
+                raise errors.ApiError(404, "the server could not find the requested resource", reason="NotFound")
+            body = await self._body(request, True)
+            obj, size = await self._off_loop(objects.new_object, rtype, route.namespace, body)
+            created = self.store.create(route.resource, obj, rfc3339(self._clock()), size)
+            return json_response(self.objects.get(created), 201)
+        raw = request.body
+        if not raw.strip():
+            raise errors.bad_request("the request body is empty")
+        content_type = request.header("Content-Type", "") or ""
+        for _ in range(_PATCH_ATTEMPTS):  # the object changed while the change was worked out: again
+            old = self.store.get(route.resource, route.namespace, route.name)
+            new, size = await self._off_loop(_work_out_write, raw, rtype, old, verb, content_type, route.namespace,
+                                              route.name)
+            try:
+                obj = self.store.commit_object(route.resource, old, new, size)
+                break
+            except StaleObject:
+                continue
+        else:
+            raise errors.modified_conflict(route.resource, route.name)
+        return json_response(self.objects.get(obj))
+
+    async def _token_review(self, request: Request) -> Response:
+        body = await self._body(request, True)
+        return json_response(tokenreview.review(body, self._verify_for_review, KUBE_API_AUDIENCE), 201)
+
+    def _verify_for_review(self, token: str, audience: str) -> TokenClaims:
+        verifier = self._review_verifiers.get(audience)
+        if verifier is None:
+            verifier = TokenVerifier(self.state.token_key.public_key(), audience=audience)
+            if len(self._review_verifiers) < tokenreview.MAX_AUDIENCES:  # the audiences istiod asks for: a few
+                self._review_verifiers[audience] = verifier
+        return verifier.verify(token, self._clock())
+
     def _remember(self, committed: dict[str, Any], patched: PatchedPod) -> None:
         """The committed object's JSON, from the worker's encoding (before watchers are told of it)."""
         self.objects.put(committed, patched.encoded(committed["metadata"]["resourceVersion"]))
@@ -365,9 +419,9 @@ class KubeApiServer:
         preconditions = body.get("preconditions") if isinstance(body, dict) else None
         if not isinstance(preconditions, dict):
             preconditions = {}
-        obj = self.store.delete_pod(route.namespace, route.name, preconditions.get("uid"),
-                                    preconditions.get("resourceVersion"))
-        log.info("kube API: pod %s/%s deleted", route.namespace, route.name)
+        obj = self.store.delete(route.resource, route.namespace, route.name, preconditions.get("uid"),
+                                preconditions.get("resourceVersion"))
+        log.info("kube API: %s %s/%s deleted", route.resource, route.namespace, route.name)
         return json_response(self.objects.get(obj))
 
     async def _create_event(self, request: Request, route: Route) -> Response:
@@ -397,8 +451,7 @@ class KubeApiServer:
         resource = route.resource
         labels, fields = self._selectors(query, resource)
         if route.name:  # a watch on one object: /pods/{name}?watch=1
-            fields = parse_field_selector(f"metadata.name={route.name}", POD_FIELDS if resource == PODS
-                                          else NAMESPACE_FIELDS)
+            fields = parse_field_selector(f"metadata.name={route.name}", BY_KEY[resource].field_getters())
         try:
             timeout = float(query.get("timeoutSeconds", "") or self.options.watch_timeout)
         except ValueError:
@@ -433,3 +486,21 @@ def _work_out_patch(raw: bytes, old: dict[str, Any], name: str, content_type: st
     """In the worker: the body decoded and the patch applied, checked and encoded."""
     body = jsonbody.decode(raw, "patch")
     return patch_pod_object(old, name, content_type, body, subresource, field_validation)
+
+
+def _check_json_body(content_type: str) -> None:
+    """A create's or an update's body is JSON here: anything else (kubectl sends protobuf first) is 415, which
+    client-go answers by sending JSON instead, as it does for a server without protobuf."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media not in ("", "application/json", "*/*"):
+        raise errors.ApiError(415, 'the body of the request was in an unknown format - accepted media types '
+                                   'include: application/json', reason="UnsupportedMediaType")
+
+
+def _work_out_write(raw: bytes, rtype: Any, old: dict[str, Any], verb: str, content_type: str, namespace: str,
+                    name: str) -> tuple[dict[str, Any], int]:
+    """In the worker: an update's or a patch's body decoded and the new object worked out."""
+    body = jsonbody.decode(raw, "patch" if verb == "patch" else "the request body")
+    if verb == "patch":
+        return objects.patched_object(rtype, old, content_type, body, namespace, name)
+    return objects.updated_object(rtype, old, body, namespace, name)

@@ -34,6 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from istiod_local.controlplane.kubeapi import errors
+from istiod_local.controlplane.kubeapi.changes import OBJECT_SIZE_GUESS, WatchEvent, bookmark, filter_event, matches
+from istiod_local.controlplane.kubeapi.objects import (
+    apply_overrides,
+    check_preconditions,
+    diff_map,
+    without_resource_version,
+)
 from istiod_local.controlplane.kubeapi.podpatch import PatchedPod, patch_pod_object
 from istiod_local.controlplane.kubeapi.pods import (
     DEFAULT_HOST_IP,
@@ -42,30 +49,26 @@ from istiod_local.controlplane.kubeapi.pods import (
     render_namespace,
     render_pod,
 )
+from istiod_local.controlplane.kubeapi.resources import (
+    BY_KEY,
+    ENDPOINTSLICES,
+    MAX_OBJECTS_PER_TYPE,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SERVICES,
+)
 from istiod_local.controlplane.kubeapi.selectors import FieldSelector, LabelSelector
+from istiod_local.controlplane.kubeapi.services import derived_objects, refreshed_slices
 from istiod_local.controlplane.xds.registry import Registry, Workload
 
-PODS = "pods"
-NAMESPACES = "namespaces"
-KINDS = {PODS: "Pod", NAMESPACES: "Namespace"}
+__all__ = ["NAMESPACES", "PODS", "KubeStore", "StaleObject", "WatchEvent", "bookmark", "filter_event", "matches"]
 # Namespaces every cluster has, whether or not the registry names them.
 BUILTIN_NAMESPACES = ("default", "istio-system", "kube-system")
 DEFAULT_HISTORY = 1000
 DEFAULT_HISTORY_BYTES = 4 * 1024 * 1024
-OBJECT_SIZE_GUESS = 4096  # what an object costs in the log when its encoded size is not known (a rendered pod)
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for namespaces
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    type: str  # ADDED | MODIFIED | DELETED
-    resource: str  # pods | namespaces
-    object: dict[str, Any]
-    resource_version: int
-    # The object before this change (MODIFIED), so a filtered watch can turn it into ADDED/DELETED.
-    previous: dict[str, Any] | None = None
-    size: int = OBJECT_SIZE_GUESS  # the object's encoded size, as far as it is known
 
 
 @dataclass
@@ -77,22 +80,7 @@ class _Entry:
     status_override: dict[str, Any] | None = None
     label_overrides: dict[str, str | None] = field(default_factory=dict)
     annotation_overrides: dict[str, str | None] = field(default_factory=dict)
-
-
-def _diff_map(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
-    out: dict[str, str | None] = {k: v for k, v in after.items() if before.get(k) != v}
-    out.update({k: None for k in before if k not in after})
-    return out
-
-
-def _apply_overrides(base: dict[str, str] | None, overrides: dict[str, str | None]) -> dict[str, str]:
-    out = dict(base or {})
-    for key, value in overrides.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
+    from_registry: bool = True  # False: a client created it (a reload of the registry leaves it alone)
 
 
 class StaleObject(Exception):
@@ -100,7 +88,10 @@ class StaleObject(Exception):
 
 
 class KubeStore:
-    """Pods and namespaces, their resourceVersions and the change log."""
+    """Every served object, the resourceVersions and the change log.
+
+    The registry owns pods, namespaces, Services, EndpointSlices and Nodes (`apply_registry`); clients own
+    what they create (`create`, `replace`, `commit_object`, `delete`: ConfigMaps, Leases, ...)."""
 
     def __init__(self, default_node: str, host_ip: str = DEFAULT_HOST_IP, history: int = DEFAULT_HISTORY,
                  first_version: int = 1, history_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
@@ -115,7 +106,7 @@ class KubeStore:
         self.default_node = default_node
         self.host_ip = host_ip
         self._rv = first_version
-        self._entries: dict[str, dict[Key, _Entry]] = {PODS: {}, NAMESPACES: {}}
+        self._entries: dict[str, dict[Key, _Entry]] = {t: {} for t in BY_KEY}
         self._log: deque[WatchEvent] = deque()
         self._history = history
         self._history_bytes = history_bytes
@@ -125,6 +116,8 @@ class KubeStore:
         self._incarnations: dict[Key, int] = {}
         self._tombstones: dict[Key, Workload] = {}
         self._listeners: list[Callable[[WatchEvent], None]] = []
+        self._registry = Registry()
+        self._now = ""  # the time of the last change a caller dated (for objects rendered as a side effect)
 
     # ---- reading --------------------------------------------------------------------------------
 
@@ -132,8 +125,15 @@ class KubeStore:
     def resource_version(self) -> int:
         return self._rv
 
+    @staticmethod
+    def key(resource: str, namespace: str, name: str) -> Key:
+        return (namespace if BY_KEY[resource].namespaced else "", name)
+
+    def count(self, resource: str) -> int:
+        return len(self._entries[resource])
+
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
-        entry = self._entries[resource].get((namespace if resource == PODS else "", name))
+        entry = self._entries[resource].get(self.key(resource, namespace, name))
         if entry is None:
             raise errors.not_found(resource, name)
         return entry.current
@@ -143,7 +143,7 @@ class KubeStore:
         """Matching objects, sorted by namespace and name, and the collection's resourceVersion."""
         out = []
         for (ns, _), entry in sorted(self._entries[resource].items()):
-            if namespace and resource == PODS and ns != namespace:
+            if namespace and ns != namespace:
                 continue
             if matches(entry.current, labels, fields):
                 out.append(entry.current)
@@ -192,7 +192,7 @@ class KubeStore:
         return out
 
     def _uid(self, resource: str, key: Key) -> str:
-        incarnation = self._incarnations.get(key if resource == PODS else ("#ns", key[1]), 0)
+        incarnation = self._incarnations.get(self._ident(resource, key), 0)
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"istiod-local:{resource}/{key[0]}/{key[1]}/{incarnation}"))
 
     def apply_registry(self, registry: Registry, now: str) -> list[WatchEvent]:
@@ -228,17 +228,50 @@ class KubeStore:
         wanted = {(w.namespace, w.name) for w in registry.workloads}
         self._tombstones = {k: w for k, w in self._tombstones.items() if k in wanted}
         self._sync(PODS, pods)
+        self._registry, self._now = registry, now
+        self._sync_derived()
         return [e for e in self._log if e.resource_version > first_rv]
 
-    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]]) -> None:
+    def _dated(self, resource: str, key: Key) -> tuple[str, str]:
+        """The uid and creationTimestamp of the object at `key`: kept if there is one, else new."""
+        existing = self._entries[resource].get(key)
+        if existing is not None:
+            return existing.current["metadata"].get("uid", ""), existing.current["metadata"].get(
+                "creationTimestamp", self._now)
+        return self._uid(resource, key), self._now
+
+    def _sync_derived(self) -> None:
+        """Services, EndpointSlices and Nodes, as a cluster's controllers keep them for the registry and the
+        pods served now (a pod's readiness, reported through pods/status, moves its endpoint)."""
+        pods = [e.current for e in self._entries[PODS].values()]
+        derived = derived_objects(self._registry, pods, self._dated, self.default_node, self.host_ip)
+        for resource in (SERVICES, ENDPOINTSLICES, NODES):
+            self._sync(resource, {key: (obj, None, None) for key, obj in derived[resource].items()})
+
+    def _refresh_endpoints(self, *changed: dict[str, Any]) -> None:
+        """The EndpointSlices of the services that select a changed pod (as it was or is now): what a pod's
+        patch or delete moves, without rendering every service's slice again."""
+        slices = refreshed_slices(self._registry, changed, self._entries[PODS], self._dated)
+        if slices:
+            self._sync(ENDPOINTSLICES, {key: (obj, None, None) for key, obj in slices.items()}, prune=False)
+
+    def _sync(self, resource: str, desired: dict[Key, tuple[dict[str, Any], Workload | None, Any]],
+              prune: bool = True) -> None:
+        """Make the registry's objects of `resource` what `desired` says; `prune`: and remove the others."""
         entries = self._entries[resource]
-        for key in sorted(set(entries) - set(desired)):
+        for key in sorted(set(entries) - set(desired) if prune else ()):
+            if not entries[key].from_registry:
+                continue
             entry = entries.pop(key)
             self._forget(resource, key)
             self._emit("DELETED", resource, self._stamp(entry.current))
         for key in sorted(desired):
             rendered, workload, inputs = desired[key]
             found = entries.get(key)
+            if found is not None and not found.from_registry:  # the registry takes over what a client made
+                entries[key] = _Entry(rendered, self._stamp(rendered), workload, inputs)
+                self._emit("MODIFIED", resource, entries[key].current, found.current)
+                continue
             if found is None:
                 entries[key] = _Entry(rendered, self._stamp(rendered), workload, inputs)
                 self._emit("ADDED", resource, entries[key].current)
@@ -251,19 +284,25 @@ class KubeStore:
             served = dict(rendered)
             meta = served["metadata"] = dict(rendered["metadata"])
             if entry.label_overrides:
-                meta["labels"] = _apply_overrides(meta.get("labels"), entry.label_overrides)
+                meta["labels"] = apply_overrides(meta.get("labels"), entry.label_overrides)
             if entry.annotation_overrides:
-                meta["annotations"] = _apply_overrides(meta.get("annotations"), entry.annotation_overrides)
+                meta["annotations"] = apply_overrides(meta.get("annotations"), entry.annotation_overrides)
             if entry.status_override is not None:
                 served["status"] = entry.status_override
             previous = entry.current
-            if _without_rv(served) == _without_rv(previous):
+            if without_resource_version(served) == without_resource_version(previous):
                 continue
             entry.current = self._stamp(served)
             self._emit("MODIFIED", resource, entry.current, previous)
 
+    @staticmethod
+    def _ident(resource: str, key: Key) -> Key:
+        if resource == PODS:
+            return key
+        return ("#ns", key[1]) if resource == NAMESPACES else (f"#{resource}/{key[0]}", key[1])
+
     def _forget(self, resource: str, key: Key) -> None:
-        ident = key if resource == PODS else ("#ns", key[1])
+        ident = self._ident(resource, key)
         self._incarnations[ident] = self._incarnations.get(ident, 0) + 1
 
     def patch_pod(self, namespace: str, name: str, content_type: str, body: Any,
@@ -291,8 +330,8 @@ class KubeStore:
             return old
         result = patched.object
         old_meta, meta = old["metadata"], result["metadata"]
-        entry.label_overrides.update(_diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
-        entry.annotation_overrides.update(_diff_map(old_meta.get("annotations") or {},
+        entry.label_overrides.update(diff_map(old_meta.get("labels") or {}, meta.get("labels") or {}))
+        entry.annotation_overrides.update(diff_map(old_meta.get("annotations") or {},
                                                     meta.get("annotations") or {}))
         if subresource == "status" and result.get("status") != old.get("status"):
             entry.status_override = result.get("status")
@@ -300,6 +339,7 @@ class KubeStore:
         if before_emit is not None:
             before_emit(entry.current)
         self._emit("MODIFIED", PODS, entry.current, old, max(len(patched.template), OBJECT_SIZE_GUESS))
+        self._refresh_endpoints(old, entry.current)
         return entry.current
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
@@ -309,64 +349,65 @@ class KubeStore:
         entry = self._entries[PODS].get(key)
         if entry is None:
             raise errors.not_found(PODS, name)
-        meta = entry.current["metadata"]
-        if uid and uid != meta["uid"]:
-            raise errors.conflict(PODS, name, f"Precondition failed: UID in precondition: {uid}, "
-                                              f"UID in object meta: {meta['uid']}")
-        if resource_version and resource_version != meta["resourceVersion"]:
-            raise errors.conflict(PODS, name, f"Precondition failed: ResourceVersion in precondition: "
-                                              f"{resource_version}, ResourceVersion in object meta: "
-                                              f"{meta['resourceVersion']}")
+        check_preconditions(PODS, entry.current, uid, resource_version)
         del self._entries[PODS][key]
         self._forget(PODS, key)
         if entry.workload is not None:
             self._tombstones[key] = entry.workload
         final = self._stamp(entry.current)
         self._emit("DELETED", PODS, final)
+        self._refresh_endpoints(final)
         return final
 
+    # ---- objects clients own ----------------------------------------------------------------------
 
-def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:
-    out = dict(obj)
-    out["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
-    return out
+    def create(self, resource: str, obj: dict[str, Any], now: str, size: int = OBJECT_SIZE_GUESS) -> dict[str, Any]:
+        """Store a new object (named, namespaced and checked by the caller: `objects.new_object`)."""
+        meta = obj["metadata"]
+        key = self.key(resource, meta.get("namespace", ""), meta["name"])
+        entries = self._entries[resource]
+        if key in entries:
+            raise errors.already_exists(resource, meta["name"])
+        if len(entries) >= MAX_OBJECTS_PER_TYPE:
+            raise errors.quota_exceeded(resource, meta["name"], MAX_OBJECTS_PER_TYPE)
+        self._now = now
+        stored = dict(obj)
+        stored["metadata"] = {**meta, "uid": self._uid(resource, key), "creationTimestamp": now}
+        entry = _Entry(stored, self._stamp(stored), from_registry=False)
+        entries[key] = entry
+        self._emit("ADDED", resource, entry.current, size=size)
+        return entry.current
 
+    def commit_object(self, resource: str, old: dict[str, Any], new: dict[str, Any],
+                      size: int = OBJECT_SIZE_GUESS) -> dict[str, Any]:
+        """Replace `old` (as read) by `new` (an update or a patch worked out from it); StaleObject when the
+        object changed since, the old object itself when nothing changed."""
+        meta = old["metadata"]
+        entry = self._entries[resource].get(self.key(resource, meta.get("namespace", ""), meta["name"]))
+        if entry is None:
+            raise errors.not_found(resource, meta["name"])
+        if entry.current is not old:
+            raise StaleObject(meta["name"])
+        if without_resource_version(new) == without_resource_version(old):
+            return old
+        entry.current = self._stamp(new)  # on a registry object: until the registry renders it differently
+        self._emit("MODIFIED", resource, entry.current, old, size)
+        return entry.current
 
-def matches(obj: dict[str, Any], labels: LabelSelector | None, fields: FieldSelector | None) -> bool:
-    if labels is not None and not labels.matches(obj.get("metadata", {}).get("labels") or {}):
-        return False
-    return fields is None or fields.matches(obj)
-
-
-def filter_event(event: WatchEvent, labels: LabelSelector | None, fields: FieldSelector | None,
-                 namespace: str = "") -> WatchEvent | None:
-    """What a watcher with these selectors sees of `event`: as is, as ADDED/DELETED, or nothing.
-
-    A MODIFIED object that starts matching is ADDED to that watcher, one that stops matching is
-    DELETED from it, as the apiserver's watch cache reports them.
-    """
-    def visible(obj: dict[str, Any] | None) -> bool:
-        if obj is None:
-            return False
-        if namespace and obj.get("metadata", {}).get("namespace") != namespace:
-            return False
-        return matches(obj, labels, fields)
-
-    now = visible(event.object)
-    if event.type != "MODIFIED":
-        return event if now else None
-    before = visible(event.previous)
-    if now and before:
-        return event
-    if now:
-        return WatchEvent("ADDED", event.resource, event.object, event.resource_version)
-    if before:
-        return WatchEvent("DELETED", event.resource, event.object, event.resource_version)
-    return None
-
-
-def bookmark(resource: str, resource_version: int) -> dict[str, Any]:
-    """A BOOKMARK event's object: only the kind and the resourceVersion the watcher has seen up to."""
-    return {"kind": KINDS[resource], "apiVersion": "v1", "metadata": {"resourceVersion": str(resource_version)}}
+    def delete(self, resource: str, namespace: str, name: str, uid: str | None = None,
+               resource_version: str | None = None) -> dict[str, Any]:
+        """DELETE of an object clients own, with DeleteOptions' preconditions (pods: `delete_pod`)."""
+        if resource == PODS:
+            return self.delete_pod(namespace, name, uid, resource_version)
+        key = self.key(resource, namespace, name)
+        entry = self._entries[resource].get(key)
+        if entry is None:
+            raise errors.not_found(resource, name)
+        check_preconditions(resource, entry.current, uid, resource_version)
+        del self._entries[resource][key]
+        self._forget(resource, key)
+        final = self._stamp(entry.current)
+        self._emit("DELETED", resource, final)
+        return final
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from istiod_local.controlplane.kubeapi import discovery
+from istiod_local.controlplane.kubeapi.changes import WatchEvent, bookmark, filter_event
 from istiod_local.controlplane.kubeapi.selectors import FieldSelector, LabelSelector
-from istiod_local.controlplane.kubeapi.store import WatchEvent, filter_event
 
 log = logging.getLogger("istiod_local.controlplane.kubeapi")
 
@@ -159,12 +159,10 @@ class WatchStream:
         return b'{"type":"' + seen.type.encode() + b'","object":', self._objects.get(seen.object), b"}\n"
 
     def _bookmark(self, annotations: dict[str, str] | None = None) -> tuple[bytes, ...]:
-        kind = "Pod" if self.request.resource == "pods" else "Namespace"
-        metadata: dict[str, Any] = {"resourceVersion": str(self._version())}
+        obj = bookmark(self.request.resource, self._version())
         if annotations:
-            metadata["annotations"] = annotations
-        return (dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": "v1", "metadata": metadata}})
-                + b"\n",)
+            obj["metadata"]["annotations"] = annotations
+        return (dumps({"type": "BOOKMARK", "object": obj}) + b"\n",)
 
     # ---- the body stream ----------------------------------------------------------------------------
 
