@@ -2,11 +2,17 @@
 
 Every kind takes `--pod NAME` (before the kind), the name its answers carry.
 
-- `http-echo --port P [--next URL ...]`: answers every GET with JSON naming
-  its pod, the request's path and headers (`x-forwarded-client-cert`
-  among them) and, having called each `--next` URL first, what those
-  answered (a chain: A's request calls B, whose request calls C); 502 when
-  a next hop failed, so the failure shows upstream.
+- `http-echo --port P [--next URL ...]`: answers every request (any
+  method) with JSON naming its pod, the request's method, path and headers
+  (`x-forwarded-client-cert` among them) and, having called each `--next`
+  URL first, what those answered (a chain: A's request calls B, whose
+  request calls C); 502 when a next hop failed, so the failure shows
+  upstream. It passes the `end-user` header (and the request id and
+  tracing headers) on to its next hops, as bookinfo's apps do, so a route
+  on `end-user` applies all along the chain. Two request headers are for
+  the check: `x-echo-next: skip` answers without calling the next hops
+  (one hop is probed), `x-echo-sleep: S` answers after S seconds (at most
+  30: a route's timeout is probed).
 - `tcp-echo --port P`: replies `<pod> <line>` to each line it reads.
 - `client --call URL ... [--interval S]`: calls each URL every S seconds
   (`http://`, `tcp://host:port`, `grpc://host:port` in plaintext, through
@@ -18,7 +24,12 @@ Every kind takes `--pod NAME` (before the kind), the name its answers carry.
 - `probe PROBES_JSON`: runs `[{"kind", "address"}, ...]` in parallel
   (http, tcp, grpc plaintext, grpc-xds through the control port) and
   prints one JSON list of `{"answered", "status", "pod", "xfcc",
-  "identities", "error"}`: what `mesh.expect.observe` reads.
+  "identities", "text", "error"}`: what `mesh.expect.observe` reads. An
+  `http-series` probe (`method`, `headers`, `count`, `timeout`) sends
+  `count` requests one after another and answers `{"answered", "results":
+  [[status, pod, seconds, text], ...]}` (status 0: no answer; text: the
+  start of a body that is not the echo's JSON): what
+  `mesh.configcheck.judge` reads.
 
 grpc is imported only by the kinds that speak it: an HTTP pod's app stays small.
 """
@@ -45,10 +56,21 @@ SUMMARY_EVERY = 10.0
 POD = socket.gethostname()  # `--pod NAME` (the planner passes the pod's name) replaces it
 
 
-def http_get(url: str, timeout: float) -> dict[str, Any]:
-    """GET `url`: `{"answered": True, "status", "body"}` on any HTTP answer, else `{"answered": False, "error"}`."""
+# What the echo passes on to its next hops (bookinfo's apps pass the same: the user, the request id, tracing).
+PROPAGATED = ("end-user", "x-request-id", "x-b3-traceid", "x-b3-spanid", "x-b3-parentspanid", "x-b3-sampled",
+              "traceparent", "tracestate")
+SKIP_NEXT = "x-echo-next"
+SLEEP = "x-echo-sleep"
+MAX_SLEEP = 30.0
+
+
+def http_get(url: str, timeout: float, method: str = "GET",
+             headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """GET (or `method`) `url`: `{"answered": True, "status", "body"}` on any HTTP answer, else
+    `{"answered": False, "error"}`."""
+    request = urllib.request.Request(url, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
@@ -87,14 +109,35 @@ def grpc_call(target: str, timeout: float, plain: bool) -> dict[str, Any]:
     return probe_result(call(target, plain, timeout))
 
 
-def probe_one(kind: str, address: str, timeout: float, control_port: int = 8081) -> dict[str, Any]:
+def http_series(address: str, method: str, headers: dict[str, str], count: int, timeout: float) -> dict[str, Any]:
+    """`count` requests one after another: `[status, pod, seconds, text]` each (status 0: no answer)."""
+    results = []
+    for _ in range(max(1, min(count, 1000))):
+        started = time.monotonic()
+        answer = http_get(address, timeout, method, headers)
+        elapsed = round(time.monotonic() - started, 3)
+        body = answer.get("body")
+        pod = body.get("pod", "") if isinstance(body, dict) else ""
+        text = "" if isinstance(body, dict) else str(body if answer.get("answered") else answer.get("error"))[:80]
+        results.append([answer.get("status", 0) if answer.get("answered") else 0, pod, elapsed, text])
+    return {"answered": True, "results": results}
+
+
+def probe_one(kind: str, address: str, timeout: float, control_port: int = 8081,
+              spec: dict[str, Any] | None = None) -> dict[str, Any]:
     if kind == "http":
         answer = http_get(address, timeout)
         body = answer.pop("body", None)
         if isinstance(body, dict):
             answer["pod"] = body.get("pod", "")
             answer["xfcc"] = body.get("headers", {}).get("x-forwarded-client-cert", "")
+        elif body is not None:
+            answer["text"] = str(body)[:80]
         return answer
+    if kind == "http-series":
+        spec = spec or {}
+        return http_series(address, str(spec.get("method", "GET")), dict(spec.get("headers") or {}),
+                           int(spec.get("count", 1)), float(spec.get("timeout", timeout)))
     if kind == "tcp":
         return tcp_ping(address, timeout)
     if kind == "grpc":
@@ -129,22 +172,36 @@ class _Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     next_hops: list[str] = []
 
-    def do_GET(self) -> None:
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(min(length, 1 << 20))
+        try:
+            delay = min(MAX_SLEEP, max(0.0, float(self.headers.get(SLEEP, "0") or 0)))
+        except ValueError:
+            delay = 0.0
+        if delay:
+            time.sleep(delay)
         calls = []
-        for url in self.next_hops:
-            answer = http_get(url, 2.0)
+        passed = {k: v for k, v in self.headers.items() if k.lower() in PROPAGATED}
+        hops = [] if self.headers.get(SKIP_NEXT, "").lower() == "skip" else self.next_hops
+        for url in hops:
+            answer = http_get(url, 2.0, headers=passed)
             body = answer.get("body")
             calls.append({"url": url, "status": answer.get("status"), "error": answer.get("error", ""),
                           "pod": body.get("pod", "") if isinstance(body, dict) else "",
                           "calls": body.get("calls", []) if isinstance(body, dict) else []})
         failed = any(c["status"] != 200 for c in calls)
-        payload = json.dumps({"pod": POD, "path": self.path, "calls": calls,
+        payload = json.dumps({"pod": POD, "method": self.command, "path": self.path, "calls": calls,
                               "headers": {k.lower(): v for k, v in self.headers.items()}}, sort_keys=True).encode()
         self.send_response(502 if failed else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _answer
 
     def log_message(self, format: str, *args: Any) -> None:
         return None
@@ -234,7 +291,7 @@ def probe_result(result: dict[str, Any]) -> dict[str, Any]:
 
 def run_probes(probes: list[dict[str, Any]], timeout: float, control_port: int) -> list[dict[str, Any]]:
     with futures.ThreadPoolExecutor(max(1, min(16, len(probes)))) as pool:
-        jobs = [pool.submit(probe_one, p["kind"], p["address"], timeout, control_port) for p in probes]
+        jobs = [pool.submit(probe_one, p["kind"], p["address"], timeout, control_port, p) for p in probes]
         out = []
         for job in jobs:
             try:

@@ -24,23 +24,39 @@ otherwise the policies do, as upstream Istio decides them:
   one port, so upstream's PERMISSIVE means mTLS for mesh pods); a pod
   outside the mesh accepts it.
 
+With Istio config (`istioConfig:`), the same probes follow it
+(`traffic.py`): PeerAuthentication decides each server workload's mode, a
+DestinationRule's `tls.mode: DISABLE` sends plaintext, an HTTP probe a
+server's AuthorizationPolicy denies is `denied` (a 403 from the RBAC
+filter), a VirtualService route decides which servers answer (a fault
+aborting every request gives its status), and a server whose next hop
+fails answers 502. Where the config says something the check does not
+evaluate, the probe's outcome is "not checked" (`UNKNOWN`): the run lists it
+apart and never counts it as held. Services whose pods are gateways are not
+probed pairwise: a gateway is checked from the host (`configcheck.py`).
+
 Observations: an HTTP answer's `x-forwarded-client-cert` (`URI=` is the
 client identity the server-side Envoy verified); a gRPC reply's peer
 identities (the proxyless server's view); otherwise the client Envoy's
 `ssl.handshake` counter of the target's outbound cluster (TCP, gRPC behind a
-server sidecar), which proves mTLS but not the identity it carried.
+server sidecar), which proves mTLS but not the identity it carried. A 403
+whose body is Envoy's `RBAC: access denied` is `denied`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from istiod_local.mesh import istiopolicy, istioroutes, traffic
+from istiod_local.mesh.istioroutes import RequestShape
 from istiod_local.mesh.model import AGENTS, GRPC_CONTROL_PORT, Deployment, Mesh, Service
 from istiod_local.mesh.planner import MeshPlan, pod_name
 
-MTLS, PLAINTEXT, REFUSED = "mtls", "plaintext", "refused"
+MTLS, PLAINTEXT, REFUSED, DENIED = "mtls", "plaintext", "refused", "denied"
+UNKNOWN = "not checked"  # the config says something the check does not evaluate: listed apart, never held
+RBAC_DENIED = "RBAC: access denied"  # the body of Envoy's RBAC filter's 403
 _KIND = {"HTTP": "http", "HTTP2": "http", "GRPC": "grpc", "TCP": "tcp"}
 
 
@@ -73,6 +89,8 @@ class Outcome:
     def show(self) -> str:
         if self.kind == MTLS:
             return f"mtls {self.identity}" if self.identity else "mtls (TLS stats)"
+        if self.kind == DENIED:
+            return "denied (403 RBAC)"
         return self.kind
 
 
@@ -85,7 +103,7 @@ def probes(plan: MeshPlan, pod_ips: Mapping[str, str]) -> list[Probe]:
     """Every probe of the check, given the pods' addresses (for the probes from outside the mesh)."""
     mesh = plan.mesh
     out: list[Probe] = []
-    for client in mesh.deployments:
+    for client in mesh.deployments:  # gateway pods call nothing: no probes from them
         pod = plan.first_pod(client)
         if pod is None:
             continue
@@ -106,6 +124,8 @@ def probes(plan: MeshPlan, pod_ips: Mapping[str, str]) -> list[Probe]:
 def _sidecar_probes(plan: MeshPlan, client: Deployment, pod: str) -> list[Probe]:
     mesh, out = plan.mesh, []
     for service in mesh.services:
+        if traffic.is_gateway_service(mesh, service):
+            continue
         for port in service.ports:
             host = service.hostname()
             cluster = f"outbound|{port.port}||{host}"
@@ -127,6 +147,8 @@ def _sidecar_probes(plan: MeshPlan, client: Deployment, pod: str) -> list[Probe]
 def _plaintext_probes(plan: MeshPlan, client: Deployment, pod: str, pod_ips: Mapping[str, str]) -> list[Probe]:
     mesh, out = plan.mesh, []
     for service in mesh.services:
+        if traffic.is_gateway_service(mesh, service):
+            continue
         backend = next((b for b in mesh.backends(service) if plan.first_pod(b) is not None), None)
         if backend is None or backend.key == client.key:
             continue
@@ -146,9 +168,11 @@ def _live_backends(plan: MeshPlan, service: Service) -> list[Deployment]:
 
 
 def _plaintext_accepted(mesh: Mesh, server: Deployment) -> Outcome:
-    mode = mesh.mtls_mode(server.namespace)
     if server.mode == "none":
         return Outcome(PLAINTEXT, detail="the server is outside the mesh")
+    mode = istiopolicy.workload_mode(mesh, server.namespace, server.labels)
+    if mode is None:
+        return Outcome(UNKNOWN, detail=f"{server.name}: a PeerAuthentication with portLevelMtls")
     if server.mode == "proxyless" and mode != "DISABLE":
         return Outcome(REFUSED, detail=f"proxyless gRPC server under {mode}: mTLS only")
     if mode == "STRICT":
@@ -180,7 +204,7 @@ def expect(plan: MeshPlan, probe: Probe) -> Outcome:
     if probe.backend:  # from outside the mesh, straight to a pod
         backend = mesh.deployment(probe.backend)
         assert backend is not None
-        return _plaintext_accepted(mesh, backend)
+        return _through_server(plan, probe, backend, _plaintext_accepted(mesh, backend))
     if probe.entry:
         entry = mesh.entry(probe.entry)
         assert entry is not None
@@ -194,12 +218,84 @@ def expect(plan: MeshPlan, probe: Probe) -> Outcome:
     backends = _live_backends(plan, service)
     if not backends:
         return Outcome(REFUSED, detail="the service has no endpoints")
+    if mesh.istio_config and client.mode != "sidecar" and _configured(plan, service, backends):
+        return Outcome(UNKNOWN, detail=f"{service.key}: routes or policies for a proxyless client are not derived")
+    if mesh.istio_config and client.mode == "sidecar":
+        return _through_mesh(plan, probe, client, service)
     server = backends[0]
     if server.mode == "none":
         return Outcome(PLAINTEXT, detail="the server is outside the mesh: no mTLS")
     if mesh.mtls_mode(server.namespace) == "DISABLE":
         return Outcome(PLAINTEXT, detail="DISABLE: auto mTLS sends plaintext")
     return Outcome(MTLS, mesh.spiffe_id(client), detail=f"{mesh.mtls_mode(server.namespace)} namespace")
+
+
+def _configured(plan: MeshPlan, service: Service, backends: list[Deployment]) -> bool:
+    """Whether Istio config routes the service or authorizes its servers."""
+    mesh = plan.mesh
+    vs = any(service.hostname() in istioroutes.hosts_of(v) for v in mesh.resources("VirtualService"))
+    return vs or any(istiopolicy.authorization_policies(mesh, b.namespace, b.labels) for b in backends)
+
+
+def _through_mesh(plan: MeshPlan, probe: Probe, client: Deployment, service: Service) -> Outcome:
+    """A sidecar client's probe with Istio config: the route, the servers' modes and policies, the chain."""
+    mesh = plan.mesh
+    choice = traffic.route_for(mesh, client, service, probe.port, RequestShape())
+    if isinstance(choice, traffic.Problem):
+        return Outcome(UNKNOWN, detail=choice.reason)
+    destinations = traffic.reached(plan, client, service, choice)
+    if isinstance(destinations, traffic.Problem):
+        return Outcome(UNKNOWN, detail=destinations.reason)
+    servers = [d for _, deployments, share in destinations if share > 0 for d in deployments]
+    mtls = traffic.mtls_to(mesh, client, service, servers)
+    if isinstance(mtls, traffic.Problem):
+        return Outcome(UNKNOWN, detail=mtls.reason)
+    modes = {istiopolicy.workload_mode(mesh, s.namespace, s.labels) for s in servers if s.mode != "none"}
+    if None in modes:
+        return Outcome(UNKNOWN, detail=f"{service.key}: a PeerAuthentication with portLevelMtls")
+    if mtls and any(s.mode == "none" for s in servers):
+        return Outcome(REFUSED, detail="mTLS to a server outside the mesh")
+    if not mtls and "STRICT" in modes:
+        return Outcome(REFUSED, detail="plaintext to a STRICT server")
+    if probe.kind != "http":
+        if any(istiopolicy.authorization_policies(mesh, s.namespace, s.labels) for s in servers):
+            return Outcome(UNKNOWN, detail=f"{service.key}: AuthorizationPolicy on {probe.kind} is not evaluated")
+        if choice.route is not None:
+            return Outcome(UNKNOWN, detail=f"{choice.route.label}: an HTTP route for a {probe.kind} probe")
+    else:
+        status = traffic.request_outcome(plan, client, service, probe.port, RequestShape())
+        if isinstance(status, traffic.Problem):
+            return Outcome(UNKNOWN, detail=status.reason)
+        if status == 403:
+            return Outcome(DENIED, detail="AuthorizationPolicy")
+        if status != 200:
+            return Outcome(REFUSED, detail=f"HTTP {status}")
+    if mtls:
+        return Outcome(MTLS, mesh.spiffe_id(client), detail="mTLS")
+    return Outcome(PLAINTEXT, detail="plaintext")
+
+
+def _through_server(plan: MeshPlan, probe: Probe, server: Deployment, accepted: Outcome) -> Outcome:
+    """Plaintext from outside the mesh that the server's sidecar took: its AuthorizationPolicy, its chain."""
+    mesh = plan.mesh
+    if accepted.kind != PLAINTEXT or server.mode == "none" or not mesh.istio_config:
+        return accepted
+    policies = istiopolicy.authorization_policies(mesh, server.namespace, server.labels)
+    if probe.kind != "http":
+        return Outcome(UNKNOWN, detail=f"{server.name}: AuthorizationPolicy on {probe.kind}") if policies \
+            else accepted
+    service = mesh.service(probe.service)
+    assert service is not None
+    decision = traffic.authorize_all(mesh, [server], traffic.server_request(
+        RequestShape(), service, probe.port, "", probe.address.split("/")[2]))
+    if decision.allowed is None:
+        return Outcome(UNKNOWN, detail=decision.reason)
+    if not decision.allowed:
+        return Outcome(DENIED, detail=decision.reason)
+    chain = traffic.chain_ok(plan, server)
+    if isinstance(chain, traffic.Problem):
+        return Outcome(UNKNOWN, detail=chain.reason)
+    return accepted if chain else Outcome(REFUSED, detail="HTTP 502: a next hop failed")
 
 
 def _identity_from_xfcc(xfcc: str) -> str:
@@ -220,6 +316,8 @@ def observe(probe: Probe, raw: Mapping[str, Any], tls_handshakes: int | None) ->
     tls = bool(tls_handshakes)
     if probe.kind == "http":
         status = raw.get("status")
+        if status == 403 and str(raw.get("text", "")).startswith(RBAC_DENIED):
+            return Outcome(DENIED, detail=RBAC_DENIED)
         if status != 200:
             return Outcome(REFUSED, detail=f"HTTP {status}")
         identity = _identity_from_xfcc(str(raw.get("xfcc", "")))
@@ -234,7 +332,7 @@ def observe(probe: Probe, raw: Mapping[str, Any], tls_handshakes: int | None) ->
 
 def holds(expected: Outcome, observed: Outcome) -> bool:
     """The expectation held: same outcome, and the same identity wherever the server could show one."""
-    if expected.kind != observed.kind:
+    if expected.kind != observed.kind or expected.kind == UNKNOWN:
         return False
     return not (expected.identity and observed.identity) or expected.identity == observed.identity
 
@@ -279,16 +377,36 @@ def mixed(plan: MeshPlan) -> bool:
     return any(d.agent != AGENTS[0] and d.mode != "none" for d in plan.mesh.deployments)
 
 
-def table(rows: Sequence[Row], plan: MeshPlan | None = None) -> str:
+class ShownRow(Protocol):
+    """A row of another kind of expectation (`checking.ConfigRow`): its probe names client, target and via."""
+
+    @property
+    def probe(self) -> Any: ...
+
+    @property
+    def observed(self) -> Any: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+def _cells(row: Row | ShownRow, plan: MeshPlan | None, show_agents: bool) -> tuple[str, ...]:
+    if isinstance(row, Row):
+        return (row.probe.pod, row.probe.target, row.probe.via,
+                *((agents(plan, row.probe),) if show_agents and plan is not None else ()), row.expected.show(),
+                row.observed.show() + (f" ({_short(row.observed.detail)})" if row.observed.kind == REFUSED
+                                       and row.observed.detail else ""), "ok" if row.ok else "FAIL")
+    probe: Any = row.probe
+    return (probe.pod or probe.client, probe.target, probe.via, *(("-",) if show_agents else ()), probe.want.text,
+            str(row.observed), "ok" if row.ok else "FAIL")
+
+
+def table(rows: Sequence[Row | ShownRow], plan: MeshPlan | None = None) -> str:
     """One table: client, target, via, expected, observed, ok; with a `plan` that mixes agent implementations,
     also `agents` (client→server, `agents()`)."""
     show_agents = plan is not None and mixed(plan)
     head = ("client", "target", "via", *(("agents",) if show_agents else ()), "expected", "observed", "ok")
-    cells = [head] + [(r.probe.pod, r.probe.target, r.probe.via,
-                       *((agents(plan, r.probe),) if show_agents and plan is not None else ()), r.expected.show(),
-                       r.observed.show() + (f" ({_short(r.observed.detail)})" if r.observed.kind == REFUSED
-                                            and r.observed.detail else ""),
-                       "ok" if r.ok else "FAIL") for r in rows]
+    cells = [head] + [_cells(r, plan, show_agents) for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
     passed = sum(r.ok for r in rows)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from istiod_local.node.upstream import AGENT_IMPLEMENTATIONS
 
 MTLS_MODES = ("STRICT", "PERMISSIVE", "DISABLE")
 PROTOCOLS = ("HTTP", "HTTP2", "GRPC", "TCP")
-MODES = ("sidecar", "proxyless", "none")
+# gateway: our agent as `pilot-agent proxy router` with the real Envoy, no capture (an ingress gateway's pod).
+MODES = ("sidecar", "proxyless", "none", "gateway")
 # Whose pilot-agent a meshed deployment's pods run: ours (the default), or upstream's Go one.
 AGENTS = AGENT_IMPLEMENTATIONS
 APP_KINDS = ("http-echo", "tcp-echo", "grpc-server", "grpc-client", "client", "none")
@@ -33,6 +35,7 @@ class Namespace:
     name: str
     peer_authentication: str = "PERMISSIVE"
     labels: Mapping[str, str] = field(default_factory=dict)
+    mode_given: bool = False  # the file set `peerAuthentication` (else a mesh-wide PeerAuthentication may decide)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,14 @@ class App:
 
 
 @dataclass(frozen=True)
+class HostPort:
+    """A port on the host's loopback that leads to a container port of the deployment's first pod."""
+
+    host_port: int
+    container_port: int
+
+
+@dataclass(frozen=True)
 class Deployment:
     name: str
     namespace: str
@@ -103,6 +114,7 @@ class Deployment:
     app: App
     dns_capture: bool = False
     agent: str = "istio-agent"
+    host_ports: tuple[HostPort, ...] = ()
 
     @property
     def key(self) -> str:
@@ -126,7 +138,33 @@ class ServiceEntry:
     endpoints: tuple[EntryEndpoint, ...] = ()
 
 
-OUTCOMES = ("mtls", "plaintext", "refused")
+@dataclass(frozen=True)
+class IstioResource:
+    """One Istio resource of the files the mesh file names (`istioConfig:`), as written.
+
+    `document` is the whole object (apiVersion, kind, metadata with the namespace filled in, spec): what the
+    real istiod is given. `source` says where it was read (`file:line`), for every message about it.
+    """
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    document: Mapping[str, Any] = field(hash=False)
+    source: str = field(default="", compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        spec = self.document.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
+
+
+# denied: an HTTP 403 from the server's RBAC filter (an AuthorizationPolicy), the connection itself was made.
+OUTCOMES = ("mtls", "plaintext", "refused", "denied")
 
 
 @dataclass(frozen=True)
@@ -147,12 +185,19 @@ class Mesh:
     deployments: tuple[Deployment, ...] = ()
     service_entries: tuple[ServiceEntry, ...] = ()
     expectations: tuple[Expectation, ...] = ()
+    istio_config_paths: tuple[str, ...] = ()  # `istioConfig:` as written (relative to the mesh file)
+    istio_config: tuple[IstioResource, ...] = ()  # what those files hold (read by `mesh.istiofiles`)
 
     def namespace(self, name: str) -> Namespace:
         return next((n for n in self.namespaces if n.name == name), Namespace(name))
 
     def mtls_mode(self, namespace: str) -> str:
+        """The file's own PeerAuthentication mode of a namespace (Istio config may say more: `istiopolicy`)."""
         return self.namespace(namespace).peer_authentication
+
+    def resources(self, *kinds: str) -> list[IstioResource]:
+        """The Istio resources of these kinds, in file order."""
+        return [r for r in self.istio_config if r.kind in kinds]
 
     def service(self, key: str) -> Service | None:
         return next((s for s in self.services if s.key == key), None)

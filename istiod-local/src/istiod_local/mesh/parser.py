@@ -24,6 +24,8 @@ except where noted)::
       serviceAccount: reviews               # default: the deployment's name
       labels: {app: reviews, version: v1}   # default: {app: <name>}
       mode: sidecar                         # sidecar (Envoy, default) | proxyless (gRPC) | none (no mesh)
+                                            # | gateway (`pilot-agent proxy router`: an ingress gateway)
+      hostPorts: [{hostPort: 31380, containerPort: 8080}]   # gateway only: 127.0.0.1:31380 on the host
       dnsCapture: true                      # the agent's DNS proxy (sidecar only), default false
       agent: istio-agent                    # istio-agent (ours, default) | upstream (upstream's Go pilot-agent)
       app:                                  # or a bare kind: `app: client`
@@ -34,6 +36,7 @@ except where noted)::
         interval: 1                         # seconds, default 1
     expectations:                           # optional: what the check must see, over what the policies say
     - {from: legacy, to: ratings.secure, port: 9080, outcome: refused}   # mtls | plaintext | refused
+    istioConfig: [istio/]                   # files or directories of Istio resources (relative to this file)
     serviceEntries:
     - name: legacy
       namespace: default
@@ -56,6 +59,10 @@ speaks only gRPC over xDS (its calls must be GRPC ports, `grpc-client` is
 its client app, and it has no DNS proxy); a `client` app needs a sidecar;
 a service entry is reached by name, so its callers need `dnsCapture`.
 Deployment names are unique across namespaces: they name pods on one node.
+A `gateway` pod runs no app and calls nothing: it routes what Istio's Gateway
+and VirtualService resources (`istioConfig:`) give it; its `hostPorts` lead
+from the host's loopback to its first pod, each host port once in the file.
+`istioConfig:` entries are paths as written; `mesh.istiofiles` reads them.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ from istiod_local.mesh.model import (
     Deployment,
     EntryEndpoint,
     Expectation,
+    HostPort,
     Mesh,
     Namespace,
     Port,
@@ -107,14 +115,16 @@ MAX_REPLICAS = 100
 MAX_DEPLOYMENT_NAME = 36
 
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries", "expectations"})
+_TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries", "expectations",
+                  "istioConfig"})
 _EXPECTATION = frozenset({"from", "to", "port", "outcome"})
 _NAMESPACE = frozenset({"name", "peerAuthentication", "labels"})
 _SERVICE = frozenset({"name", "namespace", "selector", "clusterIP", "ports"})
 _PORT = frozenset({"name", "port", "targetPort", "protocol"})
 _ENTRY_PORT = frozenset({"name", "number", "targetPort", "protocol"})
 _DEPLOYMENT = frozenset({"name", "namespace", "replicas", "serviceAccount", "labels", "mode", "dnsCapture", "app",
-                         "agent"})
+                         "agent", "hostPorts"})
+_HOST_PORT = frozenset({"hostPort", "containerPort"})
 _APP = frozenset({"kind", "port", "next", "calls", "interval"})
 _ENTRY = frozenset({"name", "namespace", "hosts", "addresses", "ports", "resolution", "endpoints"})
 _ENDPOINT = frozenset({"address", "deployment"})
@@ -180,7 +190,8 @@ def _namespaces(top: Fields) -> dict[str, Namespace]:
         name = dns_label(f, "name")
         if name in out:
             f.fail(f.value_node("name"), "name", f"namespace {name!r} is declared twice")
-        out[name] = Namespace(name, choice(f, "peerAuthentication", MTLS_MODES, "PERMISSIVE"), f.string_map("labels"))
+        out[name] = Namespace(name, choice(f, "peerAuthentication", MTLS_MODES, "PERMISSIVE"), f.string_map("labels"),
+                              f.has("peerAuthentication"))
     out.setdefault(DEFAULT_NAMESPACE, Namespace(DEFAULT_NAMESPACE))
     return out
 
@@ -364,9 +375,28 @@ def _app(f: Fields, resolver: _Resolver, namespace: str, mode: str, dns_capture:
                _seconds(fields, "interval", DEFAULT_CALL_INTERVAL))
 
 
+def _host_ports(f: Fields, mode: str, taken: dict[int, str]) -> tuple[HostPort, ...]:
+    """A gateway's host ports: each a port of the host's loopback, given once in the whole file."""
+    if not f.has("hostPorts"):
+        return ()
+    if mode != "gateway":
+        f.fail(f.value_node("hostPorts"), "hostPorts", f"only a gateway deployment has host ports; mode is {mode}")
+    out = []
+    for path, node in f.items("hostPorts"):
+        pf = Fields(node, path, f.source, _HOST_PORT)
+        host_port = pf.integer("hostPort", low=1, high=65535)
+        if host_port in taken:
+            pf.fail(pf.value_node("hostPort"), "hostPort",
+                    f"host port {host_port} is already given at {taken[host_port]}")
+        taken[host_port] = path
+        out.append(HostPort(host_port, pf.integer("containerPort", low=1, high=65535)))
+    return tuple(out)
+
+
 def _deployments(top: Fields, namespaces: dict[str, Namespace], resolver: _Resolver) -> list[Deployment]:
     out: list[Deployment] = []
     seen: dict[str, str] = {}
+    host_ports: dict[int, str] = {}
     for path, node in top.items("deployments"):
         f = Fields(node, path, top.source, _DEPLOYMENT)
         name = dns_label(f, "name")
@@ -385,9 +415,13 @@ def _deployments(top: Fields, namespaces: dict[str, Namespace], resolver: _Resol
         if mode == "none" and f.has("agent"):
             f.fail(f.value_node("agent"), "agent", "a pod outside the mesh (mode: none) runs no agent")
         labels = f.string_map("labels") if f.has("labels") else {"app": name}
+        app = _app(f, resolver, namespace, mode, dns_capture)
+        if mode == "gateway" and app.kind != "none":
+            f.fail(f.value_node("app"), "app", "a gateway runs no app: it routes what its Gateway and "
+                                               "VirtualService resources say (istioConfig)")
         out.append(Deployment(name, namespace, f.integer("replicas", 1, 0, MAX_REPLICAS),
-                              dns_label(f, "serviceAccount", name), labels, mode,
-                              _app(f, resolver, namespace, mode, dns_capture), dns_capture, agent))
+                              dns_label(f, "serviceAccount", name), labels, mode, app, dns_capture, agent,
+                              _host_ports(f, mode, host_ports)))
     return out
 
 
@@ -439,5 +473,6 @@ def parse_mesh(text: str, source: str = "mesh.yaml") -> Mesh:
     deployments = _deployments(top, namespaces, _Resolver(services, [e for e, _ in entries]))
     _check_entry_endpoints(entries, deployments)
     expectations = _expectations(top, _Resolver(services, [e for e, _ in entries]), deployments)
+    paths = tuple(text for _, _, text in top.string_list("istioConfig"))
     return Mesh(tuple(namespaces.values()), tuple(services), tuple(deployments), tuple(e for e, _ in entries),
-                expectations)
+                expectations, paths)

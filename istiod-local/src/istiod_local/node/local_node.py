@@ -59,6 +59,12 @@ ADD, files and init containers; the calling thread starts their processes)
 and starts every proxyless agent before waiting for any hook; `wait_ready()`
 probes all pods at once from the node namespace, as a kubelet does.
 
+A pod with `PodSpec(router=True)` is a gateway, as Istio's gateway template
+makes one: `pilot-agent proxy router` with the real Envoy, no capture, no
+init container, ports below 1024 open to uid 1337. Its `host_ports` are
+forwarded from the host's loopback (`hostport.py`), the way a node forwards a
+pod's hostPort.
+
 Call it from one thread (normally the main one): the pods' processes get
 SIGTERM when the thread that started them ends (`setpriv --pdeathsig`), which
 is what takes them down if the owner is killed.
@@ -95,10 +101,11 @@ from typing import Any, TypeVar
 from istiod_local.controlplane.podfiles import write_pod_files
 from istiod_local.controlplane.state import ControlPlaneState, StateError, load_or_create_state
 from istiod_local.controlplane.xds.registry import Registry, parse_registry
-from istiod_local.node import container, neighbours, proxyless, upstream, vm
+from istiod_local.node import container, hostport, neighbours, proxyless, upstream, vm
 from istiod_local.node.cni_node import Attachment, NodeCni
 from istiod_local.node.cni_plan import REPAIR_MODES, VALIDATION_CONTAINER, kube_api_addr
 from istiod_local.node.istiod import RealIstiod
+from istiod_local.node.istiod_userconfig import Rejection, UserResource
 from istiod_local.node.mountpoints import MountPoints
 from istiod_local.node.plan import (
     AGENT_GID,
@@ -152,6 +159,8 @@ while not os.path.exists(path):
 """
 
 TRUST_DOMAIN = "cluster.local"  # istiod-local's default --trust-domain: what its state was made with
+HOST_PORT_ADDRESS = "127.0.0.1"  # a pod's host ports are on the host's loopback only (`hostport.py`)
+UNPRIVILEGED_PORT_START = "net.ipv4.ip_unprivileged_port_start"  # the gateway template's pod sysctl
 POD_TOKEN_TTL = 24 * 3600.0  # the projected token's lifetime (seconds)
 # Pods prepared at once by `add_pods` (CNI ADD, files, init containers): each step is mostly a short child
 # process, so a few more than the cores keep them busy while one waits on I/O (measured: benchmarks/bench_mesh.py).
@@ -229,6 +238,7 @@ class Pod:
     attachment: Attachment | None = None  # CNI mode: the networks the chain attached
     validation: list[int] = field(default_factory=list)  # CNI mode: istio-validation's exit codes
     sandbox: NetnsProcess | None = None  # CNI mode: the process holding the namespace (a pause container)
+    forwarders: list[NetnsProcess] = field(default_factory=list)  # its host ports (`hostport.py`)
 
     @property
     def node_veth(self) -> str:
@@ -260,7 +270,7 @@ class Pod:
 
     def processes(self) -> list[NetnsProcess]:
         """The pod's processes, the sandbox last (it holds the namespace while the others stop)."""
-        return [p for p in (self.agent, self.app, self.sandbox) if p is not None]
+        return [p for p in (*self.forwarders, self.agent, self.app, self.sandbox) if p is not None]
 
 
 class LocalNode:
@@ -455,6 +465,13 @@ class LocalNode:
         except (OSError, ValueError) as exc:
             raise NodeError(f"the registry {self.registry}: {exc}") from None
 
+    def set_istio_config(self, resources: Sequence[UserResource]) -> list[Rejection]:
+        """A user's Istio config for the real istiod, as it is now (kept for its start when it is not running
+        yet): what istiod rejected, with its message (`istiod_userconfig.py`)."""
+        if self.real_istiod is None:
+            raise NodeError("Istio config needs the real istiod (NodeOptions(control_plane='istiod'))")
+        return self.real_istiod.apply_user(list(resources), self._read_registry())
+
     def registry_changed(self) -> None:
         """Tell the control plane the registry file changed: istiod-local reloads it by itself; the real
         istiod's Istio config is rewritten from it (its pods and services follow through the API)."""
@@ -556,6 +573,9 @@ class LocalNode:
         spec = plan.spec
         if spec.proxyless:
             self._prepare_proxyless(running)
+        elif spec.router:  # the gateway template: no capture, no init container; low ports for uid 1337
+            run_ip(["ip", "netns", "exec", plan.netns, "sysctl", "-qw", f"{UNPRIVILEGED_PORT_START}=0"])
+            self._pod_files(running)
         elif spec.sidecar:
             if self.cni is None:
                 self._istio_init(running)
@@ -582,6 +602,10 @@ class LocalNode:
             wrapped = container.agent_command(plan.netns, self._image_for(running), argv)
             running.agent = spawn(f"{spec.name} pilot-agent", wrapped, self.logs / f"{spec.name}-agent.log", env=env,
                                   cwd=running.dir, umask=AGENT_UMASK)
+        for host_port, container_port in spec.host_ports:
+            running.forwarders.append(hostport.start_forwarder(
+                f"{spec.name} host port {host_port}", self.options.python, f"{HOST_PORT_ADDRESS}:{host_port}",
+                self.plan.netns_path(), f"{plan.ip}:{container_port}", self.logs / f"{spec.name}-hostport.log"))
 
     # ---- CNI mode --------------------------------------------------------------------------------
 

@@ -89,6 +89,12 @@ class PodSpec:
     `agent_implementation` is whose istio-proxy image the pod runs: ours
     ("istio-agent") or upstream's Go `pilot-agent` ("upstream", `upstream.py`),
     with the same user, volumes, environment and arguments.
+    `router=True` makes a sidecar pod a gateway, as Istio's gateway injection
+    template does: `pilot-agent proxy router`, no capture and no init
+    container, ports below 1024 open to uid 1337
+    (`net.ipv4.ip_unprivileged_port_start=0`). `host_ports` are
+    (host port, container port) pairs the node forwards from the host's
+    loopback to the pod (`hostport.py`).
     """
 
     name: str
@@ -107,6 +113,8 @@ class PodSpec:
     annotations: Mapping[str, str] = field(default_factory=dict)
     agent: bool = True
     agent_implementation: str = "istio-agent"
+    router: bool = False
+    host_ports: tuple[tuple[int, int], ...] = ()
 
 
 CAPTURE_MODES = ("cni", "init")
@@ -405,8 +413,10 @@ def agent_environment(node: NodePlan, pod: PodPlan, base: Mapping[str, str],
 
 
 def agent_argv(pod: PodPlan, pilot_agent: str) -> list[str]:
-    """`pilot-agent proxy sidecar` with the injector's flags (one Envoy worker by default on a small node)."""
-    return [pilot_agent, "proxy", "sidecar", "--domain", f"{pod.spec.namespace}.svc.cluster.local",
+    """`pilot-agent proxy sidecar` (or `router` for a gateway) with the injector's flags (one Envoy worker by
+    default on a small node)."""
+    kind = "router" if pod.spec.router else "sidecar"
+    return [pilot_agent, "proxy", kind, "--domain", f"{pod.spec.namespace}.svc.cluster.local",
             "--proxyLogLevel", "warning", "--proxyComponentLogLevel", "misc:error",
             "--log_output_level", "default:info", "--concurrency", str(pod.spec.concurrency)]
 
@@ -430,7 +440,8 @@ def registry_workload(pod: PodPlan) -> dict[str, Any]:
                              "labels": dict(spec.labels), "ip": pod.ip}
     if pod.node_name:
         entry["nodeName"] = pod.node_name
-    entry["sidecar"] = "proxyless" if spec.proxyless else "envoy" if spec.sidecar else "none"
+    entry["sidecar"] = ("proxyless" if spec.proxyless else "router" if spec.router else "envoy" if spec.sidecar
+                        else "none")
     entry["captureInit"] = pod.capture
     if spec.annotations:
         entry["annotations"] = dict(spec.annotations)

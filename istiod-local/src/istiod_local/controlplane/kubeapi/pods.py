@@ -2,7 +2,9 @@
 
 A workload becomes the Pod a Deployment's pod looks like after injection with
 the default `sidecar` template (`envoy`), the `grpc-agent` template
-(`proxyless`), or none at all (`none`): the labels and annotations the
+(`proxyless`), the `gateway` template (`router`: `proxy router`, no init
+container, no capture, the unprivileged-ports sysctl), or none at all
+(`none`): the labels and annotations the
 injector adds (`sidecar.istio.io/status`, `kubectl.kubernetes.io/default-container`,
 `prometheus.io/*`, the capture annotations in CNI mode), the `istio-proxy`
 container with its arguments, env (fieldRef where the injector uses the
@@ -320,7 +322,7 @@ def _volumes(workload: Workload, proxyless: bool | None) -> list[dict[str, Any]]
     return [*volumes, api_access]
 
 
-def _injected_annotations(workload: Workload, proxyless: bool, cni: bool) -> dict[str, str]:
+def _injected_annotations(workload: Workload, proxyless: bool, cni: bool, router: bool = False) -> dict[str, str]:
     user = workload.annotations
     ann: dict[str, str] = {"istio.io/rev": "default",
                            "kubectl.kubernetes.io/default-container": APP_CONTAINER,
@@ -344,7 +346,7 @@ def _injected_annotations(workload: Workload, proxyless: bool, cni: bool) -> dic
               "containers": ["istio-proxy"],
               "volumes": list(PROXYLESS_VOLUMES if proxyless else ENVOY_VOLUMES),
               "imagePullSecrets": None, "revision": "default"}
-    if proxyless:
+    if proxyless or router:
         status["initContainers"] = None
     ann[SIDECAR_STATUS] = json.dumps(status, separators=(",", ":"))
     return ann
@@ -387,15 +389,16 @@ def render_pod(registry: Registry, workload: Workload, meta: PodMeta) -> dict[st
     """The Pod object for one workload (a fresh dict each call)."""
     injected = workload.sidecar != "none"
     proxyless = workload.sidecar == "proxyless"
-    cni = workload.capture_init == "cni"
+    router = workload.sidecar == "router"  # a gateway: captures nothing, so no capture or init container
+    cni = workload.capture_init == "cni" and not router
     labels = dict(workload.labels)
     annotations: dict[str, str] = {}
     if injected:
-        if not proxyless:
+        if not proxyless and not router:
             labels.setdefault("security.istio.io/tlsMode", "istio")
         labels.setdefault("service.istio.io/canonical-name", _canonical_name(workload))
         labels.setdefault("service.istio.io/canonical-revision", _canonical_revision(workload))
-        annotations = _injected_annotations(workload, proxyless, cni)
+        annotations = _injected_annotations(workload, proxyless, cni, router)
     annotations.update(workload.annotations)
     app_ports = _app_ports(registry, workload)
     app: dict[str, Any] = {"name": APP_CONTAINER, "image": APP_IMAGE, "imagePullPolicy": "IfNotPresent",
@@ -406,8 +409,11 @@ def render_pod(registry: Registry, workload: Workload, meta: PodMeta) -> dict[st
     containers = [app]
     init_containers: list[dict[str, Any]] = []
     if injected:
-        containers.append(_proxy_container(registry, workload, workload.annotations, app_ports, proxyless))
-        if not proxyless:
+        proxy = _proxy_container(registry, workload, workload.annotations, app_ports, proxyless)
+        if router:
+            proxy["args"][1] = "router"
+        containers.append(proxy)
+        if not proxyless and not router:
             init_containers.append(_init_container(workload.annotations, cni))
     node = workload.node_name or meta.default_node
     spec: dict[str, Any] = {
@@ -419,7 +425,8 @@ def render_pod(registry: Registry, workload: Workload, meta: PodMeta) -> dict[st
         "priority": 0,
         "restartPolicy": "Always",
         "schedulerName": "default-scheduler",
-        "securityContext": {},
+        "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]}
+        if router else {},
         "serviceAccount": workload.service_account,
         "serviceAccountName": workload.service_account,
         "terminationGracePeriodSeconds": 30,

@@ -193,8 +193,8 @@ def effective_workloads(registry: Registry, connected: Mapping[tuple[str, str], 
     for w in registry.workloads:
         pod = connected.get((w.namespace, w.name))
         # The injector labels a sidecar pod tlsMode=istio unless the pod says otherwise; a pod it did not
-        # inject (`sidecar: none`) has no proxy to terminate mTLS.
-        implied = TLS_MODE_DISABLED if w.sidecar == "none" else TLS_MODE_ISTIO
+        # inject (`sidecar: none`) has no proxy to terminate mTLS, and the gateway template (`router`) sets none.
+        implied = TLS_MODE_DISABLED if w.sidecar in ("none", "router") else TLS_MODE_ISTIO
         out.append(MeshWorkload(w.name, w.namespace, w.service_account, w.labels, w.ip or (pod.ip if pod else ""),
                                 tls_mode=w.labels.get(TLS_MODE_LABEL, implied)))
     listed = entries if entries is not None else ((e, not e.health_checked) for e in registry.workload_entries)

@@ -14,7 +14,7 @@ istiod-local has no API server; the mesh is described by one YAML file:
       # optional, for the Pod istiod-local's Kubernetes API shows (controlplane/kubeapi):
       # nodeName: node-1               # spec.nodeName (else the API's default node)
       # annotations: {k: v}            # merged over the injector's annotations
-      # sidecar: envoy                 # envoy | proxyless (grpc-agent template) | none (no injection)
+      # sidecar: envoy                 # envoy | proxyless (grpc-agent template) | router (gateway) | none
       # captureInit: cni               # cni (istio-validation) | init (istio-init)
       # pod: {spec: ...}               # a partial Pod deep-merged last (containers/env lists by name)
     namespaces:                           # optional: labels of Kubernetes namespaces
@@ -122,7 +122,7 @@ class Service:
         return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector.items())
 
 
-SIDECAR_KINDS = ("envoy", "proxyless", "none")
+SIDECAR_KINDS = ("envoy", "proxyless", "router", "none")
 CAPTURE_INITS = ("cni", "init")
 
 
