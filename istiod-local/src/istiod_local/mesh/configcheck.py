@@ -139,11 +139,13 @@ def _statuses(statuses: Sequence[int]) -> str:
 
 
 def callers_first(plan: MeshPlan, service: Service) -> list[Deployment]:
-    """Sidecar deployments with a pod: those whose app calls the service first, in file order."""
+    """Sidecar deployments with a pod: those whose app calls the service, then the others, the service's own
+    last, each in file order."""
     mesh = plan.mesh
     clients = [d for d in mesh.deployments if d.mode == "sidecar" and plan.first_pod(d) is not None]
     calls = [d for d in clients if any(t.service == service.key for t in (*d.app.next, *d.app.calls))]
-    return calls + [d for d in clients if d not in calls]
+    own = [d for d in clients if d not in calls and service.selects(d.namespace, d.labels)]
+    return calls + [d for d in clients if d not in calls and d not in own] + own
 
 
 def url(plan: MeshPlan, client: Deployment, service: Service, port: int, path: str) -> str:
@@ -174,7 +176,7 @@ def _route_client(plan: MeshPlan, vs: IstioResource, service: Service, port: int
     why = f"{route.label}: no sidecar client sees it"
     for client in callers_first(plan, service):
         seen, _ = istioroutes.mesh_virtual_service(mesh, service.hostname(), client.namespace)
-        if seen is not vs or istioroutes.first_route(routes, shape, port, client.namespace, client.labels) is not route:
+        if seen != vs or istioroutes.first_route(routes, shape, port, client.namespace, client.labels) != route:
             continue
         reached = traffic.reached(plan, client, service, traffic.RouteChoice(route))
         if isinstance(reached, traffic.Problem):
@@ -337,7 +339,7 @@ def authz_probes(plan: MeshPlan, derived: Derived) -> None:
         if not requests:
             continue
         port = ports[0].port
-        source = ", ".join(p.key for p in policies)
+        source = "AuthorizationPolicy " + ", ".join(f"{p.namespace}/{p.name}" for p in policies)
         for client in authz_clients(plan, service, policies):
             pod = plan.first_pod(client)
             assert pod is not None

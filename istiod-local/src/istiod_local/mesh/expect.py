@@ -397,8 +397,8 @@ def _cells(row: Row | ShownRow, plan: MeshPlan | None, show_agents: bool) -> tup
                 row.observed.show() + (f" ({_short(row.observed.detail)})" if row.observed.kind == REFUSED
                                        and row.observed.detail else ""), "ok" if row.ok else "FAIL")
     probe: Any = row.probe
-    return (probe.pod or probe.client, probe.target, probe.via, *(("-",) if show_agents else ()), probe.want.text,
-            str(row.observed), "ok" if row.ok else "FAIL")
+    return (probe.pod or probe.client, probe.target, probe.via, *(("-",) if show_agents else ()),
+            f"{probe.want.text} [{probe.source}]", str(row.observed), "ok" if row.ok else "FAIL")
 
 
 def table(rows: Sequence[Row | ShownRow], plan: MeshPlan | None = None) -> str:

@@ -103,7 +103,7 @@ def _virtual_service(plan: MeshPlan, gateway: IstioResource, gw: Deployment, vs:
     for route in routes:
         source = f"{gateway.key} {route.label}"
         shape = istioroutes.request_for(route.matches[0] if route.matches else None)
-        if shape is None or istioroutes.first_route(routes, shape, number, gw.namespace, gw.labels) is not route:
+        if shape is None or istioroutes.first_route(routes, shape, number, gw.namespace, gw.labels) != route:
             derived.notes.append(f"{source}: no request the check can make takes it")
             continue
         want = _want(plan, gw, route, shape)
