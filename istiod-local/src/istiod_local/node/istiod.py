@@ -253,11 +253,14 @@ class RealIstiod:
         if error is not None:
             raise NodeError(f"{error}\n{tail(self.log)}")
         if self.user_resources:  # only now: istiod would not start with an invalid one in its directory
-            self.user.apply(self.user_resources)
+            if self.user.apply(self.user_resources):
+                write_config(self.plan, self._config(registry))  # the registry's stands in for the rejected
         return process
 
     def _config(self, registry: Registry) -> list[dict[str, Any]]:
-        return istio_config(registry, [r.document for r in self.user_resources])
+        """The registry's translation, less what the user's resources in force decide (not the rejected)."""
+        rejected = {r.key for r in self.user.rejections}
+        return istio_config(registry, [r.document for r in self.user_resources if r.key not in rejected])
 
     def update(self, registry: Registry) -> None:
         """The registry changed: istiod's config follows (pods and services follow through the API)."""
@@ -271,7 +274,11 @@ class RealIstiod:
         if self.files is None or not self.running():
             return []
         write_config(self.plan, self._config(registry))
-        return list(self.user.apply(self.user_resources))
+        before = self._config(registry)
+        rejections = list(self.user.apply(self.user_resources))
+        if self._config(registry) != before:  # a rejected resource no longer stands in for the registry's
+            write_config(self.plan, self._config(registry))
+        return rejections
 
     def stop(self, grace: float = 10.0) -> None:
         if self.process is not None:
