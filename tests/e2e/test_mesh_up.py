@@ -8,6 +8,8 @@
   SIGINT removes every namespace, process and file.
 - A SIGKILLed `up`: its pods die with it, and the next `up` on the directory takes the lock over and
   sweeps the killed run's namespaces and runtime directory.
+- The bookinfo example on the embedded control plane: refused before anything is built, naming each kind of
+  its Istio config that istiod-local does not apply and pointing at `--control-plane istiod`.
 """
 
 from __future__ import annotations
@@ -206,3 +208,18 @@ def test_after_sigkill_the_next_up_takes_the_lock_and_sweeps_the_dead_run(work: 
         out.join(5)
         for name in _ours(proc.pid):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def test_istio_config_on_the_embedded_control_plane_is_refused_by_kind(work: Path) -> None:
+    done = subprocess.run(_up(str(ROOT / "examples" / "bookinfo.yaml"), "--once", "--dir", str(work / "run")),
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = done.stderr
+    for named in ("the embedded control plane (istiod-local) does not apply DestinationRule: default/productpage "
+                  "(examples/istio/destination-rules.yaml:4)", "VirtualService: default/bookinfo",
+                  "default/reviews (examples/istio/routing.yaml:17)", "Gateway: default/bookinfo-gateway",
+                  "AuthorizationPolicy: default/allow-nothing",
+                  "PeerAuthentication with a selector or portLevelMtls: default/productpage",
+                  "gateway deployments (istio-ingressgateway)", "`istiod-local up --control-plane istiod`"):
+        assert named in error, error
+    assert not (work / "run" / "node").exists()  # nothing was built

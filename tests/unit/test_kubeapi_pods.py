@@ -183,3 +183,20 @@ def test_pod_ports_env_is_laid_out_as_the_template_renders_it() -> None:
     assert env["ISTIO_META_POD_PORTS"] == ('[\n    {"name":"grpc","containerPort":90,"protocol":"TCP"}\n'
                                            '    ,{"name":"http","containerPort":8080,"protocol":"TCP"}\n]')
     assert _env(_pods()["greeter"]["spec"]["containers"][1])["ISTIO_META_POD_PORTS"] == "[\n]"
+
+
+def test_a_router_pod_is_the_gateway_templates() -> None:
+    registry = parse_registry("workloads:\n- {name: gw-1, namespace: istio-system, sidecar: router, "
+                              "labels: {istio: ingressgateway}}\n")
+    pod = render_pod(registry, registry.workloads[0], META)
+    proxy = pod["spec"]["containers"][1]
+    assert proxy["name"] == "istio-proxy" and proxy["args"][:2] == ["proxy", "router"]
+    # no capture: no init container, no capture annotations, no tlsMode label (the CNI plugin skips a router)
+    assert "initContainers" not in pod["spec"]
+    annotations = pod["metadata"]["annotations"]
+    assert not [a for a in annotations if a.startswith("traffic.sidecar.istio.io/")]
+    assert "sidecar.istio.io/interceptionMode" not in annotations
+    assert json.loads(annotations["sidecar.istio.io/status"])["initContainers"] is None
+    assert "security.istio.io/tlsMode" not in pod["metadata"]["labels"]
+    assert pod["spec"]["securityContext"] == {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
+                                                            "value": "0"}]}

@@ -34,6 +34,17 @@ def test_the_default_example_has_everything_the_issue_asks_for() -> None:
     assert mesh.deployment("default/legacy") is not None
 
 
+def test_a_gateway_deployment_and_the_istio_config_it_names() -> None:
+    mesh = parse_mesh("istioConfig: [istio/, extra.yaml]\nnamespaces: [{name: istio-system}]\n"
+                      "deployments:\n- name: gw\n  namespace: istio-system\n  mode: gateway\n"
+                      "  labels: {istio: ingressgateway}\n  hostPorts: [{hostPort: 31380, containerPort: 8080}]\n")
+    (gateway,) = mesh.deployments
+    assert (gateway.mode, gateway.app, [(h.host_port, h.container_port) for h in gateway.host_ports]) == \
+        ("gateway", App(), [(31380, 8080)])
+    assert mesh.istio_config_paths == ("istio/", "extra.yaml") and mesh.istio_config == ()
+    assert not mesh.namespace("istio-system").mode_given
+
+
 def test_defaults_follow_kubernetes_conventions() -> None:
     mesh = parse_mesh("services:\n- name: web\n  ports: [{name: http-web, port: 80}]\n"
                       "deployments:\n- name: web\n  app: {kind: http-echo, port: 80}\n- name: idle\n")
@@ -86,6 +97,14 @@ ERRORS = [
      "  endpoints: [{address: 10.0.0.1}]\ndeployments:\n- name: a\n  app: {kind: client, calls: ['e.test']}\n",
      8, "deployments[0].app.calls[0]", "needs dnsCapture"),
     ("deployments:\n- name: a\n  unknown: 1\n", 3, "deployments[0].unknown", "unknown field"),
+    ("deployments:\n- name: a\n  hostPorts: [{hostPort: 8080, containerPort: 80}]\n", 3,
+     "deployments[0].hostPorts", "only a gateway deployment has host ports; mode is sidecar"),
+    ("deployments:\n- name: a\n  mode: gateway\n  app: {kind: http-echo, port: 80}\n", 4, "deployments[0].app",
+     "a gateway runs no app"),
+    ("deployments:\n- {name: a, mode: gateway, hostPorts: [{hostPort: 8080, containerPort: 80}]}\n"
+     "- {name: b, mode: gateway, hostPorts: [{hostPort: 8080, containerPort: 80}]}\n", 3,
+     "deployments[1].hostPorts[0].hostPort", "host port 8080 is already given at deployments[0].hostPorts[0]"),
+    ("istioConfig: istio/\n", 1, "istioConfig", "must be a list"),
     ("", 0, "", "empty"),
 ]
 

@@ -12,7 +12,7 @@ from istiod_local.controlplane.xds.registry import parse_registry
 from istiod_local.mesh.parser import parse_mesh
 from istiod_local.mesh.planner import MAX_PODS, CapacityError, check_capacity, plan_mesh, registry_document
 from istiod_local.mesh.runner import MeshFileError, MeshRun, UpOptions
-from istiod_local.node.plan import PodPlan, PodSpec, plan_node, plan_pod
+from istiod_local.node.plan import PodPlan, PodSpec, agent_argv, plan_node, plan_pod, registry_workload
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
 
@@ -109,3 +109,14 @@ def test_up_refuses_a_mesh_over_capacity_or_its_pod_cidr_before_building_anythin
         with pytest.raises(MeshFileError, match=words):
             run.start()
         assert not (tmp_path / "up" / "node").exists(), "nothing was built"
+
+
+def test_a_gateways_first_pod_runs_the_router_and_takes_the_host_ports() -> None:
+    mesh = parse_mesh("namespaces: [{name: istio-system}]\ndeployments:\n- name: gw\n  namespace: istio-system\n"
+                      "  replicas: 2\n  mode: gateway\n  hostPorts: [{hostPort: 31380, containerPort: 8080}]\n")
+    first, second = plan_mesh(mesh, python="py").pods
+    assert first.router and first.sidecar and not first.proxyless and first.host_ports == ((31380, 8080),)
+    assert second.router and second.host_ports == ()  # the host has each port once
+    placed = plan_pod(plan_node(1), first, [])
+    assert agent_argv(placed, "pilot-agent")[:3] == ["pilot-agent", "proxy", "router"]
+    assert registry_workload(placed)["sidecar"] == "router"

@@ -13,6 +13,7 @@ from istio_agent.pki.keys import generate_key
 from istiod_local.controlplane.xds.registry import parse_registry
 from istiod_local.node.istiod import IstiodPlan, issue_intermediate, mesh_config
 from istiod_local.node.istiod_config import istio_config, untranslated
+from istiod_local.node.istiod_userconfig import RELOAD_LINE, UserConfig, UserResource, failures, file_name
 from istiod_local.node.plan import PlanError, PodSpec, agent_environment, plan_node, plan_pod
 
 REGISTRY = """
@@ -94,3 +95,34 @@ def test_the_intermediate_is_a_ca_the_root_signs() -> None:
     assert verify_signed_by(intermediate.cert, root.cert)
     constraints = intermediate.cert.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert constraints.ca and constraints.path_length == 0
+
+
+def test_a_users_istio_config_replaces_what_it_decides_of_the_translation() -> None:
+    user = [{"kind": "PeerAuthentication", "metadata": {"name": "default", "namespace": "default"},
+             "spec": {"mtls": {"mode": "PERMISSIVE"}}},
+            {"kind": "PeerAuthentication", "metadata": {"name": "one", "namespace": "plain"},
+             "spec": {"selector": {"matchLabels": {"app": "off"}}, "mtls": {"mode": "STRICT"}}},
+            {"kind": "DestinationRule", "metadata": {"name": "echo", "namespace": "default"},
+             "spec": {"host": "echo", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}},
+            {"kind": "ServiceEntry", "metadata": {"name": "legacy", "namespace": "default"}, "spec": {}}]
+    docs = istio_config(parse_registry(REGISTRY), user)
+    # the namespace-wide PeerAuthentication of default is the user's; plain's selector one leaves plain's own
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in docs] == [("PeerAuthentication", "plain")]
+
+
+def test_istiods_rejections_are_read_from_its_log_and_each_resource_has_a_file(tmp_path: Path) -> None:
+    line = ("2026-12-02T05:44:54.795363Z\twarn\tFailed to parse /x/config/user/001-virtualservice-default-bad.yaml: "
+            "configuration is invalid: duration must be greater than 1ms")
+    assert failures(f"{RELOAD_LINE}\n{line}\nwarn\tunable to reload file configuration /x: ...\n") == [
+        ("/x/config/user/001-virtualservice-default-bad.yaml", "configuration is invalid: duration must be greater "
+                                                                 "than 1ms")]
+    document = {"kind": "VirtualService", "metadata": {"name": "bad", "namespace": "default"}, "spec": {}}
+    assert file_name(1, document) == "001-virtualservice-default-bad.yaml"
+    config = UserConfig(tmp_path / "config", tmp_path / "istiod.log")
+    resources = [UserResource("VirtualService default/bad", "a.yaml:1", document),
+                 UserResource("VirtualService default/ok", "a.yaml:9", {**document, "metadata": {"name": "ok"}})]
+    assert config.apply(resources, running=False) == []
+    assert sorted(p.name for p in (tmp_path / "config" / "user").iterdir()) == [
+        "000-virtualservice-default-bad.yaml", "001-virtualservice--ok.yaml"]
+    config.apply(resources[1:], running=False)  # a resource gone: its file goes, the others are renumbered
+    assert [p.name for p in (tmp_path / "config" / "user").iterdir()] == ["000-virtualservice--ok.yaml"]

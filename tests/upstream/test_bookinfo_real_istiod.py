@@ -143,8 +143,7 @@ def test_live_edits_rejections_and_a_broken_expectation(bookinfo: tuple[MeshRun,
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: broken}\n"
         "spec:\n  hosts: [ratings]\n  http:\n  - route: [{destination: {host: ratings, subset: v2}}]\n"
         "    timeout: -1s\n")
-    poll(lambda: (run.poll_mesh_file(), "istiod rejected VirtualService default/broken" in events.getvalue())[1],
-         "the rejection", 30, events.getvalue, interval=0.1)
+    _until(run, "the rejection", lambda: "istiod rejected VirtualService default/broken" in events.getvalue(), events)
     rejected = next(line for line in events.getvalue().splitlines() if "istiod rejected" in line)
     assert "broken.yaml:1" in rejected and "configuration is invalid: duration must be greater than 1ms" in rejected, \
         rejected
@@ -165,8 +164,7 @@ def test_live_edits_rejections_and_a_broken_expectation(bookinfo: tuple[MeshRun,
     # contradicts the policies fails on exactly its rows.
     mesh_file = work / "bookinfo.yaml"
     mesh_file.write_text(mesh_file.read_text() + "expectations:\n- {from: sleep, to: details, outcome: mtls}\n")
-    poll(lambda: (run.poll_mesh_file(), run.plan is not None and bool(run.plan.mesh.expectations))[1],
-         "the new expectation", 30, events.getvalue, interval=0.1)
+    _until(run, "the new expectation", lambda: run.plan is not None and run.plan.mesh.expectations, events)
     result = run.check()
     failed = [r for r in result.rows if not r.ok]
     assert not result.passed

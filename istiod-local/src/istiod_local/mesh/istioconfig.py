@@ -86,37 +86,55 @@ def parse_resources(text: str, source: str, namespaces: Iterable[str]) -> list[I
         document = _construct(node)
         if not document:
             continue
-        out.append(_resource(document, f"{source}:{line}", source, line, declared))
+        out.append(_resource(document, f"{source}:{line}", source, _lines(node, line), declared))
     return out
 
 
-def _resource(document: dict[str, Any], where: str, source: str, line: int, declared: set[str]) -> IstioResource:
+def _lines(node: MappingNode, line: int) -> dict[str, int]:
+    """The line of each top-level field and of metadata's (`metadata.name`), the document's for the rest."""
+    out: dict[str, int] = {"": line}
+    for key, value in node.value:
+        name = str(getattr(key, "value", ""))
+        out[name] = line_of(value)
+        if name == "metadata" and isinstance(value, MappingNode):
+            for inner, inner_value in value.value:
+                out[f"metadata.{getattr(inner, 'value', '')}"] = line_of(inner_value)
+    return out
+
+
+def _resource(document: dict[str, Any], where: str, source: str, lines: Mapping[str, int],
+              declared: set[str]) -> IstioResource:
+    def at(*fields: str) -> int:
+        return next((lines[f] for f in fields if f in lines), lines[""])
+
     kind = document.get("kind")
     api_version = document.get("apiVersion")
     if not isinstance(kind, str) or kind not in KINDS:
         known = ", ".join(sorted(KINDS))
-        raise RegistryError(source, line, "kind", f"not an Istio kind istiod reads from files: {kind!r} "
+        raise RegistryError(source, at("kind"), "kind", f"not an Istio kind istiod reads from files: {kind!r} "
                                                   f"(one of {known})")
     group, versions = KINDS[kind]
     wanted = [f"{group}/{v}" for v in versions]
     if api_version not in wanted:
-        raise RegistryError(source, line, "apiVersion", f"{kind} is {' or '.join(wanted)}, got {api_version!r}")
+        raise RegistryError(source, at("apiVersion"), "apiVersion",
+                            f"{kind} is {' or '.join(wanted)}, got {api_version!r}")
     metadata = document.get("metadata")
     if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
-        raise RegistryError(source, line, "metadata.name", f"a {kind} needs a name")
+        raise RegistryError(source, at("metadata.name", "metadata"), "metadata.name", f"a {kind} needs a name")
     name = metadata["name"]
     namespace = metadata.get("namespace", "default")
     if not isinstance(namespace, str) or not DNS_LABEL.match(namespace):
-        raise RegistryError(source, line, "metadata.namespace", f"must be a DNS label, got {namespace!r}")
+        raise RegistryError(source, at("metadata.namespace"), "metadata.namespace",
+                            f"must be a DNS label, got {namespace!r}")
     if namespace not in declared:
-        raise RegistryError(source, line, "metadata.namespace",
+        raise RegistryError(source, at("metadata.namespace"), "metadata.namespace",
                             f"namespace {namespace!r} is not declared in the mesh file (nor the root namespace "
                             f"{ROOT_NAMESPACE})")
     spec = document.get("spec", {})
     if not isinstance(spec, dict):
-        raise RegistryError(source, line, "spec", f"must be a mapping, got {type(spec).__name__}")
+        raise RegistryError(source, at("spec"), "spec", f"must be a mapping, got {type(spec).__name__}")
     if kind == "Telemetry" and _names_prometheus(spec):
-        raise RegistryError(source, line, "spec.metrics", "the prometheus metrics provider makes istiod add "
+        raise RegistryError(source, at("spec"), "spec.metrics", "the prometheus metrics provider makes istiod add "
                             "istio-proxy's istio.stats filter, which a stock Envoy NACKs on every listener")
     document = {**document, "metadata": {**metadata, "namespace": namespace}, "spec": spec}
     return IstioResource(kind, api_version, namespace, name, document, where)

@@ -252,9 +252,10 @@ class RealIstiod:
                              lambda _: None if process.running() else process.describe_exit())
         if error is not None:
             raise NodeError(f"{error}\n{tail(self.log)}")
-        if self.user_resources:  # only now: istiod would not start with an invalid one in its directory
-            if self.user.apply(self.user_resources):
-                write_config(self.plan, self._config(registry))  # the registry's stands in for the rejected
+        # Only now: istiod would not start with an invalid one in its directory. The registry's translation
+        # stands in for what istiod rejects.
+        if self.user_resources and self.user.apply(self.user_resources):
+            write_config(self.plan, self._config(registry))
         return process
 
     def _config(self, registry: Registry) -> list[dict[str, Any]]:
