@@ -416,3 +416,17 @@ def test_the_view_says_which_agent_each_pod_runs() -> None:
     assert "istio-agent" in next(line for line in lines if "default/echo-1" in line)
     assert changes(None, view)[0] == "pod default/go-1 added: 10.244.0.5 sidecar (upstream's agent) " \
                                      "spiffe://cluster.local/ns/default/sa/go"
+
+
+def test_the_real_istiods_monitoring_port_is_shown_as_its_own() -> None:
+    text = ("# TYPE pilot_xds gauge\npilot_xds{version=\"1.29\"} 9\n"
+            "pilot_xds_pushes{type=\"cds\"} 12\npilot_xds_pushes{type=\"eds\"} 30\n")
+    sample = parse_istiod_metrics(text, 5.0, "istiod")
+    assert (sample.name, sample.connected, sample.pushes) == ("istiod", 9, {"cds": 12.0, "eds": 30.0})
+    history = History()
+    history.add_istiod(sample)
+    view = build_view(history, 5.0)
+    assert "istiod: 9 proxies connected, 42 pushes (0 rejected)" in render_text(view, width=170)
+    assert changes(None, view)[:2] == ["istiod monitoring reachable", "istiod: 9 proxies connected"]
+    history.add_istiod(parse_istiod_metrics(text.replace("30", "33"), 6.0, "istiod"))
+    assert changes(view, build_view(history, 6.0)) == ["istiod: 3 pushes"]

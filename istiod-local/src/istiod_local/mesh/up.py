@@ -115,9 +115,12 @@ def _run_with_view(run: MeshRun, log: EventLog, live: bool | None) -> int:
         assert run.node is not None
         log.to_view(events, print_lines=False)  # the view shows them: live on a terminal, one line each otherwise
         monitoring = run.monitoring_addr if monitoring_supported() else None
+        name = "istiod-local"
+        if run.node.real_istiod is not None:  # the pods' control plane: its own monitoring port, same metric names
+            monitoring, name = run.node.real_istiod.plan.monitoring_address, "istiod"
         viewer = threading.Thread(target=run_view, args=(run.view_targets, monitoring, stop, events),
-                                  kwargs={"istiod_netns": run.node.plan.netns, "live": terminal}, daemon=True,
-                                  name="meshview")
+                                  kwargs={"istiod_netns": run.node.plan.netns, "live": terminal,
+                                          "istiod_name": name}, daemon=True, name="meshview")
         viewer.start()
         viewers.append(viewer)
 

@@ -76,8 +76,9 @@ def parse_pem_certificate(data: bytes) -> Certificate | None:
     return None
 
 
-def parse_istiod_metrics(text: str, at: float) -> IstiodSample:
-    """istiod-local's `/metrics` to a sample (`controlplane/monitoring.py` writes them)."""
+def parse_istiod_metrics(text: str, at: float, source: str = "istiod-local") -> IstiodSample:
+    """istiod-local's `/metrics` to a sample (`controlplane/monitoring.py` writes them, with upstream's names:
+    the real istiod's read the same way, `source` saying whose)."""
     connected = 0.0
     pushes: dict[str, float] = {}
     rejects: dict[str, float] = {}
@@ -94,7 +95,7 @@ def parse_istiod_metrics(text: str, at: float) -> IstiodSample:
             last_push = value or None
         elif name == "istiod_local_mesh_version":
             version = str(int(value))
-    return IstiodSample(at, True, int(connected), (), pushes, rejects, last_push, version)
+    return IstiodSample(at, True, int(connected), (), pushes, rejects, last_push, version, name=source)
 
 
 class _PodReader:
@@ -170,8 +171,10 @@ class Collector:
     """Samples pods and istiod-local; `close()` drops every connection and stops the threads."""
 
     def __init__(self, istiod_monitoring: str | None = None, istiod_netns: str | None = None,
-                 slow_every: int = 5, timeout: float = 2.0, workers: int = 4) -> None:
+                 slow_every: int = 5, timeout: float = 2.0, workers: int = 4,
+                 istiod_name: str = "istiod-local") -> None:
         self.slow_every = max(1, slow_every)
+        self.istiod_name = istiod_name
         self.timeout = timeout
         self._readers: dict[tuple[str, str], _PodReader] = {}
         self._round = 0
@@ -204,15 +207,15 @@ class Collector:
         try:
             status, body = self._istiod.get("/metrics")
             if status != 200:
-                return IstiodSample(at, error=f"/metrics: HTTP {status}")
-            sample = parse_istiod_metrics(body.decode("utf-8", "replace"), at)
+                return IstiodSample(at, error=f"/metrics: HTTP {status}", name=self.istiod_name)
+            sample = parse_istiod_metrics(body.decode("utf-8", "replace"), at, self.istiod_name)
             if slow or not self._proxies:
                 status, body = self._istiod.get("/debug/connections")
                 if status == 200:
                     self._proxies = _proxy_ids(json.loads(body))
             return replace(sample, proxies=self._proxies)
         except (OSError, ValueError) as exc:
-            return IstiodSample(at, error=str(exc) or type(exc).__name__)
+            return IstiodSample(at, error=str(exc) or type(exc).__name__, name=self.istiod_name)
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -102,6 +102,7 @@ class IstiodSample:
     last_push: float | None = None  # epoch seconds
     version: str = ""  # the mesh (snapshot) version in service
     error: str = ""
+    name: str = "istiod-local"  # whose monitoring port: istiod-local's, or the real istiod's ("istiod")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class IstiodView:
     last_push_ago: float | None
     version: str
     error: str = ""
+    name: str = "istiod-local"
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,7 @@ def istiod_view(sample: IstiodSample | None, now: float) -> IstiodView | None:
         return None
     ago = None if sample.last_push is None else max(0.0, now - sample.last_push)
     return IstiodView(sample.reachable, sample.connected, sum(sample.pushes.values()), sum(sample.rejects.values()),
-                      ago, sample.version, sample.error)
+                      ago, sample.version, sample.error, sample.name)
 
 
 def build_view(history: History, now: float) -> MeshView:
@@ -348,14 +350,16 @@ def changes(before: MeshView | None, after: MeshView) -> list[str]:
     i0, i1 = before.istiod if before is not None else None, after.istiod
     if i1 is not None:
         if i0 is None or i1.reachable != i0.reachable:
-            lines.append("istiod-local monitoring " + ("reachable" if i1.reachable else f"unreachable: {i1.error}"))
+            lines.append(f"{i1.name} monitoring " + ("reachable" if i1.reachable else f"unreachable: {i1.error}"))
         if i1.reachable:
             if i0 is None or i1.connected != i0.connected:
-                lines.append(f"istiod-local: {i1.connected} proxies connected")
+                lines.append(f"{i1.name}: {i1.connected} proxies connected")
             if i0 is not None and i1.version != i0.version and i1.version:
-                lines.append(f"istiod-local pushed mesh version {i1.version}")
+                lines.append(f"{i1.name} pushed mesh version {i1.version}")
+            if i0 is not None and i1.pushes > i0.pushes and not i1.version:  # the real istiod shows no version
+                lines.append(f"{i1.name}: {int(i1.pushes - i0.pushes)} pushes")
             if i0 is not None and i1.rejects > i0.rejects:
-                lines.append(f"istiod-local: {int(i1.rejects - i0.rejects)} more pushes rejected")
+                lines.append(f"{i1.name}: {int(i1.rejects - i0.rejects)} more pushes rejected")
     old_events = set(before.events) if before is not None else set()
     lines += [event.text for event in after.events if event not in old_events and event.source == "mesh"]
     return lines

@@ -102,9 +102,12 @@ def istiod_line(view: MeshView) -> Text:
     if istiod is None:
         return Text("istiod-local: not watched", style="dim")
     if not istiod.reachable:
-        return Text(f"istiod-local: monitoring unreachable ({istiod.error})", style="red")
+        return Text(f"{istiod.name}: monitoring unreachable ({istiod.error})", style="red")
     ago = "never" if istiod.last_push_ago is None else f"{_duration(istiod.last_push_ago)} ago"
-    return Text(f"istiod-local: {istiod.connected} proxies connected, mesh version {istiod.version or '-'}, "
+    if istiod.name != "istiod-local":  # the real istiod's metrics say no mesh version nor last push
+        return Text(f"{istiod.name}: {istiod.connected} proxies connected, {int(istiod.pushes)} pushes "
+                    f"({int(istiod.rejects)} rejected)")
+    return Text(f"{istiod.name}: {istiod.connected} proxies connected, mesh version {istiod.version or '-'}, "
                 f"{int(istiod.pushes)} pushes ({int(istiod.rejects)} rejected), last push {ago}")
 
 

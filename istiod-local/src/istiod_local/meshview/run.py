@@ -36,12 +36,13 @@ class MeshWatcher:
 
     def __init__(self, targets: Callable[[], Sequence[ViewTarget]], istiod_monitoring: str | None = None,
                  events: EventSource = None, *, istiod_netns: str | None = None, window: float = 10.0,
-                 slow_every: int = 5, clock: Callable[[], float] = time.time) -> None:
+                 slow_every: int = 5, clock: Callable[[], float] = time.time,
+                 istiod_name: str = "istiod-local") -> None:
         self._targets = targets
         self._events = events
         self._clock = clock
         self.history = History(window)
-        self.collector = Collector(istiod_monitoring, istiod_netns, slow_every)
+        self.collector = Collector(istiod_monitoring, istiod_netns, slow_every, istiod_name=istiod_name)
         self.view: MeshView | None = None
         self.last_changes: list[str] = []
         self.last_round_s = 0.0  # how long the last round's reads took (shown in the live view's header)
@@ -71,12 +72,15 @@ class MeshWatcher:
 
 def run_view(targets: Callable[[], Sequence[ViewTarget]], istiod_monitoring: str | None, stop: threading.Event,
              events: EventSource = None, out: TextIO | None = None, *, istiod_netns: str | None = None,
-             interval: float = 1.0, window: float = 10.0, live: bool | None = None) -> None:
-    """Watch the mesh until `stop` is set; the rich live view when `out` is a terminal, else the plain log."""
+             interval: float = 1.0, window: float = 10.0, live: bool | None = None,
+             istiod_name: str = "istiod-local") -> None:
+    """Watch the mesh until `stop` is set; the rich live view when `out` is a terminal, else the plain log.
+    `istiod_monitoring` is the control plane's monitoring port (`istiod_name` says whose)."""
     stream = out if out is not None else sys.stdout
     if live is None:
         live = stream.isatty()
-    watcher = MeshWatcher(targets, istiod_monitoring, events, istiod_netns=istiod_netns, window=window)
+    watcher = MeshWatcher(targets, istiod_monitoring, events, istiod_netns=istiod_netns, window=window,
+                          istiod_name=istiod_name)
     try:
         if live:
             _run_live(watcher, stop, stream, interval)
