@@ -166,7 +166,8 @@ UP = Command(
              choices=("istio-agent", "upstream")),
         Flag("control-plane", "istiod-local", "Whose xDS and certificates the pods get: istiod-local's, or upstream's "
              "real istiod (pilot-discovery, installed by `make upstream`, or in ISTIO_UPSTREAM_BIN) run beside "
-             "istiod-local, which keeps the Kubernetes API, the token issuer and the root CA (needs --capture cni).",
+             "istiod-local, which keeps the Kubernetes API, the token issuer and the root CA (needs --capture cni). "
+             "Only the real istiod applies the Istio config a mesh file names (istioConfig) and runs gateways.",
              choices=("istiod-local", "istiod")),
         Flag("scale", 1, "Multiply every deployment's replicas.", integer, "int"),
         Flag("check", False, "Probe every pair of workloads against the file's policies, print the table, exit 0 if "
