@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from istiod_local.controlplane.xds.yamlfields import RegistryError
+from istiod_local.mesh import expect
 from istiod_local.mesh.istioconfig import check_unique, parse_resources, refusal, unsupported
 from istiod_local.mesh.istiofiles import IstioFilesError, config_files, files_signature, read_istio_config
 from istiod_local.mesh.parser import parse_mesh
+from istiod_local.mesh.planner import plan_mesh, registry_document
 from istiod_local.mesh.runner import MeshFileError, load_mesh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,3 +106,19 @@ def test_files_and_directories_relative_to_the_mesh_file(tmp_path: Path) -> None
     mesh_file.write_text("istioConfig: [cfg]\n")
     with pytest.raises(IstioFilesError, match=r"b.yaml:8: an Istio resource must be a mapping"):
         read_istio_config(mesh_file, parse_mesh(mesh_file.read_text()))
+
+
+def test_the_embedded_control_plane_applies_namespace_wide_peer_authentication(tmp_path: Path) -> None:
+    (tmp_path / "pa.yaml").write_text("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\n"
+                                      "metadata: {name: default, namespace: istio-system}\n"
+                                      "spec: {mtls: {mode: STRICT}}\n")
+    mesh_file = tmp_path / "mesh.yaml"
+    mesh_file.write_text("istioConfig: [pa.yaml]\nnamespaces: [{name: open, peerAuthentication: PERMISSIVE}]\n"
+                         "services:\n- {name: web, ports: [{port: 80, targetPort: 8080, protocol: HTTP}]}\n"
+                         "deployments:\n- {name: web, app: {kind: http-echo, port: 8080}}\n- {name: out, mode: none}\n")
+    mesh = load_mesh(mesh_file)  # the default control plane: accepted
+    plan = plan_mesh(mesh, python="py")
+    # mesh-wide STRICT for the namespaces the file leaves alone, the file's own mode where it says one
+    assert registry_document(plan, [])["peerAuthentication"] == {"open": "PERMISSIVE", "default": "STRICT"}
+    (probe,) = [p for p in expect.probes(plan, {"web-1": "10.244.0.2", "out-1": "10.244.0.3"}) if p.pod == "out-1"]
+    assert expect.expect(plan, probe).kind == "refused"

@@ -225,9 +225,12 @@ def expect(plan: MeshPlan, probe: Probe) -> Outcome:
     server = backends[0]
     if server.mode == "none":
         return Outcome(PLAINTEXT, detail="the server is outside the mesh: no mTLS")
-    if mesh.mtls_mode(server.namespace) == "DISABLE":
+    mode = istiopolicy.workload_mode(mesh, server.namespace, server.labels)  # the file's, or its Istio config's
+    if mode is None:
+        return Outcome(UNKNOWN, detail=f"{server.name}: a PeerAuthentication with portLevelMtls")
+    if mode == "DISABLE":
         return Outcome(PLAINTEXT, detail="DISABLE: auto mTLS sends plaintext")
-    return Outcome(MTLS, mesh.spiffe_id(client), detail=f"{mesh.mtls_mode(server.namespace)} namespace")
+    return Outcome(MTLS, mesh.spiffe_id(client), detail=f"{mode} namespace")
 
 
 def _configured(plan: MeshPlan, service: Service, backends: list[Deployment]) -> bool:
