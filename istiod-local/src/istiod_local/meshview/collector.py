@@ -209,7 +209,7 @@ class Collector:
             if status != 200:
                 return IstiodSample(at, error=f"/metrics: HTTP {status}", name=self.istiod_name)
             sample = parse_istiod_metrics(body.decode("utf-8", "replace"), at, self.istiod_name)
-            if slow or not self._proxies:
+            if self.istiod_name == "istiod-local" and (slow or not self._proxies):  # istiod's is on its debug port
                 status, body = self._istiod.get("/debug/connections")
                 if status == 200:
                     self._proxies = _proxy_ids(json.loads(body))
