@@ -154,7 +154,7 @@ class RequestShape:
         return f"{self.method} {self.path}" + (f" {extra}" if extra else "")
 
 
-def _string_value(match: Any, fold: bool = False) -> str | None:
+def _string_value(match: Any) -> str | None:
     """A value a StringMatch accepts (exact: itself; prefix: it and more); None for a regex."""
     if not isinstance(match, Mapping):
         return None
