@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils dnsperf dnsmasq prometheus procps util-linux curl tmux
 PYTEST_ARGS ?=
 
-.PHONY: setup debs test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs upstream diff-long test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,7 +30,29 @@ debs:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; fi; \
 	fi
 
-setup: $(STAMP) debs
+# Upstream Istio's own commands, the oracle of tests/upstream (differential tests) and an interop peer, built
+# from the Go module proxy at the one version pinned in `upstream.version` (why that version: README, "Upstream
+# reference") into .upstream/bin (ignored). A stamp holding the version skips the build when it is already there;
+# Go's module and build caches (under $$HOME) make a rebuild after a version change fast. Without `go` the
+# upstream tier skips (REQUIRE_ALL=1 turns that into a failure).
+UPSTREAM_VERSION := $(shell cat upstream.version)
+UPSTREAM_COMMANDS := pilot/cmd/pilot-agent pilot/cmd/pilot-discovery cni/cmd/istio-cni cni/cmd/install-cni
+UPSTREAM_BIN := $(CURDIR)/.upstream/bin
+GO ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
+
+upstream:
+	@if [ -z "$(GO)" ]; then \
+	  echo "upstream: no 'go' toolchain on PATH: upstream's commands not installed, tests/upstream will skip"; exit 0; fi; \
+	stamp="$(UPSTREAM_BIN)/.version"; \
+	if [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_VERSION)" ] && \
+	   for c in $(notdir $(UPSTREAM_COMMANDS)); do [ -x "$(UPSTREAM_BIN)/$$c" ] || exit 1; done; then exit 0; fi; \
+	echo "upstream: installing istio.io/istio@$(UPSTREAM_VERSION) ($(notdir $(UPSTREAM_COMMANDS))) into .upstream/bin"; \
+	rm -f "$$stamp"; mkdir -p "$(UPSTREAM_BIN)"; \
+	GOBIN="$(UPSTREAM_BIN)" GOFLAGS=-buildvcs=false "$(GO)" install \
+	  $(foreach c,$(UPSTREAM_COMMANDS),istio.io/istio/$(c)@$(UPSTREAM_VERSION)) && \
+	echo "$(UPSTREAM_VERSION)" > "$$stamp"
+
+setup: $(STAMP) debs upstream
 
 lint: setup
 	$(VENV)/bin/ruff check src istiod-local/src tests benchmarks
@@ -42,6 +64,15 @@ pytest: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The differential tests against upstream's commands (tests/upstream) with many more generated cases than CI's
+# fixed-seed run and a fresh seed, printed first so that a failure can be replayed (UPSTREAM_DIFF_SEED=N).
+DIFF_EXAMPLES ?= 5000
+diff-long: setup
+	@seed=$${UPSTREAM_DIFF_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "diff-long: $(DIFF_EXAMPLES) cases per area, seed $$seed"; \
+	UPSTREAM_DIFF_EXAMPLES=$(DIFF_EXAMPLES) UPSTREAM_DIFF_SEED=$$seed \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/upstream -k differential --timeout 0 $(PYTEST_ARGS)
 
 protos: setup
 	$(PY) -m istio_agent.protos.generate
