@@ -22,7 +22,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import TextIO
 
     import click
@@ -109,6 +109,10 @@ _BY_LONG = {f[0]: f for f in FLAGS}
 _BY_SHORT = {f[1]: f for f in FLAGS if f[1]}
 
 
+# The exit status of a command line that does not parse: upstream's pilot-agent exits with -1.
+USAGE_EXIT_CODE = 255
+
+
 class UsageError(ValueError):
     """Bad command line or environment."""
 
@@ -134,13 +138,35 @@ def describe_field(attr: str) -> str:
     return attr
 
 
-def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, object], bool]:
-    """Config values from argv + environment (pflag syntax), and whether help was asked for."""
+def parse_args(args: Sequence[str], env: Mapping[str, str],
+               warn: Callable[[str], None] | None = None) -> tuple[dict[str, object], bool]:
+    """Config values from argv + environment (pflag syntax), and whether help was asked for.
+
+    As upstream's command (cobra and pflag under `pilot-agent`): words that are not flags, and everything
+    after `--`, are accepted and ignored; a variable whose boolean does not parse is ignored (pflag's Set
+    fails and upstream drops the error), reported through `warn`; a bad flag is a UsageError.
+    """
     values: dict[str, object] = {}
     for _name, _, attr, kind, envs, _ in FLAGS:
         for var in envs:
-            if var in env:
-                values[attr] = _parse_bool(env[var], f"${var}") if kind == BOOL else env[var]
+            if var not in env:
+                continue
+            if kind != BOOL:
+                values[attr] = env[var]
+                continue
+            try:
+                values[attr] = _parse_bool(env[var], f"${var}")
+            except UsageError as exc:
+                if warn is not None:
+                    warn(f"{exc}: ignored, as upstream ignores it")
+    for attr, check in _TYPED.items():  # pflag's uint16 and duration flags: Set fails and upstream drops it
+        if attr in values:
+            try:
+                values[attr] = check(str(values[attr]))
+            except ValueError as exc:
+                del values[attr]
+                if warn is not None:
+                    warn(f"{exc} in the environment: ignored, as upstream ignores it")
     for attr, var, default in ENV_ONLY:
         values[attr] = env.get(var, default)
     want_help = False
@@ -152,9 +178,7 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
             want_help = True
             continue
         if arg == "--":
-            if i < len(args):
-                raise UsageError(f"unexpected argument {args[i]!r}")
-            break
+            break  # the rest are positional words, which upstream's command ignores
         if arg.startswith("--"):
             name, equals, value = arg[2:].partition("=")
             has_value = bool(equals)
@@ -163,10 +187,10 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
         elif arg.startswith("-") and len(arg) >= 2:
             spec = _BY_SHORT.get(arg[1])
             label = f"-{arg[1]}"
-            rest = arg[2:]
-            has_value, value = bool(rest), rest[1:] if rest.startswith("=") else rest
+            rest = arg[2:]  # pflag: `-p=v` when something follows the `=`, else `-pv` (so `-p=` sets "=")
+            has_value, value = bool(rest), rest[1:] if len(rest) > 1 and rest.startswith("=") else rest
         else:
-            raise UsageError(f"unexpected argument {arg!r}")
+            continue  # a positional word (also `-` alone): accepted and ignored, as upstream's command does
         if spec is None:
             raise UsageError(f"unknown flag: {label}")
         _, _, attr, kind, _, _ = spec
@@ -181,6 +205,11 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
             value = args[i]
             i += 1
         if kind == STR:
+            if attr in _TYPED:
+                try:
+                    value = _TYPED[attr](value)
+                except ValueError as exc:
+                    raise UsageError(f"{exc} for {label}") from None
             values[attr] = value
         elif kind == TRISTATE:
             values[attr] = _parse_bool(value, label)
@@ -192,6 +221,40 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
             except ValueError as err:
                 raise UsageError(f"invalid {label}: {err}") from None
     return values, want_help
+
+
+def go_uint16(text: str) -> str:
+    """pflag's uint16 (strconv.ParseUint(text, 0, 16)) as the decimal text the rules use; ValueError if it is not."""
+    digits = text.lower()
+    base = {"0x": 16, "0o": 8, "0b": 2}.get(digits[:2], 0)
+    if base:
+        digits = digits[2:]
+        digits = digits[1:] if digits.startswith("_") else digits
+    elif len(digits) > 1 and digits.startswith("0"):
+        base, digits = 8, digits[1:]
+    else:
+        base = 10
+    if not digits or not all(c.isalnum() or c == "_" for c in digits):
+        raise ValueError(f"invalid unsigned 16-bit integer {text!r}")
+    try:  # int() takes underscores between digits only, as Go's literals do
+        number = int(digits, base)
+    except ValueError:
+        raise ValueError(f"invalid unsigned 16-bit integer {text!r}") from None
+    if number > 0xFFFF:
+        raise ValueError(f"unsigned 16-bit integer {text!r} out of range")
+    return str(number)
+
+
+def go_duration(text: str) -> str:
+    """pflag's duration (time.ParseDuration) checked, kept as written; ValueError if Go would refuse it."""
+    from istio_agent.capture.validation import parse_duration
+
+    parse_duration(text[1:] if text[:1] in "+-" else text)
+    return text
+
+
+# Flags upstream declares as uint16 or duration rather than string: checked when read, as pflag does.
+_TYPED: dict[str, Callable[[str], str]] = {"iptables_probe_port": go_uint16, "probe_timeout": go_duration}
 
 
 def usage() -> str:
@@ -214,10 +277,11 @@ def usage() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_config(args: Sequence[str], env: Mapping[str, str]) -> tuple[CaptureConfig, bool]:
+def build_config(args: Sequence[str], env: Mapping[str, str],
+                 warn: Callable[[str], None] | None = None) -> tuple[CaptureConfig, bool]:
     from istio_agent.capture.config import CaptureConfig
 
-    values, want_help = parse_args(args, env)
+    values, want_help = parse_args(args, env, warn)
     return CaptureConfig(**values), want_help
 
 
@@ -227,7 +291,9 @@ def run_cli(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
-    """Exit code of `istio-iptables args` (0, 1 for bad input or failure, 126 for failed validation)."""
+    """Exit code of `istio-iptables args`: 0; 255 for a command line that does not parse (upstream's
+    `pilot-agent` exits -1 when cobra refuses its flags); 1 for a bad value or a failure; 126 for failed
+    validation."""
     if env is None:
         from istio_agent.capture.procs import environment
 
@@ -239,10 +305,10 @@ def run_cli(
         err.write(f"istio-iptables: {message}\n")
 
     try:
-        cfg, want_help = build_config(args, env)
+        cfg, want_help = build_config(args, env, log)
     except UsageError as exc:
         err.write(f"Error: {exc}\nRun 'istio-iptables --help' for usage.\n")
-        return 1
+        return USAGE_EXIT_CODE
     if want_help:
         out.write(usage())
         return 0
