@@ -37,7 +37,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from needs import need_file, need_tool
 from support import VENV_BIN
-from upstream_peers import NamedNetns, Tally, base_env, describe, differential, named_netns, need_upstream
+from upstream_peers import (
+    DIFF_EXAMPLES,
+    NamedNetns,
+    Tally,
+    base_env,
+    describe,
+    differential,
+    named_netns,
+    need_upstream,
+)
 
 HOSTS: dict[str, tuple[str, ...]] = {
     "bare": (),  # loopback only: upstream finds no pod address and refuses
@@ -297,6 +306,7 @@ def deliberate_difference(case: dict[str, Any], netns: NamedNetns, theirs: Side,
     return ""
 
 
+@pytest.mark.timeout(120 + 1 * DIFF_EXAMPLES)  # one pytest test runs every generated case
 def test_istio_iptables_differential(hosts: dict[str, NamedNetns], tmp_path: Path) -> None:
     upstream = need_upstream("pilot-agent")
     ours_script = need_file(VENV_BIN / "istio-iptables", "our istio-iptables")

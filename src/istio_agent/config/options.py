@@ -223,6 +223,7 @@ def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | N
         proxy_config=pc.to_json(),
         instance_ips=tuple(config.identity.ips),
         labels=config.labels,
+        labels_file=config.labels_file,
         annotations=config.annotations,
         pilot_san=tuple(pilot_sans(pc.discovery_address, str(pc.get("controlPlaneAuthPolicy", "")))),
         outlier_log_path=flags.outlier_log_path,
