@@ -66,13 +66,15 @@ pytest: setup
 test: lint typecheck pytest
 
 # The differential tests against upstream's commands (tests/upstream) with many more generated cases than CI's
-# fixed-seed run and a fresh seed, printed first so that a failure can be replayed (UPSTREAM_DIFF_SEED=N).
+# fixed-seed run and a fresh seed, printed first so that a failure can be replayed (UPSTREAM_DIFF_SEED=N);
+# DIFF_TESTS=tests/upstream/test_x.py for one area. Each area prints its tally (cases, outcomes, seconds).
 DIFF_EXAMPLES ?= 5000
+DIFF_TESTS ?= tests/upstream
 diff-long: setup
 	@seed=$${UPSTREAM_DIFF_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "diff-long: $(DIFF_EXAMPLES) cases per area, seed $$seed"; \
 	UPSTREAM_DIFF_EXAMPLES=$(DIFF_EXAMPLES) UPSTREAM_DIFF_SEED=$$seed \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/upstream -k differential --timeout 0 $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -q -p no:cacheprovider -s $(DIFF_TESTS) -k differential --timeout 0 $(PYTEST_ARGS)
 
 protos: setup
 	$(PY) -m istio_agent.protos.generate

@@ -151,8 +151,12 @@ class NamedNetns:
             commands += [["link", "add", "eth0", "type", "veth", "peer", "name", "eth0-peer"],
                          ["link", "set", "eth0", "up"]]
             commands += [["addr", "add", a, "dev", "eth0", *(["nodad"] if ":" in a else [])] for a in self.addresses]
-        for command in commands:
-            subprocess.run([self.ip, "-n", self.name, *command], check=True)
+        try:
+            for command in commands:
+                subprocess.run([self.ip, "-n", self.name, *command], check=True)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -262,6 +262,16 @@ def wait_ready(pair: tuple[Side, Side]) -> tuple[bool, bool]:
     return states
 
 
+def settle_exits(pair: tuple[Side, Side], timeout: float = 15.0) -> None:
+    """When one side has exited (an installation that failed ends install-cni), give the other time to."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exited = [side.proc.poll() is not None for side in pair]
+        if all(exited) or not any(exited):
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.timeout(120 + 8 * DIFF_EXAMPLES)  # one pytest test runs every generated case
 def test_install_cni_differential(host_bin_dir: Path) -> None:
     theirs_binary = need_upstream("install-cni")
@@ -273,6 +283,8 @@ def test_install_cni_differential(host_bin_dir: Path) -> None:
     def compare(case: dict[str, Any]) -> None:
         with sides(case, theirs_binary, ours_binary) as (theirs, ours):
             ready = wait_ready((theirs, ours))
+            if not all(ready):
+                settle_exits((theirs, ours))
             where = lambda: (f"case {describe(case)}\nupstream said:\n{theirs.output()}\n"  # noqa: E731
                              f"ours said:\n{ours.output()}")
             assert ready[1] == ready[0], f"readiness differs: upstream {ready[0]}, ours {ready[1]}\n{where()}"
