@@ -173,16 +173,16 @@ def parse_go_int(text: str) -> int:
     return sign * int(digits, 10)
 
 
-def plugin_log_level(log_output_level: str, log_level: str | None) -> str:
+def plugin_log_level(log_output_level: str) -> str:
     """The entry's plugin_log_level: the `cni-plugin` (or `all`) level of `--log_output_level`, as upstream
-    takes it; else `--log-level`/`LOG_LEVEL` when given (upstream declares it as the fallback, never reads it);
-    else the scope's default, info."""
+    takes it, else the scope's default, info. `--log-level`/`LOG_LEVEL` is accepted and not used: upstream
+    declares it as the fallback and never reads it (its chart sets only --log_output_level)."""
     chosen = ""
     for part in filter(None, (p.strip() for p in log_output_level.split(","))):
         scope, sep, level = part.rpartition(":")
         if sep and scope in ("cni-plugin", "all"):
             chosen = level
-    level = (chosen or log_level or "info").lower()
+    level = (chosen or "info").lower()
     if level not in LOG_LEVELS:
         raise OptionsError(f"invalid log level {level!r} for the CNI plugin (one of {', '.join(LOG_LEVELS)})")
     return level
@@ -252,7 +252,6 @@ def resolve_install_options(values: Mapping[str, str], env: Mapping[str, str], h
         init_container_exit_code=number("repair-init-container-exit-code"),
         label_selectors=text("repair-label-selectors"), field_selectors=text("repair-field-selectors"),
     )
-    explicit_log_level = values.get("log-level")
     return InstallOptions(
         mounted_cni_net_dir=text("mounted-cni-net-dir"),
         cni_conf_name=text("cni-conf-name"),
@@ -261,7 +260,7 @@ def resolve_install_options(values: Mapping[str, str], env: Mapping[str, str], h
         cni_network_config_file=text("cni-network-config-file"),
         istio_owned_cni_config=flag("istio-owned-cni-config"),
         istio_owned_cni_config_filename=istio_owned_name,
-        plugin_log_level=plugin_log_level(log_output_level, explicit_log_level),
+        plugin_log_level=plugin_log_level(log_output_level),
         cni_agent_run_dir=run_dir,
         kubeconfig_mode=mode,
         cni_conf_group_read=flag("cni-conf-group-read"),
