@@ -46,7 +46,7 @@ upstream:
 	stamp="$(UPSTREAM_BIN)/.version"; \
 	if [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_VERSION)" ] && \
 	   for c in $(notdir $(UPSTREAM_COMMANDS)); do [ -x "$(UPSTREAM_BIN)/$$c" ] || exit 1; done; then exit 0; fi; \
-	echo "upstream: installing istio.io/istio@$(UPSTREAM_VERSION) ($(notdir $(UPSTREAM_COMMANDS))) into .upstream/bin"; \
+	echo "upstream: installing istio.io/istio@$(UPSTREAM_VERSION) ($(notdir $(UPSTREAM_COMMANDS))) into $(UPSTREAM_BIN)"; \
 	rm -f "$$stamp"; mkdir -p "$(UPSTREAM_BIN)"; \
 	GOBIN="$(UPSTREAM_BIN)" GOFLAGS=-buildvcs=false "$(GO)" install \
 	  $(foreach c,$(UPSTREAM_COMMANDS),istio.io/istio/$(c)@$(UPSTREAM_VERSION)) && \
