@@ -22,6 +22,9 @@ Another: when the net dir holds no config a runtime loads after the write (`--cn
 standalone body under `--cni-conf-name=x.conflist`), both write it and stay unready, but upstream rewrites it in a
 loop that never looks at its context, so SIGTERM does not end it (killed after 10 s) where ours cleans up and
 exits 0. Counted only with upstream killed, that loop in its log, and neither ready.
+Another (docs/CNI.md): with `--istio-owned-cni-config` but no ambient the merge goes into the node's primary
+file, which upstream's cleanup then deletes; ours takes its entry out and keeps the file. Counted only when the
+files only ours kept are net files without an istio-cni entry.
 Another (docs/CNI.md): cleanup puts the primary file back as it was (its bytes, its `.conf` name) when it still
 holds what we wrote, where upstream leaves its rewrite minus our entry. Counted only when ours left exactly the
 net dir the case started with and no file upstream changed holds an istio-cni entry.
@@ -265,6 +268,20 @@ def as_left(case: dict[str, Any]) -> dict[str, Any]:
     return left
 
 
+def owned_primary_kept(case: dict[str, Any], theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """docs/CNI.md: with --istio-owned-cni-config (and no ambient, so the merge went into the node's primary),
+    upstream's cleanup deletes the file it wrote, the primary itself; ours takes its entry out and keeps it.
+    True when that is the whole difference: the files only ours has are net files without an istio-cni entry."""
+    setting = case["env"].get("ISTIO_OWNED_CNI_CONFIG", "")
+    for arg in case["args"]:
+        if arg.startswith("--istio-owned-cni-config="):
+            setting = arg.split("=", 1)[1]
+    if setting != "true" or not set(theirs) <= set(ours) or any(ours[k] != v for k, v in theirs.items()):
+        return False
+    extra = [k for k in ours if k not in theirs]
+    return bool(extra) and all(k.startswith("net/") and "istio-cni" not in json.dumps(ours[k][1]) for k in extra)
+
+
 def wait_ready(pair: tuple[Side, Side]) -> tuple[bool, bool]:
     """Poll both until both are ready, or neither is after SETTLE seconds, or one is and the other is not after
     SLOW_START seconds (a loaded machine may start one side late); then whether each is."""
@@ -327,6 +344,9 @@ def test_install_cni_differential(host_bin_dir: Path) -> None:
                 "istio-cni" in json.dumps(entry[1]) for name, entry in stopped.items() if left.get(name) != entry)
             if ours_stopped != stopped and restored:
                 tally.count("deliberate: cleanup restored the primary file's original bytes")
+                return
+            if ours_stopped != stopped and owned_primary_kept(case, stopped, ours_stopped):
+                tally.count("deliberate: the Istio-owned setting without ambient keeps the primary file")
                 return
             assert ours_stopped == stopped, f"files differ after SIGTERM\n{where()}"
             if codes == (1, 0) and not ready[0] and CANCELLED_WAIT in theirs.output():
