@@ -72,8 +72,10 @@ mount -t tmpfs tmpfs /opt && mkdir -p /opt/cni/bin && cp "$ROOT/src/istio-cni" /
 mount --bind "$ROOT/bin" /host/opt/cni/bin
 mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount
 mount --bind "$ROOT/sa" /run/secrets/kubernetes.io/serviceaccount
+echo "scratch layout mounted"
 exec "$@"
 """
+MOUNTED = "scratch layout mounted"  # a side whose layout failed never ran its binary: the case proves nothing
 
 PLUGIN: st.SearchStrategy[dict[str, Any]] = st.sampled_from([
     {"type": "calico", "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"}},
@@ -236,8 +238,9 @@ class Side:
         self.log.close()
         return code
 
-    def output(self) -> str:
-        return (self.root / "log.txt").read_text(errors="replace")[-1500:]
+    def output(self, full: bool = False) -> str:
+        text = (self.root / "log.txt").read_text(errors="replace")
+        return text if full else text[-1500:]
 
 
 @contextlib.contextmanager
@@ -327,6 +330,8 @@ def test_install_cni_differential(host_bin_dir: Path) -> None:
     def compare(case: dict[str, Any]) -> None:
         with sides(case, theirs_binary, ours_binary) as (theirs, ours):
             ready = wait_ready((theirs, ours))
+            for side in (theirs, ours):
+                assert MOUNTED in side.output(full=True), f"a side's scratch layout failed:\n{side.output()}"
             if not all(ready):
                 settle_exits((theirs, ours))
             where = lambda: (f"case {describe(case)}\nupstream said:\n{theirs.output()}\n"  # noqa: E731
@@ -371,6 +376,7 @@ def test_scratch_layout_hides_the_host_paths(host_bin_dir: Path, tmp_path: Path)
                               *probe], env=base_env({"ROOT": str(tmp_path)}), capture_output=True, text=True,
                              check=False)
     assert listing.returncode == 0, listing.stderr
-    assert listing.stdout.split() == ["/opt/cni/bin:", "istio-cni", f"{SERVICE_ACCOUNT}:", "token"]
+    assert listing.stdout.split("\n", 1)[0] == MOUNTED
+    assert listing.stdout.split("\n", 1)[1].split() == ["/opt/cni/bin:", "istio-cni", f"{SERVICE_ACCOUNT}:", "token"]
     assert (tmp_path / "bin/marker").exists() and not (HOST_BIN / "marker").exists()
     assert os.listdir(HOST_BIN) == []
