@@ -7,7 +7,7 @@ DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils 
 	wabt docker-registry skopeo apache2-utils
 PYTEST_ARGS ?=
 
-.PHONY: setup debs oras upstream-template test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs upstream oras upstream-template diff-long test lint typecheck pytest run bench protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,33 +31,52 @@ debs:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; fi; \
 	fi
 
+# Upstream Istio's own commands, the oracle of tests/upstream (differential tests) and an interop peer, built
+# from the Go module proxy at the one version pinned in `upstream.version` (why that version:
+# docs/UPSTREAM.md) into .upstream/bin (ignored). A stamp holding the version skips the build when it is already there;
+# Go's module and build caches (under $$HOME) make a rebuild after a version change fast. Without `go` the
+# upstream tier skips (REQUIRE_ALL=1 turns that into a failure).
+UPSTREAM_VERSION := $(shell cat upstream.version)
+UPSTREAM_COMMANDS := pilot/cmd/pilot-agent pilot/cmd/pilot-discovery cni/cmd/istio-cni cni/cmd/install-cni
+UPSTREAM_BIN := $(CURDIR)/.upstream/bin
+GO ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
+
+upstream:
+	@if [ -z "$(GO)" ]; then \
+	  echo "upstream: no 'go' toolchain on PATH: upstream's commands not installed, tests/upstream will skip"; exit 0; fi; \
+	stamp="$(UPSTREAM_BIN)/.version"; \
+	if [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_VERSION)" ] && \
+	   for c in $(notdir $(UPSTREAM_COMMANDS)); do [ -x "$(UPSTREAM_BIN)/$$c" ] || exit 1; done; then exit 0; fi; \
+	echo "upstream: installing istio.io/istio@$(UPSTREAM_VERSION) ($(notdir $(UPSTREAM_COMMANDS))) into $(UPSTREAM_BIN)"; \
+	rm -f "$$stamp"; mkdir -p "$(UPSTREAM_BIN)"; \
+	GOBIN="$(UPSTREAM_BIN)" GOFLAGS=-buildvcs=false "$(GO)" install \
+	  $(foreach c,$(UPSTREAM_COMMANDS),istio.io/istio/$(c)@$(UPSTREAM_VERSION)) && \
+	echo "$(UPSTREAM_VERSION)" > "$$stamp"
+
 # oras, the OCI client the Wasm tests push the Wasm OCI artifact with (Go module proxy, pinned; skipped without go).
 ORAS_VERSION := v1.3.6
 ORAS := .upstream/bin/oras
 oras:
-	@if [ ! -x $(ORAS) ] && command -v go >/dev/null; then echo "installing: oras $(ORAS_VERSION)"; \
-	  GOBIN=$(CURDIR)/.upstream/bin go install oras.land/oras/cmd/oras@$(ORAS_VERSION); fi
-
+	@if [ ! -x $(ORAS) ] && [ -n "$(GO)" ]; then echo "installing: oras $(ORAS_VERSION)"; \
+	  GOBIN=$(CURDIR)/.upstream/bin "$(GO)" install oras.land/oras/cmd/oras@$(ORAS_VERSION); fi
 
 # Upstream's Envoy bootstrap template, which its Go pilot-agent reads from its image
 # (./var/lib/istio/envoy/envoy_bootstrap_tmpl.json): copied from the Go module cache of the pinned version
 # into .upstream/share/ (ignored; upstream's source, never committed), where the local node takes it for a
 # pod on upstream's agent (docs/MESH.md, "Upstream's agent and CNI"). Nothing to do without `go`.
-UPSTREAM_PIN ?= $(shell cat upstream.version 2>/dev/null || echo v0.0.0-20260827124520-eed52ebb66ad)
 UPSTREAM_TEMPLATE := $(CURDIR)/.upstream/share/envoy_bootstrap_tmpl.json
-GO_CMD ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
 
 upstream-template:
 	@stamp="$(dir $(UPSTREAM_TEMPLATE)).version"; \
-	if [ -z "$(GO_CMD)" ] || { [ -f "$(UPSTREAM_TEMPLATE)" ] && [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_PIN)" ]; }; \
+	if [ -z "$(GO)" ] || { [ -f "$(UPSTREAM_TEMPLATE)" ] && [ "$$(cat "$$stamp" 2>/dev/null)" = "$(UPSTREAM_VERSION)" ]; }; \
 	then exit 0; fi; \
-	src="$$("$(GO_CMD)" mod download -json istio.io/istio@$(UPSTREAM_PIN) 2>/dev/null | \
+	src="$$("$(GO)" mod download -json istio.io/istio@$(UPSTREAM_VERSION) 2>/dev/null | \
 	  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')/tools/packaging/common/envoy_bootstrap.json"; \
 	if [ -f "$$src" ]; then mkdir -p "$(dir $(UPSTREAM_TEMPLATE))" && install -m 0644 "$$src" "$(UPSTREAM_TEMPLATE)" && \
-	  echo "$(UPSTREAM_PIN)" > "$$stamp" && echo "upstream-template: $(UPSTREAM_TEMPLATE) ($(UPSTREAM_PIN))"; \
-	else echo "upstream-template: istio.io/istio@$(UPSTREAM_PIN) not in the Go module proxy: upstream's agent unavailable"; fi
+	  echo "$(UPSTREAM_VERSION)" > "$$stamp" && echo "upstream-template: $(UPSTREAM_TEMPLATE) ($(UPSTREAM_VERSION))"; \
+	else echo "upstream-template: istio.io/istio@$(UPSTREAM_VERSION) not in the Go module proxy: upstream's agent unavailable"; fi
 
-setup: $(STAMP) debs oras upstream-template
+setup: $(STAMP) debs upstream oras upstream-template
 
 # ruff, then the import rules between and inside the two packages ([tool.importlinter] in pyproject.toml).
 lint: setup
@@ -71,6 +90,17 @@ pytest: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The differential tests against upstream's commands (tests/upstream) with many more generated cases than CI's
+# fixed-seed run and a fresh seed, printed first so that a failure can be replayed (UPSTREAM_DIFF_SEED=N);
+# DIFF_TESTS=tests/upstream/test_x.py for one area. Each area prints its tally (cases, outcomes, seconds).
+DIFF_EXAMPLES ?= 5000
+DIFF_TESTS ?= tests/upstream
+diff-long: setup
+	@seed=$${UPSTREAM_DIFF_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "diff-long: $(DIFF_EXAMPLES) cases per area, seed $$seed"; \
+	UPSTREAM_DIFF_EXAMPLES=$(DIFF_EXAMPLES) UPSTREAM_DIFF_SEED=$$seed \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider -s $(DIFF_TESTS) -k differential --timeout 0 $(PYTEST_ARGS)
 
 protos: setup
 	$(PY) -m istio_agent.protos.generate

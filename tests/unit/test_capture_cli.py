@@ -65,10 +65,8 @@ def test_pinned_host_facts() -> None:
     [
         (["--no-such-flag"], {}, "unknown flag: --no-such-flag"),
         (["-Q"], {}, "unknown flag: -Q"),
-        (["extra"], {}, "unexpected argument 'extra'"),
         (["-p"], {}, "flag needs an argument: -p"),
         (["--redirect-dns=yes"], {}, "invalid boolean 'yes' for --redirect-dns"),
-        ([], {"DRY_RUN": "maybe"}, "invalid boolean 'maybe' for $DRY_RUN"),
         (["--dns-servers=resolver.local"], {}, "invalid --dns-servers"),
         (["--enable-ipv6=auto"], {}, "invalid boolean 'auto' for --enable-ipv6"),
     ],
@@ -77,8 +75,31 @@ def test_usage_errors(args: list[str], env: dict[str, str], message: str) -> Non
     with pytest.raises(UsageError, match=message.replace("$", r"\$")):
         parse_args(args, env)
     err = io.StringIO()
-    assert run_cli(args, env, io.StringIO(), err) == 1
+    assert run_cli(args, env, io.StringIO(), err) == 255  # upstream's pilot-agent exits -1 when cobra refuses
     assert message in err.getvalue()
+
+
+@pytest.mark.parametrize("args", [["-n", "extra"], ["extra", "-n"], ["-n", "-"], ["-n", "--", "-p", "nope", "x"]])
+def test_positional_words_are_ignored_as_upstream_does(args: list[str]) -> None:
+    """cobra gives upstream's istio-iptables any positional words (and all after `--`), which it ignores."""
+    values, _ = parse_args(args, {})
+    assert values["dry_run"] is True and "proxy_port" not in values
+    out = io.StringIO()
+    assert run_cli(["--enable-ipv6=false", *args], {}, out, io.StringIO()) == 0
+    assert "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in out.getvalue()
+
+
+def test_a_variable_whose_boolean_does_not_parse_is_ignored_with_a_warning() -> None:
+    """pflag's Set fails and upstream drops the error: the default (or an earlier variable) stays."""
+    warnings: list[str] = []
+    values, _ = parse_args([], {"DRY_RUN": "maybe", "REDIRECT_DNS": "true", "ISTIO_META_DNS_CAPTURE": "yes"},
+                           warnings.append)
+    assert "dry_run" not in values and values["redirect_dns"] is True
+    assert warnings == ["invalid boolean 'maybe' for $DRY_RUN: ignored, as upstream ignores it",
+                        "invalid boolean 'yes' for $ISTIO_META_DNS_CAPTURE: ignored, as upstream ignores it"]
+    err = io.StringIO()
+    assert run_cli(["-n", "--enable-ipv6=false"], {"DRY_RUN": "maybe"}, io.StringIO(), err) == 0
+    assert "$DRY_RUN: ignored" in err.getvalue()
 
 
 def test_compatibility_flags_are_accepted() -> None:

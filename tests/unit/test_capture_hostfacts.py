@@ -42,10 +42,13 @@ nameserver ::127.0.0.53
 ; comment
 nameserver resolver.local
 nameserver fe80::1%eth0
+nameserver 10.0.0.1%eth0
+nameserver fe80::2%
 options ndots:5
 nameserver 8.8.8.8 # trailing
 """
-    assert parse_resolv_conf(body) == (["10.96.0.10", "8.8.8.8"], ["::7f00:35"])
+    # A zone is kept on IPv6 (Go's netip.ParseAddr reads it); on IPv4, or empty, the line is skipped as upstream does.
+    assert parse_resolv_conf(body) == (["10.96.0.10", "8.8.8.8"], ["::7f00:35", "fe80::1%eth0"])
 
 
 def test_pinned_servers_stay_verbatim() -> None:

@@ -99,7 +99,6 @@ def test_values_are_parsed_as_go_reads_them() -> None:
     ({"readiness-port": "-1"}, "--readiness-port"),
     ({"mounted-cni-net-dir": ""}, "--mounted-cni-net-dir"),
     ({"cni-conf-name": "../x.conflist"}, "--cni-conf-name"),
-    ({"log-level": "loud"}, "'loud'"),
     ({"no-such-flag": "1"}, "no-such-flag"),
 ])
 def test_bad_values_name_the_flag_variable_and_value(values: dict[str, str], named: str) -> None:
@@ -120,16 +119,23 @@ def test_go_integers_refused(text: str) -> None:
         parse_go_int(text)
 
 
-@pytest.mark.parametrize(("output_level", "log_level", "expected"), [
-    ("default:info", None, "info"),
-    ("cni-plugin:debug", None, "debug"),
-    ("default:error,all:warn", None, "warn"),
-    ("debug", None, "info"),  # a bare level is the default scope's, not the plugin's
-    ("", "error", "error"),
-    ("cni-plugin:debug", "error", "debug"),
+@pytest.mark.parametrize(("output_level", "expected"), [
+    ("default:info", "info"),
+    ("cni-plugin:debug", "debug"),
+    ("default:error,all:warn", "warn"),
+    ("debug", "info"),  # a bare level is the default scope's, not the plugin's
+    ("", "info"),
 ])
-def test_plugin_log_level(output_level: str, log_level: str | None, expected: str) -> None:
-    assert plugin_log_level(output_level, log_level) == expected
+def test_plugin_log_level(output_level: str, expected: str) -> None:
+    assert plugin_log_level(output_level) == expected
+
+
+@pytest.mark.parametrize("log_level", ["error", "debug", "loud"])
+def test_log_level_is_accepted_and_not_used(log_level: str) -> None:
+    """Upstream declares --log-level/LOG_LEVEL as the plugin's fallback level and never reads it."""
+    options = resolve_install_options({"log-level": log_level}, {}, "h")
+    assert options.plugin_log_level == "info"
+    assert resolve_install_options({"log-level": log_level}, {}, "h", "cni-plugin:debug").plugin_log_level == "debug"
 
 
 # ---- Go's JSON

@@ -2,7 +2,8 @@
 
 `config.proxyconfig.load_document` takes the JSON fast path only for text both
 parsers agree on; everything else (floats, escapes, tabs, non-ASCII, YAML) still
-goes through PyYAML. Each case compares the result with `yaml.safe_load`'s.
+goes through PyYAML. Each case compares the result with PyYAML's under the agent's loader (SafeLoader with
+go-yaml v2's booleans).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.proxyconfig import _NotPlainJson, load_document, plain_json
+from istio_agent.config.proxyconfig import _NotPlainJson, go_yaml_loader, load_document, plain_json
 
 SAME = [
     '{"concurrency": 2, "discoveryAddress": "istiod.istio-system.svc:15012"}',
@@ -64,7 +65,15 @@ def test_other_forms_are_left_to_yaml(text: str) -> None:
     """Including a tab between tokens, which JSON allows and PyYAML refuses: the start still fails."""
     with pytest.raises(_NotPlainJson):
         plain_json(text)
-    assert outcome(lambda: load_document(text, "PROXY_CONFIG")) == outcome(lambda: yaml.safe_load(text))
+    assert outcome(lambda: load_document(text, "PROXY_CONFIG")) == outcome(
+        lambda: yaml.load(text, Loader=go_yaml_loader()))
+
+
+def test_yaml_booleans_are_go_yamls() -> None:
+    """Upstream's YAML (go-yaml v2) reads y/Y/n/N as booleans too: `ISTIO_META_X: y` is true there."""
+    doc = load_document("a: y\nb: N\nc: yes\nd: 'y'\ne: yy\nf: [n, Y]", "PROXY_CONFIG")
+    assert doc == {"a": True, "b": False, "c": True, "d": "y", "e": "yy", "f": [False, True]}
+    assert yaml.safe_load("a: y") == {"a": "y"}  # PyYAML's own SafeLoader does not
 
 
 def test_sampling_1e3_stays_a_string_as_with_pyyaml() -> None:

@@ -82,7 +82,8 @@ def load_agent_config(
     excluded = [name.strip() for name in annotations.get(EXCLUDE_INTERFACES_ANNOTATION, "").split(",") if name.strip()]
     ips = instance_ips(environment, interfaces, excluded)
     identity = identity_from_env(environment, proxy_type, domain, ips)
-    return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations)
+    return AgentConfig(workdir, environment, proxy_config, identity, labels, annotations,
+                       labels_file=resolve(POD_LABELS_FILE).is_file())
 
 
 def _system_lookup(host: str) -> list[str]:

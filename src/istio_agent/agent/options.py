@@ -130,6 +130,7 @@ class AgentConfig:
     identity: NodeIdentity
     labels: dict[str, str]
     annotations: dict[str, str]
+    labels_file: bool = False  # the pod-labels file is there (even empty): then it replaces ISTIO_METAJSON_* LABELS
 
     def path(self, relative: str) -> Path:
         """A pod path (`./etc/...`) resolved against the agent's working directory."""
@@ -259,6 +260,7 @@ def metadata_options(config: AgentConfig, flags: AgentFlags, host: HostFacts | N
         proxy_config=pc.to_json(),
         instance_ips=tuple(config.identity.ips),
         labels=config.labels,
+        labels_file=config.labels_file,
         annotations=config.annotations,
         pilot_san=tuple(pilot_sans(pc.discovery_address, str(pc.get("controlPlaneAuthPolicy", "")))),
         outlier_log_path=flags.outlier_log_path,

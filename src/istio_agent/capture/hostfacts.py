@@ -143,18 +143,22 @@ def detect_ipv6(dual_stack: bool) -> bool:
 
 
 def parse_resolv_conf(text: str) -> tuple[list[str], list[str]]:
-    """IPv4 and IPv6 nameservers, canonical text; anything that is not an IP is skipped."""
+    """IPv4 and IPv6 nameservers, canonical text; anything that is not an IP is skipped. An IPv6 address may
+    carry a zone (`fe80::1%eth0`), kept after the canonical address, as Go's netip.ParseAddr reads it."""
     v4: list[str] = []
     v6: list[str] = []
     for line in text.splitlines():
         fields = line.split()
         if len(fields) < 2 or fields[0] != "nameserver":
             continue
+        address, percent, zone = fields[1].partition("%")
         try:
-            packed = parse_addr(fields[1])
+            packed = parse_addr(address)
         except ValueError:
             continue
-        (v4 if len(packed) == 4 else v6).append(format_addr(packed))
+        if percent and (len(packed) == 4 or not zone):
+            continue  # a zone only on IPv6, and never empty
+        (v4 if len(packed) == 4 else v6).append(format_addr(packed) + percent + zone)
     return v4, v6
 
 

@@ -129,9 +129,11 @@ def execute(
     cfg = resolve_host_facts(cfg, env, resolv_conf)
     validate(cfg)  # host facts are inputs too (resolv.conf, passwd)
     ruleset = build_rules(cfg)
-    if cfg.dry_run:
+    if cfg.skip_rule_apply:
+        pass  # nothing recorded or applied (upstream's dry run records nothing either); validation may still run
+    elif cfg.dry_run:
         write_dry_run(dry_run_output(cfg, ruleset), env, stdout or sys.stdout)
-    elif not cfg.skip_rule_apply:
+    else:
         if cfg.native_nftables:
             apply_nftables(ruleset, cfg.cleanup_only, log)
         else:

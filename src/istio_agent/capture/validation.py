@@ -122,12 +122,15 @@ def check_loopback_cidr(field: str, text: str) -> None:
 
 def check_servers(field: str, servers: list[str] | None, v4: bool) -> None:
     for server in servers or []:
+        address, percent, zone = server.partition("%")  # an IPv6 zone, as resolv.conf may give (`fe80::1%eth0`)
         try:
-            packed = parse_addr(server)
+            packed = parse_addr(address)
         except ValueError as err:
             raise ConfigError(field, server, str(err)) from None
         if (len(packed) == 4) != v4:
             raise ConfigError(field, server, f"not an IPv{'4' if v4 else '6'} address")
+        if percent and (v4 or not zone or not set(zone) <= _IFACE_CHARS):
+            raise ConfigError(field, server, "not a valid IPv6 zone")
 
 
 def parse_duration(text: str) -> float:

@@ -24,7 +24,7 @@ from istio_agent.capture.flags import ENV_ONLY, FLAGS, ISTIO_IPTABLES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, TextIO
 
     import click
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 _BY_LONG = {flag.name: flag for flag in FLAGS}
 _BY_SHORT = {flag.short: flag for flag in FLAGS if flag.short}
+
+# The exit status of a command line that does not parse: upstream's pilot-agent exits with -1.
+USAGE_EXIT_CODE = 255
 
 
 class UsageError(ValueError):
@@ -69,13 +72,27 @@ def _store(values: dict[str, object], flag: Flag[Any], value: object) -> None:
         values[flag.dest] = value
 
 
-def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, object], bool]:
-    """Config values from argv + environment (pflag syntax), and whether help was asked for."""
+def parse_args(args: Sequence[str], env: Mapping[str, str],
+               warn: Callable[[str], None] | None = None) -> tuple[dict[str, object], bool]:
+    """Config values from argv + environment (pflag syntax), and whether help was asked for.
+
+    As upstream's command (cobra and pflag under `pilot-agent`): words that are not flags, and everything
+    after `--`, are accepted and ignored; a variable whose boolean, uint16 or duration does not parse is
+    ignored (pflag's Set fails and upstream drops the error), reported through `warn`; a bad flag is a
+    UsageError.
+    """
     values: dict[str, object] = {}
     for flag in FLAGS:
         for var in flag.env:
-            if var in env:
-                _store(values, flag, _parse(flag, env[var], f"${var}") if flag.type_name == "bool" else env[var])
+            if var not in env:
+                continue
+            try:
+                value = _parse(flag, env[var], f"${var}") if flag.type_name == "bool" else _typed(flag, env[var])
+            except (UsageError, ValueError) as exc:
+                if warn is not None:
+                    warn(f"{exc}: ignored, as upstream ignores it")
+                continue
+            _store(values, flag, value)
     for field, variable in ENV_ONLY:
         values[field] = env.get(variable.name, variable.default)
     want_help = False
@@ -87,9 +104,7 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
             want_help = True
             continue
         if arg == "--":
-            if i < len(args):
-                raise UsageError(f"unexpected argument {args[i]!r}")
-            break
+            break  # the rest are positional words, which upstream's command ignores
         if arg.startswith("--"):
             name, equals, value = arg[2:].partition("=")
             has_value = bool(equals)
@@ -98,10 +113,10 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
         elif arg.startswith("-") and len(arg) >= 2:
             spec = _BY_SHORT.get(arg[1])
             label = f"-{arg[1]}"
-            rest = arg[2:]
-            has_value, value = bool(rest), rest[1:] if rest.startswith("=") else rest
+            rest = arg[2:]  # pflag: `-p=v` when something follows the `=`, else `-pv` (so `-p=` sets "=")
+            has_value, value = bool(rest), rest[1:] if len(rest) > 1 and rest.startswith("=") else rest
         else:
-            raise UsageError(f"unexpected argument {arg!r}")
+            continue  # a positional word (also `-` alone): accepted and ignored, as upstream's command does
         if spec is None:
             raise UsageError(f"unknown flag: {label}")
         if not spec.takes_value:  # a bool: `--name` alone is true, `--name=false` false
@@ -112,8 +127,52 @@ def parse_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, o
                 raise UsageError(f"flag needs an argument: {label}")
             value = args[i]
             i += 1
+        try:
+            value = _typed(spec, value)
+        except ValueError as exc:
+            raise UsageError(f"{exc} for {label}") from None
         _store(values, spec, _parse(spec, value, label))
     return values, want_help
+
+
+def go_uint16(text: str) -> str:
+    """pflag's uint16 (strconv.ParseUint(text, 0, 16)) as the decimal text the rules use; ValueError if it is not."""
+    digits = text.lower()
+    base = {"0x": 16, "0o": 8, "0b": 2}.get(digits[:2], 0)
+    if base:
+        digits = digits[2:]
+        digits = digits[1:] if digits.startswith("_") else digits
+    elif len(digits) > 1 and digits.startswith("0"):
+        base, digits = 8, digits[1:]
+    else:
+        base = 10
+    if not digits or not all(c.isalnum() or c == "_" for c in digits):
+        raise ValueError(f"invalid unsigned 16-bit integer {text!r}")
+    try:  # int() takes underscores between digits only, as Go's literals do
+        number = int(digits, base)
+    except ValueError:
+        raise ValueError(f"invalid unsigned 16-bit integer {text!r}") from None
+    if number > 0xFFFF:
+        raise ValueError(f"unsigned 16-bit integer {text!r} out of range")
+    return str(number)
+
+
+def go_duration(text: str) -> str:
+    """pflag's duration (time.ParseDuration) checked, kept as written; ValueError if Go would refuse it."""
+    from istio_agent.capture.validation import parse_duration
+
+    parse_duration(text[1:] if text[:1] in "+-" else text)
+    return text
+
+
+# Flags upstream declares as uint16 or duration rather than string: checked when read, as pflag does.
+_TYPED: dict[str, Callable[[str], str]] = {"iptables_probe_port": go_uint16, "probe_timeout": go_duration}
+
+
+def _typed(flag: Flag[Any], value: str) -> str:
+    """`value` as pflag's typed flag would hold it (ValueError if it would refuse it); other flags' as given."""
+    check = _TYPED.get(flag.dest or "")
+    return check(value) if check is not None else value
 
 
 def usage() -> str:
@@ -136,10 +195,11 @@ def usage() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_config(args: Sequence[str], env: Mapping[str, str]) -> tuple[CaptureConfig, bool]:
+def build_config(args: Sequence[str], env: Mapping[str, str],
+                 warn: Callable[[str], None] | None = None) -> tuple[CaptureConfig, bool]:
     from istio_agent.capture.config import CaptureConfig
 
-    values, want_help = parse_args(args, env)
+    values, want_help = parse_args(args, env, warn)
     return CaptureConfig(**values), want_help
 
 
@@ -149,7 +209,9 @@ def run_cli(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
-    """Exit code of `istio-iptables args` (0, 1 for bad input or failure, 126 for failed validation)."""
+    """Exit code of `istio-iptables args`: 0; 255 for a command line that does not parse (upstream's
+    `pilot-agent` exits -1 when cobra refuses its flags); 1 for a bad value or a failure; 126 for failed
+    validation."""
     if env is None:
         from istio_agent.capture.procs import environment
 
@@ -161,10 +223,10 @@ def run_cli(
         err.write(f"istio-iptables: {message}\n")
 
     try:
-        cfg, want_help = build_config(args, env)
+        cfg, want_help = build_config(args, env, log)
     except UsageError as exc:
         err.write(f"Error: {exc}\nRun 'istio-iptables --help' for usage.\n")
-        return 1
+        return USAGE_EXIT_CODE
     if want_help:
         out.write(usage())
         return 0

@@ -178,6 +178,7 @@ class MetadataOptions:
     proxy_config: Mapping[str, Any]  # ProxyConfig in protojson shape
     instance_ips: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)  # the pod-labels file (empty when absent)
+    labels_file: bool = False  # that file is there, even empty
     annotations: Mapping[str, str] = field(default_factory=dict)  # the pod-annotations file
     pilot_san: tuple[str, ...] = ()
     outlier_log_path: str = ""
@@ -258,12 +259,14 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
         if environment.get(var):
             typed[key] = environment.get(var)
 
-    if not static_labels and isinstance(raw.get("LABELS"), dict):
-        static_labels = {str(k): str(v) for k, v in raw["LABELS"].items()}
+    # STATIC_LABELS come only from ISTIO_METAJSON_LABELS; a LABELS key of another ISTIO_METAJSON_* variable is
+    # LABELS alone (upstream's extractAttributesMetadata looks at that one variable).
+    merged_labels = {str(k): str(v) for k, v in raw["LABELS"].items()} if isinstance(raw.get("LABELS"), dict) else {}
     pod_labels = {k: v for k, v in options.labels.items() if k != "pod-template-hash"}
-    # Upstream's LABELS and STATIC_LABELS are one map unless a pod-labels file exists,
-    # so the locality rewrite below shows in both.
-    all_labels = {**static_labels, **pod_labels} if pod_labels else static_labels
+    # Upstream's LABELS and STATIC_LABELS are one map unless a pod-labels file exists (even an empty one: then
+    # LABELS is STATIC_LABELS and the file's), so the locality rewrite below shows in both.
+    with_file = options.labels_file or bool(pod_labels)
+    all_labels = {**static_labels, **pod_labels} if with_file else (static_labels or merged_labels)
     locality = sanitize_locality(all_labels.get(_TOPOLOGY_LOCALITY_LABEL, all_labels.get(_LOCALITY_LABEL, "")))
     if locality:
         all_labels[_LOCALITY_LABEL] = locality

@@ -135,12 +135,32 @@ def load_document(text: str, source: str) -> dict[str, Any]:
     import yaml  # not for plain JSON (above): PyYAML is ~1 MB the agent otherwise never loads
 
     try:
-        doc = yaml.safe_load(text) if text.strip() else {}
+        doc = yaml.load(text, Loader=go_yaml_loader()) if text.strip() else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{source}: not valid YAML or JSON{where}: {exc}") from None
     return _as_object(doc, source)
+
+
+_GO_YAML_LOADER: Any = None
+
+
+def go_yaml_loader() -> Any:
+    """PyYAML's SafeLoader reading booleans as upstream's YAML (go-yaml v2, under sigs.k8s.io/yaml) does: YAML
+    1.1's spellings plus `y`, `Y`, `n` and `N`, so `ISTIO_META_X: y` is the boolean true there as here."""
+    global _GO_YAML_LOADER
+    if _GO_YAML_LOADER is None:
+        import re
+
+        import yaml
+
+        class GoYamlLoader(yaml.SafeLoader):
+            bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+
+        GoYamlLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+        _GO_YAML_LOADER = GoYamlLoader
+    return _GO_YAML_LOADER
 
 
 def _as_object(doc: Any, source: str) -> dict[str, Any]:

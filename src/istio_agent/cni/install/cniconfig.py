@@ -428,6 +428,8 @@ def check_installed(settings: ConfigSettings, listing: Listing, written: str | N
     if not listing.exists(written):
         return f"CNI config file removed: {written}"
     text = listing.text(written) or ""
+    if not primary_candidates(listing)[0]:  # e.g. our file under a name no runtime loads (`x.json`, or a standalone
+        return "no valid networks found in the CNI net dir"  # body named `.conflist`): upstream's first check
     if not settings.chained_cni_plugin:
         try:
             if _load_object(text, written).get("type") != PLUGIN_TYPE:

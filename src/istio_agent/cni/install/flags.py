@@ -83,7 +83,9 @@ INSTALL_FLAGS: tuple[Flag[Any], ...] = (
     _flag("cni-network-config-file", "", "CNI config template as a file (accepted, unused: as upstream)"),
     _flag("istio-owned-cni-config", False, "Whether an Istio owned CNI configuration is enabled"),
     _flag("istio-owned-cni-config-filename", "", "Filename for Istio owned CNI configuration"),
-    _flag("log-level", "warn", "Fallback value for log level in CNI config file, if not specified otherwise"),
+    _flag("log-level", "warn", "Fallback value for log level in CNI config file, if not specified otherwise",
+          support="accepted", note="upstream declares it and never reads it: the plugin's level comes from "
+          "--log_output_level's cni-plugin scope, else info"),
     _flag("cni-agent-run-dir", "/var/run/istio-cni",
           "Location of the node agent writable path on the node (used for sockets, etc)"),
     _flag("kubeconfig-mode", DEFAULT_KUBECONFIG_MODE, "File mode of the kubeconfig file"),

@@ -390,7 +390,9 @@ async def wait_for_config(installer: Installer, watcher: DirectoryWatcher, reche
 async def keep_installed(installer: Installer, watcher: DirectoryWatcher, on_state: Callable[[StepOutcome], None],
                          on_failure: Callable[[InstallError], None], recheck: float = RECHECK_INTERVAL,
                          clock: Callable[[], float] = time.monotonic) -> None:
-    """Install, then reinstall on every relevant change (or each `recheck` seconds) until cancelled."""
+    """Install, then reinstall on every relevant change (or each `recheck` seconds) until cancelled; a failed
+    installation (InstallError) is reported through `on_failure` and ends the loop with it, as upstream's
+    installer returns its error and install-cni exits."""
     throttle = ReinstallThrottle()
     waiting_logged = ""
     while True:
@@ -399,7 +401,7 @@ async def keep_installed(installer: Installer, watcher: DirectoryWatcher, on_sta
             outcome = installer.install_all()
         except InstallError as exc:
             on_failure(exc)
-            outcome = StepOutcome(False)
+            raise  # as upstream's installer: the node agent cleans up and exits 1 (the kubelet restarts it)
         if outcome.waiting and outcome.waiting != waiting_logged:
             log.warning("Istio CNI is configured as chained plugin, but cannot find existing CNI network config: %s;"
                         " waiting for one in %s", outcome.waiting, installer.options.mounted_cni_net_dir)

@@ -92,16 +92,16 @@ class InstallOptions:
         return CNI_CONF_MODE_GROUP_READ if self.cni_conf_group_read else CNI_CONF_MODE
 
 
-def plugin_log_level(log_output_level: str, log_level: str | None) -> str:
+def plugin_log_level(log_output_level: str) -> str:
     """The entry's plugin_log_level: the `cni-plugin` (or `all`) level of `--log_output_level`, as upstream
-    takes it; else `--log-level`/`LOG_LEVEL` when given (upstream declares it as the fallback, never reads it);
-    else the scope's default, info."""
+    takes it, else the scope's default, info. `--log-level`/`LOG_LEVEL` is accepted and not used: upstream
+    declares it as the fallback and never reads it (its chart sets only --log_output_level)."""
     chosen = ""
     for part in filter(None, (p.strip() for p in log_output_level.split(","))):
         scope, sep, level = part.rpartition(":")
         if sep and scope in ("cni-plugin", "all"):
             chosen = level
-    level = (chosen or log_level or DEFAULT_PLUGIN_LOG_LEVEL).lower()
+    level = (chosen or DEFAULT_PLUGIN_LOG_LEVEL).lower()
     if level not in LOG_LEVELS:
         raise OptionsError(f"invalid log level {level!r} for the CNI plugin (one of {', '.join(LOG_LEVELS)})")
     return level
@@ -152,14 +152,14 @@ def resolve_install_options(values: Mapping[str, str], env: Mapping[str, str], h
             raise OptionsError(f"--{name_flag} (${env_name(name_flag)}): {text(name_flag)!r} must be a file name "
                                "inside the CNI net dir, not a path")
     settings = {flag.dest: parsed[flag.name] for flag in (*INSTALL_FLAGS, *OUR_FLAGS)}
-    del settings["log_level"]  # the fallback of the plugin's level, below
+    del settings["log_level"]  # accepted, unused: upstream declares it as the plugin level's fallback, never reads it
     if settings["istio_owned_cni_config"] and not settings["istio_owned_cni_config_filename"]:
         settings["istio_owned_cni_config_filename"] = DEFAULT_ISTIO_OWNED_CNI_CONFIG_FILENAME
     settings["log_uds_socket"] = settings["log_uds_socket"] or log_socket(settings["cni_agent_run_dir"])
     repair = RepairOptions(**{flag.dest: parsed[flag.name] for flag in REPAIR_FLAGS})
     return InstallOptions(
         **settings,
-        plugin_log_level=plugin_log_level(log_output_level, values.get("log-level")),
+        plugin_log_level=plugin_log_level(log_output_level),
         k8s_service_protocol=env.get("KUBERNETES_SERVICE_PROTOCOL", ""),
         k8s_service_host=env.get("KUBERNETES_SERVICE_HOST", ""),
         k8s_service_port=env.get("KUBERNETES_SERVICE_PORT", ""),
