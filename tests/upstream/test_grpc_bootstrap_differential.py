@@ -41,7 +41,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from istio_agent.config.options import AgentFlags, load_agent_options
 from needs import need_file
 from support import VENV_BIN, poll
 from upstream_peers import (
@@ -56,6 +55,8 @@ from upstream_peers import (
     need_upstream,
 )
 
+from istio_agent.agent.loader import load_agent_options
+from istio_agent.agent.options import AgentFlags
 from istio_agent.config import env
 from istio_agent.grpcxds.writer import write_bootstrap_file
 from istio_agent.version import ISTIO_COMPAT_VERSION
