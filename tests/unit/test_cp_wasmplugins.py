@@ -93,3 +93,17 @@ def test_bad_plugins_name_their_field(change: str, field: str) -> None:
     with pytest.raises(RegistryError) as caught:
         parse_registry(text)
     assert field in str(caught.value)
+
+
+def test_a_root_namespace_plugin_applies_to_every_namespace_after_the_workloads_own() -> None:
+    text = BASE + """\
+- {name: global, namespace: istio-system, url: "http://modules.local/g.wasm", phase: AUTHN}
+- {name: elsewhere, namespace: other, url: "http://modules.local/e.wasm", phase: AUTHN}
+"""
+    names = list(SidecarGenerator().generate(typeurls.EXTENSION_CONFIG, context(text), None))
+    root = "extensions.istio.io/trafficextension/istio-system.global" + MARK
+    assert root in names and not any("other.elsewhere" in n for n in names)
+    listener = listener_pb2.Listener()
+    SidecarGenerator().generate(typeurls.LISTENER, context(text), None)["virtualInbound"].Unpack(listener)
+    inbound = http_filter_names(listener)
+    assert inbound.index(PREFIX + "authn" + MARK) < inbound.index(root), "the workload's own namespace first"

@@ -11,6 +11,7 @@ import pytest
 from istiod_local.controlplane.xds.yamlfields import RegistryError
 from istiod_local.mesh import expect
 from istiod_local.mesh.expect import MTLS, Outcome, Row
+from istiod_local.mesh.istiofiles import read_istio_config
 from istiod_local.mesh.parser import parse_mesh
 from istiod_local.mesh.planner import plan_mesh
 from istiod_local.mesh.runner import MeshFileError, load_mesh
@@ -88,4 +89,4 @@ def test_up_refuses_upstreams_agent_when_it_is_not_installed_naming_the_deployme
         load_mesh(MIXED, missing)
     (tmp_path / "share").mkdir()
     (tmp_path / "share" / TEMPLATE_NAME).write_text("{}")
-    assert load_mesh(MIXED, missing) == parse_mesh(MIXED.read_text(), str(MIXED))
+    assert load_mesh(MIXED, missing) == read_istio_config(MIXED, parse_mesh(MIXED.read_text(), str(MIXED)))

@@ -13,6 +13,8 @@ from istiod_local.mesh.planner import MeshPlan, plan_mesh
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
 SLEEP = "spiffe://cluster.local/ns/default/sa/sleep"
+REVIEWS = "spiffe://cluster.local/ns/default/sa/reviews"
+WASM_HEADER = (("x-wasm-plugin", "add-header"),)
 
 
 def _plan(text: str = EXAMPLE) -> MeshPlan:
@@ -55,7 +57,9 @@ def test_expectations_follow_the_namespaces_policies() -> None:
     def expected(pod: str, target: str, via: str) -> Outcome:
         return expect.expect(plan, _find(probes, pod, target, via))
 
-    assert expected("sleep-1", "ratings", "DNS") == Outcome(MTLS, SLEEP, "STRICT namespace")
+    # the example's WasmPlugin header, declared for sleep's calls to ratings, joins the policies' verdict
+    assert expected("sleep-1", "ratings", "DNS") == Outcome(MTLS, SLEEP, "STRICT namespace", WASM_HEADER)
+    assert expected("reviews-v1-1", "ratings", "clusterIP") == Outcome(MTLS, REVIEWS, "STRICT namespace")
     assert expected("sleep-1", "legacy.example.internal", "DNS").kind == PLAINTEXT
     assert expected("greeter-client-1", "greeter", "xDS").identity.endswith("/sa/greeter-client")
     assert expected("legacy-1", "ratings-1", "pod IP").kind == REFUSED  # STRICT
@@ -143,3 +147,47 @@ def test_a_declared_expectation_must_name_what_exists() -> None:
         with pytest.raises(RegistryError) as caught:
             parse_mesh(STRICT_WEB + f"expectations:\n- {bad}\n")
         assert caught.value.field == field and caught.value.line == 7
+
+
+def test_declared_headers_join_the_policies_verdict_and_hold_only_when_the_answer_carries_them() -> None:
+    plan = _plan("namespaces: [{name: default, peerAuthentication: STRICT}]\n"
+                 "services: [{name: web, ports: [{name: http, port: 80, targetPort: 8080},\n"
+                 "                               {name: tcp, port: 81, targetPort: 8081}]}]\n"
+                 "deployments:\n- {name: web, app: {kind: http-echo, port: 8080}}\n- {name: out, mode: none}\n"
+                 "- {name: in, app: client}\n"
+                 "expectations:\n- {from: in, to: web, headers: {X-Wasm: 'on'}}\n"
+                 "- {from: out, to: web, headers: {x-wasm: 'on'}}\n")
+    probes = expect.probes(plan, _ips(plan))
+    http = _find(probes, "in-1", "web", "clusterIP")
+    wanted = expect.expect(plan, http)
+    assert (wanted.kind, wanted.identity, wanted.headers) == (MTLS, "spiffe://cluster.local/ns/default/sa/in",
+                                                              (("x-wasm", "on"),))
+    tcp = next(p for p in probes if p.pod == "in-1" and p.kind == "tcp")
+    assert expect.expect(plan, tcp).headers == (), "only HTTP answers carry headers"
+    refused = expect.expect(plan, _find(probes, "out-1", "web-1", "pod IP"))
+    assert (refused.kind, refused.headers) == (REFUSED, ()), "a refused call has no headers to check"
+    xfcc = f"URI={wanted.identity}"
+    carried = expect.observe(http, {"answered": True, "status": 200, "xfcc": xfcc,
+                                    "headers": {"x-wasm": "on", "server": "envoy"}}, 1)
+    missing = expect.observe(http, {"answered": True, "status": 200, "xfcc": xfcc, "headers": {}}, 1)
+    other = expect.observe(http, {"answered": True, "status": 200, "xfcc": xfcc, "headers": {"x-wasm": "off"}}, 1)
+    assert expect.holds(wanted, carried) and not expect.holds(wanted, missing) and not expect.holds(wanted, other)
+    table = expect.table([Row(http, wanted, carried), Row(http, wanted, missing)])
+    assert "x-wasm: on  mtls spiffe://cluster.local/ns/default/sa/in, x-wasm: on  ok" in table
+    assert "no x-wasm   FAIL" in table and "server" not in table, table
+
+
+def test_a_header_expectation_needs_an_http_port_and_header_names() -> None:
+    from istiod_local.controlplane.xds.yamlfields import RegistryError
+
+    tcp = STRICT_WEB.replace("protocol: HTTP", "protocol: TCP")
+    for text, words in ((tcp + "expectations:\n- {from: out, to: web, headers: {x-a: b}}\n", "no HTTP port"),
+                        (STRICT_WEB + "expectations:\n- {from: out, to: web, headers: {}}\n", "at least one"),
+                        (STRICT_WEB + "expectations:\n- {from: out, to: web, headers: {'a b': c}}\n",
+                         "not an HTTP header name")):
+        with pytest.raises(RegistryError) as caught:
+            parse_mesh(text)
+        assert caught.value.field == "expectations[0].headers" and words in str(caught.value)
+    (declared,) = parse_mesh(STRICT_WEB + "expectations:\n- {from: out, to: web, headers: {x-a: b}, "
+                             "outcome: plaintext}\n").expectations
+    assert (declared.outcome, declared.headers) == ("plaintext", (("x-a", "b"),))

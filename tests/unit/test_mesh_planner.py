@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from istiod_local.mesh.planner import MAX_PODS, CapacityError, check_capacity, p
 from istiod_local.mesh.runner import MeshFileError, MeshRun, UpOptions
 from istiod_local.node.plan import PodPlan, PodSpec, agent_argv, plan_node, plan_pod, registry_workload
 
-EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "mesh.yaml").read_text()
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = (EXAMPLES / "mesh.yaml").read_text()
 
 
 def _place(specs: Sequence[PodSpec]) -> list[PodPlan]:
@@ -104,6 +106,7 @@ def test_capacity_is_checked_before_anything_is_planned_and_names_the_limit() ->
 def test_up_refuses_a_mesh_over_capacity_or_its_pod_cidr_before_building_anything(tmp_path: Path) -> None:
     mesh_file = tmp_path / "mesh.yaml"
     mesh_file.write_text(EXAMPLE)
+    shutil.copytree(EXAMPLES / "wasm", tmp_path / "wasm")
     for scale, words in ((100_000, "a local node holds at most"), (100, "--pod-cidr 10.244.0.0/24 holds 253")):
         run = MeshRun(UpOptions(mesh_file, tmp_path / "up", scale=scale))
         with pytest.raises(MeshFileError, match=words):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -149,6 +150,10 @@ istio_agent_xds_nacks_total{type="lds",by="agent"} 1.0
 istio_agent_dns_queries_total{outcome="local",protocol="udp"} 5.0
 istio_agent_dns_queries_total{outcome="local",protocol="tcp"} 1.0
 istio_agent_dns_queries_total{outcome="forwarded",protocol="udp"} 2.0
+istio_agent_wasm_cache_entries 1.0
+istio_agent_wasm_remote_fetch_count{result="success"} 2.0
+istio_agent_wasm_remote_fetch_count{result="download_failure"} 1.0
+istio_agent_wasm_remote_fetch_count{result="checksum_mismatched"} 1.0
 envoy_cluster_upstream_rq_total{cluster_name="x"} 9
 garbage line
 """
@@ -159,6 +164,7 @@ def test_agent_metrics() -> None:
     assert agent.cert_expiry == 1.7e9 and agent.cert_rotations == 3 and agent.certificates_issued == 3
     assert agent.xds_pushes == {"cds": 4, "lds": 2} and agent.xds_nacks == {"lds": 2}
     assert (agent.dns_local, agent.dns_forwarded, agent.dns_failed) == (6, 2, 0)
+    assert (agent.wasm_modules, agent.wasm_fetch_failures) == (1, 2), "failures whatever their reason"
 
 
 def test_prometheus_samples_unescape_labels_and_skip_what_does_not_parse() -> None:
@@ -430,3 +436,24 @@ def test_the_real_istiods_monitoring_port_is_shown_as_its_own() -> None:
     assert changes(None, view)[:2] == ["istiod monitoring reachable", "istiod: 9 proxies connected"]
     history.add_istiod(parse_istiod_metrics(text.replace("30", "33"), 6.0, "istiod"))
     assert changes(view, build_view(history, 6.0)) == ["istiod: 3 pushes"]
+
+
+def test_the_view_shows_the_wasm_modules_an_agent_holds_and_its_failed_fetches() -> None:
+    history = History()
+    history.add_pods([client_sample(0.0, 0.0), PodSample(PLAIN, 0.0)], 0.0)
+    before = build_view(history, 0.0)
+    sample = client_sample(1.0, 0.0)
+    assert sample.agent is not None
+    history.add_pods([dataclasses.replace(sample, agent=dataclasses.replace(sample.agent, wasm_modules=1.0)),
+                      PodSample(PLAIN, 1.0)], 1.0)
+    after = build_view(history, 1.0)
+    assert changes(before, after) == ["pod default/client-1 holds 1 Wasm module"]
+    row = next(line for line in render_text(after, width=200).splitlines() if "default/client-1" in line)
+    assert row.rstrip(" │").endswith("1"), row
+    plain = next(line for line in render_text(before, width=200).splitlines() if "legacy/outside-1" in line)
+    assert plain.rstrip(" │").endswith("-"), plain
+    history.add_pods([dataclasses.replace(sample, at=2.0, agent=dataclasses.replace(
+        sample.agent, wasm_modules=1.0, wasm_fetch_failures=2.0))], 2.0)
+    failed = build_view(history, 2.0)
+    assert changes(after, failed)[0] == "pod default/client-1 failed to fetch a Wasm module (2 so far)"
+    assert "1 (2 failed)" in render_text(failed, width=200)

@@ -24,7 +24,8 @@ Every kind takes `--pod NAME` (before the kind), the name its answers carry.
 - `probe PROBES_JSON`: runs `[{"kind", "address"}, ...]` in parallel
   (http, tcp, grpc plaintext, grpc-xds through the control port) and
   prints one JSON list of `{"answered", "status", "pod", "xfcc",
-  "identities", "text", "error"}`: what `mesh.expect.observe` reads. An
+  "identities", "headers", "text", "error"}` (`headers`: an HTTP answer's
+  response headers): what `mesh.expect.observe` reads. An
   `http-series` probe (`method`, `headers`, `count`, `timeout`) sends
   `count` requests one after another and answers `{"answered", "results":
   [[status, pod, seconds, text], ...]}` (status 0: no answer; text: the
@@ -66,21 +67,22 @@ MAX_SLEEP = 30.0
 
 def http_get(url: str, timeout: float, method: str = "GET",
              headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """GET (or `method`) `url`: `{"answered": True, "status", "body"}` on any HTTP answer, else
-    `{"answered": False, "error"}`."""
+    """GET (or `method`) `url`: `{"answered": True, "status", "body", "headers"}` on any HTTP answer (the
+    response's headers, names lowercased), else `{"answered": False, "error"}`."""
     request = urllib.request.Request(url, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
+            status, raw, got = resp.status, resp.read(), resp.headers
     except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
+        status, raw, got = exc.code, exc.read(), exc.headers
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         return {"answered": False, "error": f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"}
     try:
         body: Any = json.loads(raw)
     except ValueError:
         body = raw.decode("utf-8", "replace")[:200]
-    return {"answered": True, "status": status, "body": body}
+    return {"answered": True, "status": status, "body": body,
+            "headers": {name.lower(): value for name, value in (got.items() if got is not None else [])}}
 
 
 def tcp_ping(address: str, timeout: float) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from istiod_local.mesh import istiopolicy, istioroutes, traffic
+from istiod_local.mesh import istiopolicy, istioroutes, traffic, wasmplugins
 from istiod_local.mesh.istioroutes import HttpRoute, RequestShape
 from istiod_local.mesh.model import Deployment, IstioResource, Service
 from istiod_local.mesh.planner import MeshPlan
@@ -355,10 +355,25 @@ def authz_probes(plan: MeshPlan, derived: Derived) -> None:
                     f"{service.hostname()}:{port}", f"{method} {path}", method, (SKIP_NEXT,), 1, Want(text, status)))
 
 
+def _headers_expected(plan: MeshPlan, plugin: IstioResource) -> bool:
+    """Whether an `expectations:` entry names response headers of a service whose pods the WasmPlugin selects
+    (what a plugin does is the mesh file's to say: the check cannot derive it)."""
+    mesh = plan.mesh
+    chosen = {d.key for d in wasmplugins.selected(mesh, plugin)}
+    for wanted in mesh.expectations:
+        service = mesh.service(wanted.service) if wanted.service else None
+        if wanted.headers and service is not None and any(d.key in chosen for d in mesh.backends(service)):
+            return True
+    return False
+
+
 def notes_for_applied(plan: MeshPlan) -> list[str]:
-    """Resources applied to istiod whose effect the check does not derive."""
+    """Resources applied whose effect the check does not derive (a WasmPlugin whose headers an expectation
+    names is checked by it)."""
     out = []
     for resource in plan.mesh.istio_config:
+        if resource.kind == wasmplugins.KIND and _headers_expected(plan, resource):
+            continue
         if resource.kind in APPLIED_ONLY:
             out.append(f"{resource.key} ({resource.source}): applied, not checked")
         elif resource.kind == "DestinationRule":

@@ -9,8 +9,10 @@ mesh calls each service's first backend pod directly on its target port, in
 plaintext (it has no capture, so a clusterIP leads nowhere).
 
 Expectations: an entry of the mesh file's `expectations:` that matches the
-probe (client deployment, service or entry, optionally port) says it;
-otherwise the policies do, as upstream Istio decides them:
+probe (client deployment, service or entry, optionally port) and has an
+`outcome` says it; otherwise the policies do, as upstream Istio decides
+them (an entry's `headers` are added either way: an HTTP answer that gets
+through must carry them, as a WasmPlugin adds them):
 
 - through the mesh (sidecar or proxyless client): mTLS presenting the
   client's SPIFFE id, unless the server pods are outside the mesh or their
@@ -40,7 +42,8 @@ client identity the server-side Envoy verified); a gRPC reply's peer
 identities (the proxyless server's view); otherwise the client Envoy's
 `ssl.handshake` counter of the target's outbound cluster (TCP, gRPC behind a
 server sidecar), which proves mTLS but not the identity it carried. A 403
-whose body is Envoy's `RBAC: access denied` is `denied`.
+whose body is Envoy's `RBAC: access denied` is `denied`. An HTTP answer's
+response headers are kept for the expectations that name some.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any, Protocol
 
 from istiod_local.mesh import istiopolicy, istioroutes, traffic
 from istiod_local.mesh.istioroutes import RequestShape
-from istiod_local.mesh.model import AGENTS, GRPC_CONTROL_PORT, Deployment, Mesh, Service
+from istiod_local.mesh.model import AGENTS, GRPC_CONTROL_PORT, Deployment, Expectation, Mesh, Service
 from istiod_local.mesh.planner import MeshPlan, pod_name
 
 MTLS, PLAINTEXT, REFUSED, DENIED = "mtls", "plaintext", "refused", "denied"
@@ -85,13 +88,26 @@ class Outcome:
     kind: str  # mtls | plaintext | refused
     identity: str = ""  # the client SPIFFE id the server saw ("" when not observable or not mTLS)
     detail: str = ""
+    # Expected: the response headers an answer must carry. Observed: an HTTP answer's response headers.
+    headers: tuple[tuple[str, str], ...] = ()
 
     def show(self) -> str:
         if self.kind == MTLS:
-            return f"mtls {self.identity}" if self.identity else "mtls (TLS stats)"
-        if self.kind == DENIED:
-            return "denied (403 RBAC)"
-        return self.kind
+            shown = f"mtls {self.identity}" if self.identity else "mtls (TLS stats)"
+        elif self.kind == DENIED:
+            shown = "denied (403 RBAC)"
+        else:
+            shown = self.kind
+        return shown + "".join(f", {name}: {value}" for name, value in self.headers)
+
+    def show_against(self, expected: Outcome) -> str:
+        """An observed outcome, with the headers `expected` names (their values, or that they are missing)."""
+        got = dict(self.headers)
+        shown = Outcome(self.kind, self.identity).show()
+        if self.kind not in (MTLS, PLAINTEXT):
+            return shown
+        return shown + "".join(f", {name}: {got[name]}" if name in got else f", no {name}"
+                               for name, _ in expected.headers)
 
 
 def _address(protocol: str, host: str, port: int) -> str:
@@ -180,21 +196,49 @@ def _plaintext_accepted(mesh: Mesh, server: Deployment) -> Outcome:
     return Outcome(PLAINTEXT, detail=f"{mode} accepts plaintext")
 
 
+def _matching(mesh: Mesh, probe: Probe) -> list[Expectation]:
+    """The `expectations:` entries for this probe's client and target (and port, when they name one)."""
+    def target(wanted: Expectation) -> bool:
+        return bool((wanted.service and wanted.service == probe.service)
+                    or (wanted.entry and wanted.entry == probe.entry))
+
+    return [wanted for wanted in mesh.expectations
+            if wanted.client == probe.client and (not wanted.port or wanted.port == probe.port) and target(wanted)]
+
+
 def declared(mesh: Mesh, probe: Probe) -> Outcome | None:
-    """The mesh file's own `expectations:` entry for this probe, if one matches (the last one wins)."""
+    """The mesh file's own `expectations:` outcome for this probe, if an entry with one matches (the last wins)."""
     found = None
-    for wanted in mesh.expectations:
-        if wanted.client != probe.client or (wanted.port and wanted.port != probe.port):
-            continue
-        if (wanted.service and wanted.service == probe.service) or (wanted.entry and wanted.entry == probe.entry):
+    for wanted in _matching(mesh, probe):
+        if wanted.outcome:
             client = mesh.deployment(probe.client)
             identity = mesh.spiffe_id(client) if client is not None and wanted.outcome == MTLS else ""
             found = Outcome(wanted.outcome, identity, "declared in the mesh file")
     return found
 
 
+def declared_headers(mesh: Mesh, probe: Probe) -> tuple[tuple[str, str], ...]:
+    """The response headers the matching `expectations:` entries name for an HTTP probe (a later entry's value
+    for a name wins)."""
+    if probe.kind != "http":
+        return ()
+    headers: dict[str, str] = {}
+    for wanted in _matching(mesh, probe):
+        headers.update(wanted.headers)
+    return tuple(sorted(headers.items()))
+
+
 def expect(plan: MeshPlan, probe: Probe) -> Outcome:
-    """What the mesh file says `probe` must give: its declared expectation, else what its policies say."""
+    """What the mesh file says `probe` must give: its declared expectation, else what its policies say; with
+    the headers its expectations name when the answer is to get through."""
+    outcome = _expect(plan, probe)
+    headers = declared_headers(plan.mesh, probe)
+    if headers and outcome.kind in (MTLS, PLAINTEXT):
+        return Outcome(outcome.kind, outcome.identity, outcome.detail, headers)
+    return outcome
+
+
+def _expect(plan: MeshPlan, probe: Probe) -> Outcome:
     mesh = plan.mesh
     client = mesh.deployment(probe.client)
     assert client is not None
@@ -324,7 +368,11 @@ def observe(probe: Probe, raw: Mapping[str, Any], tls_handshakes: int | None) ->
         if status != 200:
             return Outcome(REFUSED, detail=f"HTTP {status}")
         identity = _identity_from_xfcc(str(raw.get("xfcc", "")))
-        return Outcome(MTLS, identity) if identity else Outcome(PLAINTEXT, detail="no client certificate seen")
+        got = raw.get("headers")
+        headers = tuple(sorted((str(k), str(v)) for k, v in got.items())) if isinstance(got, Mapping) else ()
+        if identity:
+            return Outcome(MTLS, identity, headers=headers)
+        return Outcome(PLAINTEXT, detail="no client certificate seen", headers=headers)
     if probe.kind in ("grpc", "grpc-xds"):
         identities = list(raw.get("identities") or [])
         if identities:
@@ -334,10 +382,14 @@ def observe(probe: Probe, raw: Mapping[str, Any], tls_handshakes: int | None) ->
 
 
 def holds(expected: Outcome, observed: Outcome) -> bool:
-    """The expectation held: same outcome, and the same identity wherever the server could show one."""
+    """The expectation held: same outcome, the same identity wherever the server could show one, and every
+    header it names, with its value."""
     if expected.kind != observed.kind or expected.kind == UNKNOWN:
         return False
-    return not (expected.identity and observed.identity) or expected.identity == observed.identity
+    if expected.identity and observed.identity and expected.identity != observed.identity:
+        return False
+    got = dict(observed.headers)
+    return all(got.get(name) == value for name, value in expected.headers)
 
 
 @dataclass(frozen=True)
@@ -397,8 +449,9 @@ def _cells(row: Row | ShownRow, plan: MeshPlan | None, show_agents: bool) -> tup
     if isinstance(row, Row):
         return (row.probe.pod, row.probe.target, row.probe.via,
                 *((agents(plan, row.probe),) if show_agents and plan is not None else ()), row.expected.show(),
-                row.observed.show() + (f" ({_short(row.observed.detail)})" if row.observed.kind == REFUSED
-                                       and row.observed.detail else ""), "ok" if row.ok else "FAIL")
+                row.observed.show_against(row.expected) + (f" ({_short(row.observed.detail)})"
+                                                            if row.observed.kind == REFUSED and row.observed.detail
+                                                            else ""), "ok" if row.ok else "FAIL")
     probe: Any = row.probe
     return (probe.pod or probe.client, probe.target, probe.via, *(("-",) if show_agents else ()),
             f"{probe.want.text} [{probe.source}]", str(row.observed), "ok" if row.ok else "FAIL")

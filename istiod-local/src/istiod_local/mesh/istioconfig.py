@@ -16,10 +16,11 @@ istiod add the `istio.stats` filter, which a stock Envoy does not have, so
 every listener would be NACKed (docs/ISTIOD.md).
 
 Which kinds each control plane takes (`unsupported`): the real istiod takes
-every kind below; the embedded one (istiod-local) understands only
+every kind below; the embedded one (istiod-local) understands
 PeerAuthentication for a whole namespace or the mesh (`mtls.mode`), which
-it folds into the namespaces' modes; everything else is refused naming the
-kind and where it is, pointing at `--control-plane istiod`.
+it folds into the namespaces' modes, and WasmPlugins (`mesh.wasmplugins`:
+what of their spec it serves); everything else is refused naming the kind
+and where it is, pointing at `--control-plane istiod`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from yaml.nodes import MappingNode, Node
 
 from istiod_local.controlplane.xds.yamlfields import DNS_LABEL, RegistryError, describe, is_null, line_of
 from istiod_local.mesh.model import IstioResource
+from istiod_local.mesh.wasmplugins import KIND as WASM_PLUGIN
+from istiod_local.mesh.wasmplugins import embedded_problem
 
 ROOT_NAMESPACE = "istio-system"  # istiod's root namespace (meshConfig.rootNamespace's default)
 NETWORKING = "networking.istio.io"
@@ -163,6 +166,8 @@ def check_unique(resources: Iterable[IstioResource]) -> None:
 
 def embedded_support(resource: IstioResource) -> str:
     """Why istiod-local cannot apply `resource` ("": it can)."""
+    if resource.kind == WASM_PLUGIN:
+        return embedded_problem(resource)
     if resource.kind != "PeerAuthentication":
         return resource.kind
     spec = resource.spec

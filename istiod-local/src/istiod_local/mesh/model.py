@@ -169,13 +169,15 @@ OUTCOMES = ("mtls", "plaintext", "refused", "denied")
 
 @dataclass(frozen=True)
 class Expectation:
-    """A declared outcome for the check, replacing what the policies say for the calls it matches."""
+    """A declared outcome for the check, replacing what the policies say for the calls it matches, and the
+    response headers its HTTP answers must carry (what a WasmPlugin adds: the check cannot derive it)."""
 
     client: str  # "<namespace>/<deployment>"
     service: str = ""  # "<namespace>/<service>", or
     entry: str = ""  # a service entry's name
     port: int = 0  # a service port; 0: every port
-    outcome: str = "mtls"
+    outcome: str = "mtls"  # "": not declared (only with headers): the policies say
+    headers: tuple[tuple[str, str], ...] = ()  # (lowercase name, value) each answer carries
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class Mesh:
     expectations: tuple[Expectation, ...] = ()
     istio_config_paths: tuple[str, ...] = ()  # `istioConfig:` as written (relative to the mesh file)
     istio_config: tuple[IstioResource, ...] = ()  # what those files hold (read by `mesh.istiofiles`)
+    wasm_modules: tuple[str, ...] = ()  # `wasmModules:` as written: files `up` serves the pods (`mesh.wasmfiles`)
 
     def namespace(self, name: str) -> Namespace:
         return next((n for n in self.namespaces if n.name == name), Namespace(name))

@@ -35,8 +35,10 @@ except where noted)::
         calls: [frontend:80]                # client, grpc-client: called every `interval` seconds
         interval: 1                         # seconds, default 1
     expectations:                           # optional: what the check must see, over what the policies say
-    - {from: legacy, to: ratings.secure, port: 9080, outcome: refused}   # mtls | plaintext | refused
+    - {from: legacy, to: ratings.secure, port: 9080, outcome: refused}   # mtls | plaintext | refused | denied
+    - {from: sleep, to: ratings.secure, headers: {x-wasm-plugin: add-header}}   # HTTP answers carry these
     istioConfig: [istio/]                   # files or directories of Istio resources (relative to this file)
+    wasmModules: [wasm/add-header.wat]      # Wasm modules `up` serves the pods over HTTP (relative to this file)
     serviceEntries:
     - name: legacy
       namespace: default
@@ -63,12 +65,18 @@ A `gateway` pod runs no app and calls nothing: it routes what Istio's Gateway
 and VirtualService resources (`istioConfig:`) give it; its `hostPorts` lead
 from the host's loopback to its first pod, each host port once in the file.
 `istioConfig:` entries are paths as written; `mesh.istiofiles` reads them.
+`wasmModules:` entries too: files (`.wat`, built by wat2wasm, or `.wasm`)
+`mesh.wasmfiles` builds and serves as `<stem>.wasm`; two of one name are refused here.
+An expectation with `headers` (HTTP targets only) adds them to what the
+policies say (or to its own `outcome`): the answers must carry each header
+with that value.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 
 from yaml.nodes import Node, ScalarNode
 
@@ -116,8 +124,10 @@ MAX_DEPLOYMENT_NAME = 36
 
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOP = frozenset({"apiVersion", "kind", "namespaces", "services", "deployments", "serviceEntries", "expectations",
-                  "istioConfig"})
-_EXPECTATION = frozenset({"from", "to", "port", "outcome"})
+                  "istioConfig", "wasmModules"})
+_EXPECTATION = frozenset({"from", "to", "port", "outcome", "headers"})
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP field name (a token), lowercase
+_MODULE_SUFFIXES = (".wat", ".wasm")
 _NAMESPACE = frozenset({"name", "peerAuthentication", "labels"})
 _SERVICE = frozenset({"name", "namespace", "selector", "clusterIP", "ports"})
 _PORT = frozenset({"name", "port", "targetPort", "protocol"})
@@ -454,7 +464,48 @@ def _expectations(top: Fields, resolver: _Resolver, deployments: list[Deployment
         if port and all(p.port != port for p in target.ports):
             f.fail(f.value_node("port"), "port", f"{f.string('to')} has no port {port}")
         service, entry = (target.key, "") if isinstance(target, Service) else ("", target.name)
-        out.append(Expectation(client.key, service, entry, port, choice(f, "outcome", OUTCOMES, "mtls")))
+        headers = _headers(f, target, port)
+        outcome = choice(f, "outcome", OUTCOMES) if f.has("outcome") else ("" if headers else "mtls")
+        out.append(Expectation(client.key, service, entry, port, outcome, headers))
+    return tuple(out)
+
+
+def _headers(f: Fields, target: Service | ServiceEntry, port: int) -> tuple[tuple[str, str], ...]:
+    """`headers`: response headers (names lowercased) the target's HTTP answers carry; it needs an HTTP port."""
+    if not f.has("headers"):
+        return ()
+    node = f.value_node("headers")
+    given = f.string_map("headers")
+    if not given:
+        f.fail(node, "headers", "must name at least one header")
+    for name in given:
+        if not _HEADER_NAME.match(name.lower()):
+            f.fail(node, "headers", f"{name!r} is not an HTTP header name")
+    http = [p for p in target.ports if p.protocol in ("HTTP", "HTTP2") and (not port or p.port == port)]
+    if not http:
+        f.fail(node, "headers", f"only HTTP answers carry headers: {f.string('to')} has no HTTP port"
+               + (f" {port}" if port else ""))
+    return tuple(sorted((name.lower(), value) for name, value in given.items()))
+
+
+def _wasm_modules(top: Fields) -> tuple[str, ...]:
+    """`wasmModules:` paths as written: `.wat` or `.wasm` files, each served name (`<stem>.wasm`) once."""
+    out: list[str] = []
+    served: dict[str, str] = {}
+    for path, node, text in top.string_list("wasmModules"):
+        name = Path(text).name
+        stem, suffix = Path(name).stem, Path(name).suffix
+        if suffix not in _MODULE_SUFFIXES:
+            raise RegistryError(top.source, line_of(node), path, f"a Wasm module is a .wat or .wasm file, got {text!r}")
+        if not _DNS_NAME.match(stem.lower()) or stem != stem.lower():
+            raise RegistryError(top.source, line_of(node), path,
+                                f"the module is served as {stem}.wasm: its name must be lowercase letters, digits, "
+                                "'-' and '.'")
+        if stem in served:
+            raise RegistryError(top.source, line_of(node), path,
+                                f"{text!r} would be served as {stem}.wasm, as {served[stem]!r} already is")
+        served[stem] = text
+        out.append(text)
     return tuple(out)
 
 
@@ -475,4 +526,4 @@ def parse_mesh(text: str, source: str = "mesh.yaml") -> Mesh:
     expectations = _expectations(top, _Resolver(services, [e for e, _ in entries]), deployments)
     paths = tuple(text for _, _, text in top.string_list("istioConfig"))
     return Mesh(tuple(namespaces.values()), tuple(services), tuple(deployments), tuple(e for e, _ in entries),
-                expectations, paths)
+                expectations, paths, wasm_modules=_wasm_modules(top))

@@ -18,8 +18,9 @@ pods.
 pod (`node.plan.registry_workloads`), the namespaces with their labels, the
 PeerAuthentication mode per namespace (the file's, or its Istio config's
 namespace-wide or mesh-wide PeerAuthentication: `istiopolicy.namespace_mode`),
-and the service entries with their endpoints (a `deployment:` endpoint
-becomes the addresses of its pods). A gateway deployment's pods run
+the service entries with their endpoints (a `deployment:` endpoint
+becomes the addresses of its pods), and the Istio config's WasmPlugins as
+`wasmPlugins` (`mesh.wasmplugins`). A gateway deployment's pods run
 `pilot-agent proxy router`; its first pod takes its host ports.
 """
 
@@ -32,6 +33,8 @@ from typing import Any
 from istiod_local.controlplane.xds.allocation import allocate_cluster_ips
 from istiod_local.mesh.istiopolicy import namespace_mode
 from istiod_local.mesh.model import GRPC_CONTROL_PORT, Deployment, Mesh, Target
+from istiod_local.mesh.wasmplugins import KIND as WASM_PLUGIN
+from istiod_local.mesh.wasmplugins import registry_entries
 from istiod_local.node.plan import PlanError, PodPlan, PodSpec, registry_workloads
 
 MAX_PODS = 4096  # a /20 pod CIDR's worth; far more than one machine runs
@@ -208,6 +211,7 @@ def registry_document(plan: MeshPlan, pods: Sequence[PodPlan]) -> dict[str, Any]
         if e.resolution == "STATIC" and endpoints:
             entry["endpoints"] = [{"address": a} for a in endpoints]
         entries.append(entry)
+    wasm = registry_entries(mesh.resources(WASM_PLUGIN))
     return {
         "services": services,
         "workloads": registry_workloads(pods),
@@ -215,4 +219,5 @@ def registry_document(plan: MeshPlan, pods: Sequence[PodPlan]) -> dict[str, Any]
         # The file's modes, or what a namespace-wide or mesh-wide PeerAuthentication of its Istio config says.
         "peerAuthentication": {n.name: namespace_mode(mesh, n.name) for n in mesh.namespaces},
         "serviceEntries": entries,
+        **({"wasmPlugins": wasm} if wasm else {}),
     }

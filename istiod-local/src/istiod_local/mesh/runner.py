@@ -12,7 +12,10 @@ then they are started: what a Deployment controller and kubelet do in
 turn); a bad one is reported with its line and field and the last good mesh
 keeps running. Every 10 s it logs the background traffic the client apps
 report. Ctrl-C/SIGTERM (raised as KeyboardInterrupt by the command) tears
-everything down through `LocalNode.close()`.
+everything down through `LocalNode.close()`. The Wasm modules the file names
+(`wasmModules:`) are built into `<dir>/wasm/` and served from the node's
+namespace (`wasmfiles.py`) before the first pod starts; an edited module is
+rebuilt on the same poll.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import yaml
 
 from istiod_local.controlplane.xds.yamlfields import RegistryError
+from istiod_local.mesh import wasmfiles
 from istiod_local.mesh.checking import CheckResult, MeshCheck
 from istiod_local.mesh.istioconfig import refusal
 from istiod_local.mesh.istiofiles import IstioFilesError, files_signature, read_istio_config
@@ -46,6 +50,8 @@ from istiod_local.mesh.planner import (
     plan_mesh,
     registry_document,
 )
+from istiod_local.mesh.wasmfiles import ModuleServer, WasmModuleError, base_url, build
+from istiod_local.mesh.wasmplugins import check_embedded, unserved
 from istiod_local.meshview import STATS_INCLUSION_SUFFIXES, MeshEvent, ViewTarget
 from istiod_local.node.istiod_userconfig import Rejection, UserResource
 from istiod_local.node.local_node import LocalNode, NodeOptions, Pod
@@ -66,10 +72,12 @@ class MeshFileError(RuntimeError):
     """The mesh file cannot be read or parsed (the message names the line and field)."""
 
 
-def load_mesh(path: Path, upstream: UpstreamCommands | None = None, control_plane: str = ISTIOD_LOCAL) -> Mesh:
+def load_mesh(path: Path, upstream: UpstreamCommands | None = None, control_plane: str = ISTIOD_LOCAL,
+              gateway: str = "") -> Mesh:
     """The mesh file parsed, with the Istio config it names; with `upstream`, refused when a deployment asks
     for upstream's agent and it is not installed there (before anything is built, or, for an edit, instead of
-    applying it). On the embedded control plane, Istio config it does not apply and gateways are refused."""
+    applying it). On the embedded control plane, Istio config it does not apply and gateways are refused.
+    With the node's `gateway`, a WasmPlugin naming the node's module server must name a module it serves."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -87,6 +95,15 @@ def load_mesh(path: Path, upstream: UpstreamCommands | None = None, control_plan
                 "resources, which only the real istiod applies: run `istiod-local up --control-plane istiod`")
         if refused:
             raise MeshFileError(f"{path}: {refused}")
+        try:
+            check_embedded(mesh.istio_config)
+        except RegistryError as exc:
+            raise MeshFileError(str(exc)) from None
+    if gateway:
+        served = [wasmfiles.served_name(entry) for entry in mesh.wasm_modules]
+        problems = unserved(mesh.istio_config, base_url(gateway), served)
+        if problems:
+            raise MeshFileError("; ".join(problems))
     wanting = [d.name for d in mesh.deployments if d.agent == UPSTREAM and d.mode != "none"]
     missing = upstream.missing("pilot-agent") if upstream is not None and wanting else ""
     if missing:
@@ -184,6 +201,9 @@ class MeshRun:
         self._reported_exits: set[str] = set()
         self.rejected: list[Rejection] = []  # the Istio config istiod rejected, as it is now
         self._next_traffic = 0.0
+        self.modules = ModuleServer(self.directory / "wasm", self.directory / "node" / "logs" / "wasm-modules.log",
+                                    options.python)
+        self.module_digests: dict[str, str] = {}  # served name -> sha256, as built last
 
     # ---- start and stop
 
@@ -202,6 +222,7 @@ class MeshRun:
             raise MeshFileError(problem)
         self.plan = plan_mesh(mesh, self.options.scale, self.options.python)
         self.lock.acquire()
+        self._build_modules(mesh)
         self.node = node = LocalNode(NodeOptions(
             workdir=self.directory / "node", istiod_state=self.directory / "istiod",
             registry=self.directory / "registry.yaml", pod_cidr=self.options.pod_cidr,
@@ -213,6 +234,7 @@ class MeshRun:
         agent = " by upstream's install-cni" if node.cni is not None and node.cni.upstream is not None else ""
         self.log.event(f"node {node.plan.netns}: bridge {node.plan.bridge} {node.plan.gateway}/"
                        f"{node.plan.network.prefixlen}, capture {self.options.capture}{agent}, logs in {node.logs}")
+        self._serve_modules(mesh)
         plans = node.plan_pods(self.plan.pods)
         self._write_registry(plans)
         if node.real_istiod is not None:  # kept for its start: the registry's translation leaves out what it decides
@@ -249,6 +271,7 @@ class MeshRun:
 
     def close(self) -> None:
         try:
+            self.modules.stop()
             if self.node is not None:
                 self.node.close()
         finally:
@@ -257,7 +280,33 @@ class MeshRun:
     # ---- pods and registry
 
     def _load(self) -> Mesh:
-        return load_mesh(self.options.mesh_file, self.options.upstream, self.options.control_plane)
+        return load_mesh(self.options.mesh_file, self.options.upstream, self.options.control_plane,
+                         _gateway(self.options.pod_cidr))
+
+    def _build_modules(self, mesh: Mesh) -> None:
+        """Build the mesh's Wasm modules into the served directory; MeshFileError names a module that fails.
+        A module whose bytes changed is logged with its new digest."""
+        if not mesh.wasm_modules and not self.module_digests:
+            return
+        try:
+            digests = build(self.options.mesh_file, mesh.wasm_modules, self.modules.directory)
+        except WasmModuleError as exc:
+            raise MeshFileError(str(exc)) from None
+        for name, digest in digests.items():
+            if self.module_digests.get(name) != digest:
+                verb = "rebuilt" if name in self.module_digests else "built"
+                self.log.event(f"Wasm module {name} {verb}: sha256 {digest}")
+        self.module_digests = digests
+
+    def _serve_modules(self, mesh: Mesh) -> None:
+        """Start the node's module server the first time the mesh has modules (it then stays until close)."""
+        if not mesh.wasm_modules or self.modules.running():
+            return
+        assert self.node is not None
+        plan = self.node.plan
+        self.modules.start(plan.netns, plan.netns_path(), plan.gateway, self.options.timeout)
+        self.log.event(f"Wasm modules served to the pods on {base_url(plan.gateway)}: "
+                       f"{', '.join(self.module_digests)}")
 
     def _istio_config_applied(self, rejections: list[Rejection], mesh: Mesh) -> None:
         self.rejected = list(rejections)
@@ -340,7 +389,9 @@ class MeshRun:
             return None
         mesh = mesh or (self.plan.mesh if self.plan is not None else None)
         entries = mesh.istio_config_paths if mesh is not None else ()
-        return (st.st_mtime_ns, st.st_size, st.st_ino, files_signature(self.options.mesh_file, entries))
+        modules = mesh.wasm_modules if mesh is not None else ()
+        return (st.st_mtime_ns, st.st_size, st.st_ino, files_signature(self.options.mesh_file, entries),
+                wasmfiles.files_signature(self.options.mesh_file, modules))
 
     def poll_mesh_file(self) -> None:
         """Apply the mesh file if it changed; a bad version is reported once and the last good one kept."""
@@ -350,6 +401,7 @@ class MeshRun:
         self._signature = signature
         try:
             mesh = self._load()
+            self._build_modules(mesh)
         except MeshFileError as exc:
             if str(exc) != self._last_error:
                 self.log.event(f"mesh file refused, keeping the last good mesh: {exc}")
@@ -360,6 +412,7 @@ class MeshRun:
         if mesh == self.plan.mesh:
             return
         try:
+            self._serve_modules(mesh)
             self.apply(mesh)
         except (NodeError, PlanError) as exc:  # e.g. a pod that never got ready, a pod CIDR too small
             self.log.event(f"applying the mesh file failed: {exc}")
@@ -426,6 +479,14 @@ class MeshRun:
 def user_resources(mesh: Mesh) -> list[UserResource]:
     """The mesh's Istio config as the real istiod is given it."""
     return [UserResource(r.key, r.source, r.document) for r in mesh.istio_config]
+
+
+def _gateway(pod_cidr: str) -> str:
+    """The node's gateway address for this pod CIDR (its first host), "" when the CIDR is not one."""
+    try:
+        return str(next(ipaddress.IPv4Network(pod_cidr, strict=True).hosts()))
+    except (ValueError, StopIteration):
+        return ""
 
 
 def cidr_problem(pods: int, pod_cidr: str) -> str:

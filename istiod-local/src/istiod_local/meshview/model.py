@@ -131,6 +131,8 @@ class PodView:
     dns_forwarded: int
     error: str = ""
     agent: str = "istio-agent"
+    wasm_modules: int = 0  # Wasm modules its agent holds for Envoy (the WasmPlugins selecting it)
+    wasm_failures: int = 0  # fetches of a module that failed
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,8 @@ def pod_view(newest: PodSample, now: float) -> PodView:
         rotations=_rotations(agent), xds=_xds(agent),
         dns_local=int(agent.dns_local) if agent else 0, dns_forwarded=int(agent.dns_forwarded) if agent else 0,
         error=newest.error, agent=target.agent if target.mode != "none" else "",
+        wasm_modules=int(agent.wasm_modules) if agent else 0,
+        wasm_failures=int(agent.wasm_fetch_failures) if agent else 0,
     )
 
 
@@ -336,6 +340,10 @@ def changes(before: MeshView | None, after: MeshView) -> list[str]:
         for kind, counts in pod.xds.items():
             if counts.nacks > was.xds.get(kind, XdsCounts()).nacks:
                 lines.append(f"{where} rejected {kind.upper()} ({int(counts.nacks)} NACKs)")
+        if pod.wasm_modules != was.wasm_modules:
+            lines.append(f"{where} holds {pod.wasm_modules} Wasm module{'s' if pod.wasm_modules != 1 else ''}")
+        if pod.wasm_failures > was.wasm_failures:
+            lines.append(f"{where} failed to fetch a Wasm module ({pod.wasm_failures} so far)")
         if pod.error and pod.error != was.error:
             lines.append(f"{where}: {pod.error}")
     for key in old.keys() - new.keys():

@@ -68,7 +68,8 @@ def pods_table(view: MeshView, max_rows: int | None = None) -> Table:
     meshed = sum(1 for p in pods if p.mode != "none")
     table = Table(title=f"pods ({len(pods)}; {ready} of {meshed} in the mesh ready)", title_justify="left",
                   expand=False, pad_edge=False)
-    for column in ("pod", "ip", "mode", "agent", "identity", "cert", "rot", "ready", "xDS ack/nack", "dns loc/fwd"):
+    for column in ("pod", "ip", "mode", "agent", "identity", "cert", "rot", "ready", "xDS ack/nack", "dns loc/fwd",
+                   "wasm"):
         table.add_column(column, no_wrap=True)
     shown, hidden = _shown(pods, max_rows)
     for pod in shown:
@@ -76,10 +77,18 @@ def pods_table(view: MeshView, max_rows: int | None = None) -> Table:
         cert = "-" if pod.mode == "none" else _duration(pod.cert_expires_in)
         dns = "-" if pod.mode == "none" else f"{pod.dns_local}/{pod.dns_forwarded}"
         table.add_row(f"{pod.namespace}/{pod.name}", pod.ip, pod.mode, pod.agent or "-", identity, cert,
-                      "-" if pod.mode == "none" else str(pod.rotations), _ready(pod), _xds(pod), dns)
+                      "-" if pod.mode == "none" else str(pod.rotations), _ready(pod), _xds(pod), dns, _wasm(pod))
     if hidden:
         table.add_row(Text(f"… {len(hidden)} more ({sum(1 for p in hidden if p.ready)} ready)", style="dim"))
     return table
+
+
+def _wasm(pod: PodView) -> Text | str:
+    """Modules its agent holds for Envoy, and failed fetches in red; "-" for a pod without any."""
+    if not pod.wasm_modules and not pod.wasm_failures:
+        return "-"
+    failed = f" ({pod.wasm_failures} failed)" if pod.wasm_failures else ""
+    return Text(f"{pod.wasm_modules}{failed}", style="red" if pod.wasm_failures else "")
 
 
 def _service_row(service: ServiceView) -> tuple[str, ...]:

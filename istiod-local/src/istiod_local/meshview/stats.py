@@ -8,7 +8,7 @@ Two sources, each parsed once per sample:
   no tag-extraction rule of the bootstrap can change what the view sees, and
   histograms come with their cumulative buckets;
 * the agent's merged `/stats/prometheus` on :15020, of which only the
-  `istio_agent_*` series are kept (certificates, xDS pushes and NACKs, DNS).
+  `istio_agent_*` series are kept (certificates, xDS pushes and NACKs, DNS, Wasm modules).
 
 Rates and percentiles are computed from two snapshots and the time between
 them, as Prometheus' `rate()` and `histogram_quantile()` do (linear
@@ -75,6 +75,8 @@ class AgentStats:
     dns_local: float = 0.0
     dns_forwarded: float = 0.0
     dns_failed: float = 0.0
+    wasm_modules: float = 0.0  # modules in the agent's Wasm cache (WasmPlugins' code it fetched for Envoy)
+    wasm_fetch_failures: float = 0.0  # fetches of a module that failed, whatever the reason
 
 
 def _split_cluster_stat(name: str) -> tuple[str, str] | None:
@@ -161,6 +163,7 @@ def parse_agent_metrics(text: str) -> AgentStats:
     nacks: dict[str, float] = {}
     dns = {"local": 0.0, "forwarded": 0.0, "failed": 0.0}
     upstream_dns = {"all": 0.0, "forwarded": 0.0, "failed": 0.0}
+    wasm_modules = wasm_failures = 0.0
     for name, labels, value in prometheus_samples(text, "istio_agent_"):
         if name == "istio_agent_cert_expiry_timestamp_seconds" and labels.get("resource_name") == "default":
             expiry = value
@@ -178,10 +181,15 @@ def parse_agent_metrics(text: str) -> AgentStats:
             dns[labels["outcome"]] += value
         elif name in _UPSTREAM_DNS:
             upstream_dns[_UPSTREAM_DNS[name]] += value
+        elif name == "istio_agent_wasm_cache_entries":
+            wasm_modules = value
+        elif name == "istio_agent_wasm_remote_fetch_count" and labels.get("result") != "success":
+            wasm_failures += value
     if not any(dns.values()) and upstream_dns["all"]:  # upstream's Go agent: answered = all - forwarded
         dns = {"local": max(0.0, upstream_dns["all"] - upstream_dns["forwarded"]),
                "forwarded": upstream_dns["forwarded"], "failed": upstream_dns["failed"]}
-    return AgentStats(expiry, rotations, issued, pushes, nacks, dns["local"], dns["forwarded"], dns["failed"])
+    return AgentStats(expiry, rotations, issued, pushes, nacks, dns["local"], dns["forwarded"], dns["failed"],
+                      wasm_modules, wasm_failures)
 
 
 def increase(before: float, after: float) -> float:

@@ -38,6 +38,7 @@ into its `--configDir` (`istiod_config.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import time
@@ -58,7 +59,7 @@ from istiod_local.controlplane.state import ControlPlaneState, write_file_atomic
 from istiod_local.controlplane.state import load_or_create_state as load_state
 from istiod_local.controlplane.xds.registry import Registry
 from istiod_local.node.cni_plan import kube_api_addr
-from istiod_local.node.istiod_config import istio_config, untranslated
+from istiod_local.node.istiod_config import as_istiod_reads, istio_config, untranslated
 from istiod_local.node.istiod_userconfig import Rejection, UserConfig, UserResource
 from istiod_local.node.plan import (
     UPSTREAM_ISTIOD_MONITORING_PORT,
@@ -271,7 +272,7 @@ class RealIstiod:
     def apply_user(self, resources: list[UserResource], registry: Registry) -> list[Rejection]:
         """A user's Istio config, as it is now: written for istiod (the registry's translation less what it
         decides), waited for; what istiod rejected, with its message."""
-        self.user_resources = list(resources)
+        self.user_resources = [dataclasses.replace(r, document=as_istiod_reads(r.document)) for r in resources]
         if self.files is None or not self.running():
             return []
         write_config(self.plan, self._config(registry))

@@ -20,6 +20,8 @@ beside the spec's fields):
     wasmPullSecrets:                       # the Kubernetes Secrets istiod would read (type dockerconfigjson)
     - {name: registry-creds, namespace: default, dockerconfigjson: '{"auths": {...}}'}
 
+A plugin in the root namespace (`istio-system`, istiod's default `rootNamespace`) applies to the workloads of
+every namespace its selector picks, as upstream's (after the workload's own namespace's, at equal priority).
 HTTP plugins only (`type: HTTP`, the default); a NETWORK plugin is refused with its line. The resource
 version istiod hands the agent is the plugin's own when given (`resourceVersion`), else a digest of its spec,
 so that an edit is a new version as a Kubernetes write is.
@@ -37,6 +39,7 @@ from yaml.constructor import SafeConstructor
 
 from istiod_local.controlplane.xds.yamlfields import Fields, choice, namespaced_items
 
+ROOT_NAMESPACE = "istio-system"  # istiod's default meshConfig.rootNamespace: its plugins apply mesh-wide
 PULL_POLICIES = ("UNSPECIFIED_POLICY", "IfNotPresent", "Always")
 PHASES = ("UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS")
 FAIL_STRATEGIES = ("FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD")
@@ -66,7 +69,7 @@ class WasmPlugin:
     resource_version: str = ""
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        if namespace != self.namespace:
+        if namespace != self.namespace and self.namespace != ROOT_NAMESPACE:
             return False
         return all(labels.get(k) == v for k, v in (self.selector or {}).items())
 

@@ -44,12 +44,13 @@ def resource_name(plugin: WasmPlugin) -> str:
 
 
 def plugins_for(ctx: ProxyContext) -> list[WasmPlugin]:
-    """The plugins that select this proxy's workload, by phase then priority (highest first), then name."""
+    """The plugins that select this proxy's workload (its namespace's and the root namespace's), by priority
+    (highest first), the workload's own namespace before the root namespace, then name."""
     workload = ctx.workload
     if workload is None:
         return []
     chosen = [p for p in ctx.snapshot.registry.wasm_plugins if p.selects(workload.namespace, workload.labels)]
-    return sorted(chosen, key=lambda p: (-p.priority, p.namespace, p.name))
+    return sorted(chosen, key=lambda p: (-p.priority, p.namespace != workload.namespace, p.name))
 
 
 def _filter(plugin: WasmPlugin) -> hcm_pb2.HttpFilter:
