@@ -350,12 +350,14 @@ class PilotAgent:
     """One `pilot-agent` process (`proxy sidecar` unless told otherwise) working in `pod_dir`.
 
     Its output (stdout and stderr) is collected for failure messages, or written to `log_file`.
-    `prefix` goes before the command (`ip netns exec <ns>`).
+    `prefix` goes before the command (`ip netns exec <ns>`); `command` is another `pilot-agent` (upstream's Go
+    one, for a benchmark's second arm) in place of ours.
     """
 
     def __init__(self, pod_dir: Path, env: Mapping[str, str], *, args: Sequence[str] = SIDECAR,
-                 prefix: Sequence[str] = (), log_file: Path | None = None) -> None:
+                 prefix: Sequence[str] = (), log_file: Path | None = None, command: Path | None = None) -> None:
         self.pod_dir, self.env = pod_dir, dict(env)
+        self.command = command or PILOT_AGENT
         self.args, self.prefix, self.log_file = list(args), list(prefix), log_file
         self.proc: subprocess.Popen[str] | None = None
         self.log: LineCollector | None = None
@@ -374,7 +376,7 @@ class PilotAgent:
         assert self.proc is None, "the agent was started already"
         if self.log_file is not None:
             self._log_handle = self.log_file.open("a")
-        self.proc = subprocess.Popen([*self.prefix, str(PILOT_AGENT), *self.args], cwd=self.pod_dir, env=self.env,
+        self.proc = subprocess.Popen([*self.prefix, str(self.command), *self.args], cwd=self.pod_dir, env=self.env,
                                      stdout=self._log_handle or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if self._log_handle is None:
             self.log = LineCollector(self.proc.stdout)
