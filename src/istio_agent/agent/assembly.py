@@ -86,7 +86,7 @@ class AgentAssembly:
     def __init__(self, options: AgentOptions, first_key: KeyAhead | None = None) -> None:
         self.options = options
         self.first_key = first_key
-        self.agent = Agent(self._identity_stage, self._rest_stage)
+        self.agent = Agent(self._identity_stage, self._rest_stage, logger=log)  # `agent:debug` scope: the RSS budget
         self.metrics: AgentMetrics | None = None
         self.identity: WorkloadIdentity | None = None
 
