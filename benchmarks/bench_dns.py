@@ -339,11 +339,11 @@ def _agents(tmp: Path, args: argparse.Namespace, known: Path, forwarded: Path, s
               f"ms   forwarded: {best[f'{name}_forward_qps']:9.0f} qps  p99 {best[f'{name}_forward_p99'] * 1e3:6.3f} ms"
               f"   known with a push in flight: {best[f'{name}_known_qps_busy']:9.0f} qps "
               f"({best[f'{name}_known_qps_busy'] / best[f'{name}_known_qps']:.2f}x its idle)", flush=True)
-        prefix = "agent_" if name == OURS else "upstream_"
+        key = "agent_" if name == OURS else "upstream_"
         for figure in AGENT_FIGURES:
             value = best[f"{name}_{figure}"]
-            out[prefix + figure] = round(value * 1e3, 3) if figure.endswith("_p99") else round(value)
-        out[f"{prefix}busy_vs_idle"] = ratio(best[f"{name}_known_qps_busy"], best[f"{name}_known_qps"])
+            out[key + figure] = round(value * 1e3, 3) if figure.endswith("_p99") else round(value)
+        out[f"{key}busy_vs_idle"] = ratio(best[f"{name}_known_qps_busy"], best[f"{name}_known_qps"])
     if why_not:
         out["upstream"] = why_not
     else:

@@ -69,12 +69,13 @@ ADDRESS = "localhost:15012"
 
 
 def cert_agent_environment(algorithm: str, out: Path, status_port: int, **extra: str) -> dict[str, str]:
-    variables = {"SECRET_TTL": "1h", **extra}
-    return agent_environment(
+    environment = agent_environment(
         pod="sleep-1", service_account="sleep", discovery=ADDRESS, DISABLE_ENVOY="true", OUTPUT_CERTS=str(out),
-        ECC_SIGNATURE_ALGORITHM="ECDSA" if algorithm == "ECDSA" else "",
+        SECRET_TTL="1h", ECC_SIGNATURE_ALGORITHM="ECDSA" if algorithm == "ECDSA" else "",
         # A status port of its own, so that two agents of the rotation run do not meet.
-        PROXY_CONFIG=json.dumps({"statusPort": status_port, "discoveryAddress": ADDRESS}), **variables)
+        PROXY_CONFIG=json.dumps({"statusPort": status_port, "discoveryAddress": ADDRESS}))
+    environment.update(extra)
+    return environment
 
 
 def time_agent(arm: Arm, implementation: str, pod: Path, algorithm: str, out: Path) -> float:
@@ -155,8 +156,7 @@ def rotations(arm: Arm, pods: dict[str, Path], seconds: float) -> dict[str, dict
     seen: dict[str, list[tuple[float, bytes]]] = {name: [] for name in agents}
     try:
         for name, out in outs.items():
-            poll(lambda out=out: (out / "cert-chain.pem").exists(), f"{name}'s first certificate", 30,
-                 agents[name].output)
+            poll((out / "cert-chain.pem").exists, f"{name}'s first certificate", 30, agents[name].output)
         cpu_start = {name: cpu_seconds(agent.pid) for name, agent in agents.items()}
         end = time.monotonic() + seconds
         while time.monotonic() < end:

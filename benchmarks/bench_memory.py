@@ -69,7 +69,6 @@ from upstream_arm import GO, OURS, missing, ratio, say_missing, sidecar_environm
 STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "30"))
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "5"))
 PY = sys.executable
-DNS_ON = {"ISTIO_META_DNS_CAPTURE": "true"}
 COMPONENT_LINE = re.compile(r"start(?:ing|ed (\S+)): VmRSS ([\d.]+) MB, RssAnon ([\d.]+) MB")
 
 # The floor: what any agent of this design (asyncio, gRPC, X.509/EC, protobuf) holds before its own code.
@@ -165,7 +164,7 @@ def extra_env() -> dict[str, str]:
 
 
 def start_sidecar(arm: Arm, pod: Path, implementation: str = OURS) -> PilotAgent:
-    environment = sidecar_environment(base={**os.environ, **extra_env()}, **DNS_ON)
+    environment = sidecar_environment(base={**os.environ, **extra_env()}, ISTIO_META_DNS_CAPTURE="true")
     # agent:debug: our agent logs its RSS before its first component and after each start (the budget).
     args = ["proxy", "sidecar", "--log_output_level=default:info" + (",agent:debug" if implementation == OURS else "")]
     arm.agent = start_agent(implementation, pod, environment, args=args, prefix=arm.prefix(),

@@ -52,7 +52,7 @@ def envoy_serial(arm: Arm) -> str:
     """The serial of the workload certificate the arm's Envoy holds ("" before it has one)."""
     try:
         certs = json.loads(arm.admin("/certs"))
-    except (*HTTP_NOT_YET, json.JSONDecodeError):
+    except HTTP_NOT_YET:  # a JSONDecodeError is a ValueError
         return ""
     for entry in certs.get("certificates", []):
         for cert in entry.get("cert_chain", []):
