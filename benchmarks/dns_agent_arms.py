@@ -76,10 +76,10 @@ class AgentDnsArm:
     """One implementation's agent in its own namespace, with its istiod-local and forwarding target."""
 
     def __init__(self, implementation: str, base: Path, known: list[tuple[str, str]], server_core: int | None,
-                 client_core: int | None, pin: list[str], upstream_dnsmasq: list[str]) -> None:
+                 client_core: int | None, pin: list[str], upstream_dnsmasq: list[str], label: str = "") -> None:
         self.implementation = implementation
         self.known = known
-        self.arm = Arm(f"dns-{implementation}", base, base / "state")
+        self.arm = Arm(f"dns-{label or implementation}", base, base / "state")
         self.server_pin = pin if server_core is not None else []
         self.client_core = client_core
         self.upstream_dnsmasq = upstream_dnsmasq
