@@ -398,19 +398,3 @@ async def test_tcp_partial_frame_deadline_closes_a_stalled_frame(tmp_path: Path,
         closed, answer = await asyncio.to_thread(stalled_and_whole)
         assert closed is None
         assert answer is not None and _ips(dns.message.from_wire(answer)) == ["10.96.0.20"]
-
-
-async def test_the_gil_switch_interval_is_short_while_the_proxy_runs_and_restored_after(tmp_path: Path,
-                                                                                        upstream: Dnsmasq) -> None:
-    """An answering thread waits at most 1 ms for a busy agent loop to hand over the GIL (how many answers that
-    saves is bench_dns's figure), and the process gets its own interval back when the proxy stops."""
-    import sys
-
-    from istio_agent.dns.proxy import SWITCH_INTERVAL
-
-    before = sys.getswitchinterval()
-    assert before > SWITCH_INTERVAL
-    conf = write_resolv_conf(tmp_path / "resolv.conf", ["127.0.0.1"])
-    async with running_proxy(conf, upstream.port):
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
-    assert sys.getswitchinterval() == pytest.approx(before)

@@ -11,12 +11,7 @@ on the proxy's own threads (~160-200k idle). So:
   each syscall releases the GIL, so a busy agent loop slows answers down (GIL
   sharing) but cannot stop them;
 * one "dns-io" thread runs its own event loop (uvloop when importable) for the
-  TCP listeners and for forwarding to upstream servers;
-* while the proxy runs, the process's GIL switch interval is 1 ms instead of
-  Python's 5 ms (`SWITCH_INTERVAL`), so an answering thread waits at most that
-  long for a busy agent loop to hand the GIL over: with the agent's loop
-  burning CPU in 50 ms slices, bench_dns measured ~36k QPS at 5 ms and ~50k at
-  1 ms (idle ~100k either way; 0.2 ms lost ~9% idle). Restored at stop.
+  TCP listeners and for forwarding to upstream servers.
 
 The agent's loop only calls `start()`, `stop()` and `update_name_table()` (or
 its `_async` variant, which compiles on a worker thread).
@@ -31,7 +26,6 @@ import errno
 import ipaddress
 import logging
 import socket
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -52,7 +46,6 @@ from istio_agent.protos import nds_pb2
 
 log = logging.getLogger(__name__)
 _EPHEMERAL_ATTEMPTS = 20
-SWITCH_INTERVAL = 0.001  # seconds: the GIL switch interval while the proxy runs (see the module docstring)
 
 
 def listen_host_port(addr: str) -> tuple[str, int]:
@@ -91,7 +84,6 @@ class DnsProxy:
         self._inbox: collections.deque[tuple[bytes, tuple[Any, ...], socket.socket, int]] = collections.deque()
         self._inbox_scheduled = False
         self._stopping = False
-        self._switch_interval: float | None = None  # the process's own, while ours is in force
         self._udp_forward_counts = self.metrics.counts("udp")
         self.tcp_counts = self.metrics.counts("tcp")
         self.addresses: list[tuple[str, int]] = []  # bound (host, port), same port for UDP and TCP
@@ -146,8 +138,6 @@ class DnsProxy:
         except BaseException:
             await self.stop()
             raise
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL))
         for sock in self._udp_socks:
             thread = threading.Thread(target=self._udp_loop, args=(sock,), daemon=True,
                                       name=f"dns-udp-{sock.getsockname()[0]}")
@@ -174,9 +164,6 @@ class DnsProxy:
             loop.close()
         for sock in (*self._udp_socks, *self._tcp_socks):
             sock.close()
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
 
     def _bind_hosts(self, host: str) -> list[tuple[str, bool]]:
         """(address, required) pairs to bind; the IPv6 half is best effort.
