@@ -7,7 +7,7 @@ DEB_PACKAGES := iproute2 iptables nftables containernetworking-plugins dnsutils 
 	wabt docker-registry skopeo apache2-utils
 PYTEST_ARGS ?=
 
-.PHONY: setup debs upstream oras upstream-template diff-long test lint typecheck pytest run bench protos docs clean vm-package
+.PHONY: setup debs upstream oras upstream-template diff-long test lint typecheck pytest run bench soak protos docs clean vm-package
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -120,6 +120,11 @@ run: setup
 
 bench: setup
 	@set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# One hour of certificate rotations and pushes through our agent and upstream's Go agent side by side, RSS
+# sampled each minute (benchmarks/soak.py; root; not part of `make test` or `make bench`).
+soak: setup
+	$(PY) benchmarks/soak.py
 
 # The VM package (packaging/vm/): istio-start.sh, istio.service, sidecar.env and a wheel of this project.
 VM_PACKAGE_DIR ?= build/vm

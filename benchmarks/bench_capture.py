@@ -13,7 +13,12 @@ same IPv4 rules into a brand-new namespace (one with a pod-like address):
 - the same through pip's form of the console script (the interpreter with
   site; written here, since `make setup` installs the launcher as
   `.venv/bin/istio-iptables`): `apply_ratio_console_script`;
-- `nsenter --net=<ns> iptables-restore --noflush` of the identical rules text.
+- `nsenter --net=<ns> iptables-restore --noflush` of the identical rules text;
+- upstream's Go `pilot-agent istio-iptables` with the same flags, run inside the
+  namespace as its istio-init container runs it (`nsenter --net=<ns>`; given
+  `--network-namespace` from outside it would pick the host's iptables
+  flavour): `apply_vs_upstream` is ours / its time (aim <= 1.5). Skipped,
+  saying why, without upstream's commands (`upstream_arm.py`).
 
 It also reports the bare interpreter start-up (with and without site), and an
 in-process comparison (the library's apply vs spawning iptables-restore, both
@@ -26,7 +31,7 @@ Last, how long `--run-validation` takes to give up when redirection does not
 work (`--skip-rule-apply` in a fresh namespace, `--probe-timeout=1s`): the
 node test checks that it fails with exit 126, this measures that it does so
 promptly, as a multiple of the probe timeout.
-Needs root. The last line is one JSON object with the figures.
+Needs root. The last line is one JSON object with the figures (`apply_vs_upstream` among them).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream_arm import commands, missing, say_missing
+from upstream_arm import ratio as ratio_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ARGS = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
@@ -159,6 +168,8 @@ def apply_arm(kind: str, tools: dict[str, str], text: bytes) -> float:
     try:
         if kind == "bare":
             return timed(["nsenter", f"--net=/run/netns/{ns}", "iptables-restore", "--noflush"], text)
+        if kind == "go":
+            return timed(["nsenter", f"--net=/run/netns/{ns}", tools[kind], "istio-iptables", *DEFAULT_ARGS])
         return timed([tools[kind], "--network-namespace", f"/run/netns/{ns}", *DEFAULT_ARGS])
     finally:
         drop_namespace(ns)
@@ -182,17 +193,22 @@ def main() -> None:
 
         console = console_script(workdir / "istio-iptables-console")
         tools = {"cli": lean_launcher(workdir), "console": str(console)}
-        figures(text, tools)
+        why_not = missing("pilot-agent")
+        if why_not:
+            say_missing("bench_capture", why_not)
+        else:
+            tools["go"] = str(commands().pilot_agent)
+        figures(text, tools, why_not)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def figures(text: bytes, tools: dict[str, str]) -> None:
-    arms = ("cli", "console", "bare")
+def figures(text: bytes, tools: dict[str, str], why_not: str) -> None:
+    arms = ("cli", "console", "bare", *(("go",) if "go" in tools else ()))
     series: dict[str, list[float]] = {name: [] for name in (*arms, "startup", "startup_is", "startup_exit", "lib",
                                                               "lib_bare")}
     for rep in range(REPS + 1):
-        for kind in arms[rep % 3:] + arms[: rep % 3]:  # each arm first, middle and last in turn
+        for kind in arms[rep % len(arms):] + arms[: rep % len(arms)]:  # each arm in each place in turn
             elapsed = apply_arm(kind, tools, text)
             if rep:  # the first round warms caches
                 series[kind].append(elapsed)
@@ -217,6 +233,7 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
         ("cli", "istio-iptables, lean launcher (python -IS; fresh netns)"),
         ("console", "istio-iptables, pip's console script (with site)"),
         ("bare", "nsenter + iptables-restore (same rules)"),
+        *((("go", "nsenter + upstream's Go pilot-agent istio-iptables"),) if "go" in ms else ()),
         ("startup", "python -c pass (interpreter start-up, with site)"),
         ("startup_is", "python -IS -c pass (interpreter start-up, no site)"),
         ("startup_exit", "python -IS, posix._exit (start-up, no site, no teardown)"),
@@ -240,6 +257,12 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
         f"{ms['cli'] - ms['startup_exit'] - ms['lib']:.2f}; the floor (start-up + restore) is {floor:.2f} ms = "
         f"{floor / ms['bare']:.2f}x"
     )
+    upstream: dict[str, float | str | None] = {"upstream": why_not}
+    if "go" in ms:
+        upstream = {"upstream_apply_ms": round(ms["go"], 3), "apply_vs_upstream": ratio_of(ms["cli"], ms["go"]),
+                    "upstream_apply_ratio": round(ms["go"] / ms["bare"], 3)}
+        print(f"ours / upstream's Go istio-iptables: {upstream['apply_vs_upstream']} (aim <= 1.5); upstream's is "
+              f"{upstream['upstream_apply_ratio']}x the bare restore")
     give_up = statistics.median(validation_give_up(tools["cli"]) for _ in range(VALIDATION_REPS))
     print(f"--run-validation without rules gives up after {give_up * 1000:.0f} ms "
           f"({give_up / PROBE_TIMEOUT_S:.2f}x the {PROBE_TIMEOUT_S:g} s probe timeout; median of {VALIDATION_REPS})")
@@ -259,6 +282,7 @@ def figures(text: bytes, tools: dict[str, str]) -> None:
                 "inprocess_apply_ratio": round(ms["lib"] / ms["lib_bare"], 3),
                 "validation_fail_ms": round(give_up * 1000, 1),
                 "validation_fail_over_probe_timeout": round(give_up / PROBE_TIMEOUT_S, 3),
+                **upstream,
             }
         )
     )

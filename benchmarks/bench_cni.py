@@ -30,6 +30,15 @@ before each ADD the launcher's interpreter is spawned the same way doing nothing
 `posix._exit`, as the launcher exits): `interpreter_floor_ms_p50` and its ratio to the restore, the part
 of the plugin's figure no code of ours runs in.
 
+Upstream's Go CNI (`upstream_arm.py`): a second node, the same chain and pods, with upstream's Go
+install-cni as the node agent (which installs upstream's Go istio-cni: `--cni upstream`), measured the
+same way after ours: its ADD with and without its plugin, its plugin alone, its reinstall.
+`add_vs_upstream` is the chain with our istio-cni over the chain with upstream's (medians; aim <= 1.2),
+`add_overhead_vs_upstream` the same for each chain over its own node's chain without the plugin (the
+two nodes run one after the other; this one is immune to a change of load between them),
+`plugin_start_vs_upstream` and `reinstall_p99_vs_upstream` ours / upstream's. Skipped, saying why,
+without upstream's commands.
+
 Figures: median and p99 (nearest rank) of each arm in ms, the with/without ratio of the medians (aim
 <= 2), reinstall p99 (aim <= 1000 ms). Needs root. Last line: JSON with `add_ratio_with_istio_cni`,
 `add_ms_p50`, `add_ms_p99` (the chain with istio-cni), `reinstall_ms_p99`,
@@ -51,8 +60,11 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml
 from launchers import RegistryFile, local_node
+from upstream_arm import missing, say_missing
+from upstream_arm import ratio as ratio_of
 
 from istiod_local.node.cni_plan import container_id, loopback_attachment, pod_attachment
 from istiod_local.node.cni_runtime import NetworkList, loopback_network
@@ -170,9 +182,10 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
     runtime = node.cni.runtime
     entry = next(p for p in network.plugins if p.type == "istio-cni")
     launcher = str(node.cni.paths.bin_dir / "istio-cni")
-    with open(launcher, encoding="utf-8") as handle:
-        interpreter = handle.readline()[2:].split()[0]  # the launcher's #! line
-    floor = [interpreter, "-IS", "-c", "import posix; posix._exit(0)"]  # start-up only, no finalization (as it)
+    with open(launcher, "rb") as handle:
+        first = handle.readline()
+    # Our launcher's interpreter (its #! line), start-up only, no finalization (as it); none for a binary.
+    floor = [first[2:].decode().split()[0], "-IS", "-c", "import posix; posix._exit(0)"] if first[:2] == b"#!" else []
     plugin_ms, restore_ms, floor_ms, containers = [], [], [], []
     for i, plan in enumerate(plans):
         containers.append(container_id(plan, 1000 + i))
@@ -189,7 +202,8 @@ def plugin_start_times(node: object, network: NetworkList, plans: list[PodPlan])
             subprocess.run(["ip", "-n", name, "addr", "add", "10.99.0.2/24", "dev", "eth0"], check=True)
             subprocess.run(["ip", "-n", name, "link", "set", "eth0", "up"], check=True)
         try:
-            floor_ms.append(spawn_in(runtime.netns, floor, stdin, env)[0])
+            if floor:
+                floor_ms.append(spawn_in(runtime.netns, floor, stdin, env)[0])
             elapsed, done = spawn_in(runtime.netns, [launcher], stdin, env)  # where the runtime execs plugins
             if done.returncode != 0:
                 raise SystemExit(f"istio-cni ADD failed: {done.stdout!r} {done.stderr[-2000:]!r}")
@@ -236,10 +250,10 @@ def reinstall_latencies(conflist: Path, original: str) -> list[float]:
     return samples
 
 
-def main() -> None:
-    if os.geteuid() != 0:
-        sys.exit("needs root (network namespaces, the CNI plugins)")
-    with local_node("bench-cni-", ready_timeout=60, capture="cni", cni_repair="off") as node:
+def measure_node(cni: str) -> dict[str, list[float]]:
+    """One node whose CNI agent is `cni` (ours or upstream's): ADDs with and without the plugin, alternating pod
+    by pod, the plugin alone, the reinstall; the samples (ms) by figure."""
+    with local_node("bench-cni-", ready_timeout=60, capture="cni", cni_repair="off", cni=cni) as node:
         assert node.cni is not None
         plans = node.plan_pods([PodSpec(f"b-{i}", agent=False) for i in range(2 * PODS + START_RUNS)])
         RegistryFile(node.registry, yaml.safe_dump({"workloads": registry_workloads(plans)}))
@@ -255,13 +269,26 @@ def main() -> None:
         for i in range(PODS):
             arms = [("with", with_cni, plans[2 * i]), ("without", plain, plans[2 * i + 1])]
             for arm, network, plan in arms if i % 2 == 0 else arms[::-1]:
-                _ARM[0] = arm
+                _ARM[0] = f"{cni}/{arm}"
                 samples[arm].append(time_add(node, network, plan, i + 1))
                 _ARM[0] = ""
         plugin_ms, restore_ms, floor_ms, containers = plugin_start_times(node, with_cni, plans[2 * PODS:])
-        reinstall = reinstall_latencies(node.cni.paths.conflist, original)
-        agent_ms = agent_side_ms(node.cni.logs / "install-cni.log", containers)
-    figures = {arm: (statistics.median(v), percentile(v, 0.99)) for arm, v in samples.items()}
+        samples.update(plugin=plugin_ms, restore=restore_ms, floor=floor_ms,
+                       reinstall=reinstall_latencies(node.cni.paths.conflist, original),
+                       agent=agent_side_ms(node.cni.logs / "install-cni.log", containers))
+    return samples
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces, the CNI plugins)")
+    samples = measure_node("istio-agent")
+    reinstall, plugin_ms, restore_ms, floor_ms, agent_ms = (samples[k] for k in (
+        "reinstall", "plugin", "restore", "floor", "agent"))
+    why_not = missing("install-cni", "istio-cni")
+    go = {} if why_not else measure_node("upstream")
+    figures = {arm: (statistics.median(samples[arm]), percentile(samples[arm], 0.99))
+               for arm in ("with", "without")}
     floor_ratio = statistics.median(floor_ms) / statistics.median(restore_ms)
     ratio = figures["with"][0] / figures["without"][0]
     start_ratio = statistics.median(plugin_ms) / statistics.median(restore_ms)
@@ -277,11 +304,35 @@ def main() -> None:
         "plugin_start_ms_p50": round(statistics.median(plugin_ms), 1),
         "iptables_restore_ms_p50": round(statistics.median(restore_ms), 1),
         "plugin_start_agent_ms_p50": round(statistics.median(agent_ms), 1) if agent_ms else None,
-        "interpreter_floor_ms_p50": round(statistics.median(floor_ms), 1),
+        "interpreter_floor_ms_p50": round(statistics.median(floor_ms), 1) if floor_ms else None,
         "interpreter_floor_ratio_vs_iptables_restore": round(floor_ratio, 2),
         "pods_per_arm": PODS,
         "writes": WRITES,
     }
+    if go:
+        go_with, go_without = statistics.median(go["with"]), statistics.median(go["without"])
+        summary.update({
+            "upstream_add_ms_p50": round(go_with, 1),
+            "upstream_add_ms_p50_without": round(go_without, 1),
+            "upstream_add_ratio_with_istio_cni": round(go_with / go_without, 2),
+            "upstream_plugin_start_ms_p50": round(statistics.median(go["plugin"]), 1),
+            "upstream_reinstall_ms_p99": round(percentile(go["reinstall"], 0.99), 1),
+            "add_vs_upstream": ratio_of(figures["with"][0], go_with),
+            "add_overhead_vs_upstream": ratio_of(ratio, go_with / go_without),
+            "plugin_start_vs_upstream": ratio_of(statistics.median(plugin_ms), statistics.median(go["plugin"])),
+            "reinstall_p99_vs_upstream": ratio_of(percentile(reinstall, 0.99), percentile(go["reinstall"], 0.99)),
+        })
+        print(f"upstream's Go CNI, same chain and pods on a second node: ADD with its istio-cni p50 {go_with:.1f} ms, "
+              f"without {go_without:.1f} ms ({go_with / go_without:.2f}x); its plugin alone p50 "
+              f"{summary['upstream_plugin_start_ms_p50']} ms; its reinstall p99 {summary['upstream_reinstall_ms_p99']} "
+              f"ms", flush=True)
+        print(f"ours / upstream's: ADD through the chain {summary['add_vs_upstream']} (aim <= 1.2), the chain's "
+              f"overhead over no plugin {ratio:.2f}x vs {go_with / go_without:.2f}x -> "
+              f"{summary['add_overhead_vs_upstream']}, plugin alone {summary['plugin_start_vs_upstream']}, reinstall "
+              f"p99 {summary['reinstall_p99_vs_upstream']}", flush=True)
+    else:
+        say_missing("bench_cni", why_not)
+        summary["upstream"] = why_not
     for key, values in sorted(PLUGIN_TIMES.items()):
         arm, plugin = key.split(":", 1)
         print(f"  {arm:>7} arm: {plugin:<10} p50 {statistics.median(values):6.1f} ms, p99 "

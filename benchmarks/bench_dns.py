@@ -17,6 +17,12 @@ answering on dedicated threads buys.
 when the only upstream accepts queries and never answers, with a 300 ms upstream
 timeout (median of 5; the component tests check only that SERVFAIL comes).
 
+Whole agents (root): the same queries through our whole `pilot-agent` and through
+upstream's Go agent, each in its own namespace with its istiod-local and its Envoy,
+idle and with a push always in flight (`dns_agent_arms.py`): `agent_*` and
+`upstream_*` figures, `*_vs_upstream` (ours / theirs: QPS aims >= 1.0, p99
+<= 1.0) and each agent's `busy_vs_idle` (aim >= 0.8).
+
 Usage: python benchmarks/bench_dns.py [--duration S] [--names N]
 Last line: one JSON object with the figures.
 """
@@ -95,8 +101,10 @@ def _dnsmasq(port: int, core: int | None, extra: list[str]) -> list[str]:
             "--log-facility=/dev/null", *extra]
 
 
-def _dnsperf(port: int, queries: Path, duration: float, core: int | None) -> float:
-    out = subprocess.run([*_pin(core), "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
+def _dnsperf(port: int, queries: Path, duration: float, core: int | None, prefix: list[str] | None = None) -> float:
+    """Max QPS (closed loop); `prefix` (a namespace and pinning of its own) in place of pinning to `core`."""
+    launcher = _pin(core) if prefix is None else prefix
+    out = subprocess.run([*launcher, "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
                           "-l", str(duration), "-c", "8", "-q", "400"], capture_output=True, text=True,
                          check=True).stdout
     match = re.search(r"Queries per second:\s+([\d.]+)", out)
@@ -108,10 +116,11 @@ def _dnsperf(port: int, queries: Path, duration: float, core: int | None) -> flo
     return float(match.group(1))
 
 
-def _p99(port: int, queries: Path, duration: float, core: int | None) -> float:
+def _p99(port: int, queries: Path, duration: float, core: int | None, prefix: list[str] | None = None) -> float:
     log = queries.with_suffix(".latencies")
+    launcher = _pin(core) if prefix is None else prefix
     with log.open("w") as sink:  # a file, not a pipe: dnsperf must not wait on our reading
-        subprocess.run([*_pin(core), "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
+        subprocess.run([*launcher, "dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries),
                         "-l", str(duration), "-c", "4", "-q", "200", "-Q", str(LATENCY_RATE), "-v"],
                        stdout=sink, stderr=subprocess.DEVNULL, check=True)
     out = log.read_text()
@@ -270,6 +279,81 @@ async def _silent_upstream_servfail(tmp: Path, queries: int) -> dict[str, float]
             await proxy.stop()
 
 
+# ---- whole agents: ours and upstream's Go one (dns_agent_arms.py) -----------------------------------
+
+
+AGENT_FIGURES = ("known_qps", "forward_qps", "known_p99", "forward_p99", "known_qps_busy")
+
+
+def _agents(tmp: Path, args: argparse.Namespace, known: Path, forwarded: Path, server_core: int | None,
+            client_core: int | None) -> dict[str, float | str | None]:
+    """Each whole agent's figures (best of `args.rounds` interleaved rounds), ours / upstream's, and each one's
+    QPS with a push in flight over its own idle QPS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dns_agent_arms import AGENT_DNS_PORT, AgentDnsArm
+    from upstream_arm import GO, OURS, missing, ratio, say_missing
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("whole agents not measured: they need root and iproute2 (a network namespace each)", flush=True)
+        return {"agents": "needs root"}
+    why_not = missing("pilot-agent")
+    if why_not:
+        say_missing("bench_dns", why_not)
+    upstream = _dnsmasq(53, None, ["--no-resolv", f"--address=/{FWD_DOMAIN}/192.0.2.7"])
+    (tmp / "agents").mkdir()
+    arms = [AgentDnsArm(name, tmp / "agents", _known_names(args.names), server_core, client_core,
+                        _pin(server_core), upstream) for name in ([OURS] if why_not else [OURS, GO])]
+    from launchers import pod_files
+
+    pod_files(tmp / "agents" / "state", tmp / "agents" / "state-pod")  # the shared CA before any istiod
+    runs: dict[str, list[float]] = {}
+    try:
+        for arm in arms:
+            arm.start()
+        for arm in arms:  # warm-up
+            _dnsperf(AGENT_DNS_PORT, known, 1.0, None, arm.prefix())
+        for round_no in range(args.rounds):
+            for arm in arms if round_no % 2 == 0 else arms[::-1]:
+                name, prefix = arm.implementation, arm.prefix()
+                runs.setdefault(f"{name}_known_qps", []).append(
+                    _dnsperf(AGENT_DNS_PORT, known, args.duration, None, prefix))
+                runs.setdefault(f"{name}_forward_qps", []).append(
+                    _dnsperf(AGENT_DNS_PORT, forwarded, args.duration, None, prefix))
+                runs.setdefault(f"{name}_known_p99", []).append(_p99(AGENT_DNS_PORT, known, 2.0, None, prefix))
+                runs.setdefault(f"{name}_forward_p99", []).append(_p99(AGENT_DNS_PORT, forwarded, 2.0, None, prefix))
+                with arm.busy() as flips:
+                    time.sleep(1.0)  # the first push under way
+                    runs.setdefault(f"{name}_known_qps_busy", []).append(
+                        _dnsperf(AGENT_DNS_PORT, known, args.duration, None, prefix))
+                    if flips[0] < 2:
+                        print(f"  ({name}: only {flips[0]} registry flips during the busy run)", file=sys.stderr)
+    finally:
+        for arm in arms:
+            arm.stop()
+    best = {key: (min(values) if key.endswith("_p99") else max(values)) for key, values in runs.items()}
+    out: dict[str, float | str | None] = {}
+    for arm in arms:
+        name = arm.implementation
+        label = "whole agent (ours)" if name == OURS else "upstream's Go agent"
+        print(f"{label:22s} known: {best[f'{name}_known_qps']:9.0f} qps  p99 {best[f'{name}_known_p99'] * 1e3:6.3f} "
+              f"ms   forwarded: {best[f'{name}_forward_qps']:9.0f} qps  p99 {best[f'{name}_forward_p99'] * 1e3:6.3f} ms"
+              f"   known with a push in flight: {best[f'{name}_known_qps_busy']:9.0f} qps "
+              f"({best[f'{name}_known_qps_busy'] / best[f'{name}_known_qps']:.2f}x its idle)", flush=True)
+        key = "agent_" if name == OURS else "upstream_"
+        for figure in AGENT_FIGURES:
+            value = best[f"{name}_{figure}"]
+            out[key + figure] = round(value * 1e3, 3) if figure.endswith("_p99") else round(value)
+        out[f"{key}busy_vs_idle"] = ratio(best[f"{name}_known_qps_busy"], best[f"{name}_known_qps"])
+    if why_not:
+        out["upstream"] = why_not
+    else:
+        for figure in AGENT_FIGURES:
+            out[f"{figure}_vs_upstream"] = ratio(best[f"{OURS}_{figure}"], best[f"{GO}_{figure}"])
+        print("whole agents, ours / upstream's: " + ", ".join(
+            f"{figure} {out[f'{figure}_vs_upstream']}" for figure in AGENT_FIGURES), flush=True)
+    return out
+
+
 # ---- orchestration ---------------------------------------------------------------------------------
 
 
@@ -338,6 +422,7 @@ def main() -> None:
         print(f"silent upstream (timeout {SILENT_UPSTREAM_TIMEOUT * 1e3:.0f} ms): SERVFAIL after "
               f"{silent['udp'] * 1e3:6.1f} ms over UDP, {silent['tcp'] * 1e3:6.1f} ms over TCP (median of 5)",
               flush=True)
+        agents = _agents(tmp, args, known, forwarded, server_core, client_core)
 
     known_ratio = results["proxy_known_qps"] / results["dnsmasq_known_qps"]
     summary = {
@@ -354,6 +439,7 @@ def main() -> None:
         "dns_qps_ratio_vs_dnsmasq": round(known_ratio, 3),
         "silent_upstream_servfail_udp_ms": round(silent["udp"] * 1e3, 1),
         "silent_upstream_servfail_tcp_ms": round(silent["tcp"] * 1e3, 1),
+        **agents,
     }
     print(f"known-name QPS ratio vs dnsmasq: {summary['known_qps_ratio']}  "
           f"p99 ratio: {summary['known_p99_ratio']}  forwarded QPS ratio: {summary['forward_qps_ratio']}")

@@ -28,12 +28,21 @@ RSS and RssAnon after each; and the top `python -X importtime` entries of
 `istio_agent.cli.pilot_agent` (what `pilot-agent` loads before it parses
 flags) and of everything the sidecar agent loads.
 
+**Upstream's Go agent** is the second arm in the same namespace, istiod-local
+and registry (`upstream_arm.py`): the same sidecar run (idle, peak, steady
+around the same push) and the same proxyless run, after ours. Both agents
+run the same Envoy binary. `*_vs_upstream` is ours / the Go agent's.
+Per-pod USS and PSS with 20 agents of each at once on one node are
+`bench_memory_node.py`'s.
+
 Needs root (network namespaces). `BENCH_SERVICES` (1000), `BENCH_STEADY_SECONDS`
 (30), `BENCH_IDLE_SECONDS` (5) and `BENCH_AGENT_ENV` (JSON: extra environment for
 both agents, e.g. allocator settings to try) change the run. Prints figures and,
 last, one JSON object: `{"rss_idle_mb", "anon_idle_mb", "rss_steady_5k_mb",
 "anon_steady_5k_mb", "rss_peak_5k_mb", "rss_proxyless_mb", "anon_proxyless_mb",
-"python_floor_mb", "idle_over_floor_mb", ...}`.
+"python_floor_mb", "idle_over_floor_mb", "upstream_rss_idle_mb", ..., "rss_idle_vs_upstream",
+"anon_idle_vs_upstream", "rss_steady_5k_vs_upstream", "rss_peak_5k_vs_upstream", "rss_proxyless_vs_upstream",
+...}` (`"upstream": "<why>"` in place of the upstream figures when its commands are missing).
 """
 
 from __future__ import annotations
@@ -52,14 +61,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_xds: its arm, registries and push
-from bench_xds import PORTS, SERVICES, Arm, RssSampler, push_once
-from launchers import PilotAgent, agent_environment, pod_files
+from bench_xds import PORTS, SERVICES, Arm, RssSampler, push_once, small_registry
+from launchers import PilotAgent, pod_files
 from support import HTTP_NOT_YET, compile_sources, poll, rss_mb
+from upstream_arm import GO, OURS, missing, ratio, say_missing, sidecar_environment, start_agent
 
 STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "30"))
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "5"))
 PY = sys.executable
-DNS_ON = {"ISTIO_META_DNS_CAPTURE": "true"}
 COMPONENT_LINE = re.compile(r"start(?:ing|ed (\S+)): VmRSS ([\d.]+) MB, RssAnon ([\d.]+) MB")
 
 # The floor: what any agent of this design (asyncio, gRPC, X.509/EC, protobuf) holds before its own code.
@@ -154,12 +163,12 @@ def extra_env() -> dict[str, str]:
     return extra
 
 
-def start_sidecar(arm: Arm, pod: Path) -> PilotAgent:
-    environment = agent_environment(discovery="localhost:15012", proxy_config={"terminationDrainDuration": "1s"},
-                                    base={**os.environ, **extra_env()}, **DNS_ON)
-    # agent:debug: the agent logs its RSS before its first component and after each start (the budget).
-    args = ["proxy", "sidecar", "--log_output_level=default:info,agent:debug"]
-    arm.agent = PilotAgent(pod, environment, args=args, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
+def start_sidecar(arm: Arm, pod: Path, implementation: str = OURS) -> PilotAgent:
+    environment = sidecar_environment(base={**os.environ, **extra_env()}, ISTIO_META_DNS_CAPTURE="true")
+    # agent:debug: our agent logs its RSS before its first component and after each start (the budget).
+    args = ["proxy", "sidecar", "--log_output_level=default:info" + (",agent:debug" if implementation == OURS else "")]
+    arm.agent = start_agent(implementation, pod, environment, args=args, prefix=arm.prefix(),
+                            log_file=arm.dir / f"agent-{implementation}.log")
     return arm.agent
 
 
@@ -171,16 +180,19 @@ def component_budget(log_text: str) -> list[tuple[str, float, float]]:
     return out
 
 
-def start_proxyless(arm: Arm, pod: Path) -> PilotAgent:
-    """The grpc-agent template's agent (as tests/component/test_proxyless_agent.py starts it)."""
-    environment = agent_environment(
-        pod="sleep-1", service_account="sleep", discovery="localhost:15012",
+def start_proxyless(arm: Arm, pod: Path, implementation: str = OURS) -> PilotAgent:
+    """The grpc-agent template's agent (as tests/component/test_proxyless_agent.py starts it). Its OUTPUT_CERTS
+    directory exists, as the template's volume does (upstream's agent does not make it)."""
+    (pod / "var/lib/istio/data").mkdir(parents=True, exist_ok=True)
+    environment = sidecar_environment(
+        pod="sleep-1", service_account="sleep",
         proxy_config={"configPath": str(pod / "etc/istio/proxy")}, base={**os.environ, **extra_env()},
         ISTIO_META_GENERATOR="grpc", DISABLE_ENVOY="true", OUTPUT_CERTS=str(pod / "var/lib/istio/data"),
         PILOT_CERT_PROVIDER="istiod", ISTIO_META_CLUSTER_ID="Kubernetes", TRUST_DOMAIN="cluster.local")
     args = ["proxy", "sidecar", "--domain", "default.svc.cluster.local", "--proxyLogLevel=warning",
             "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info,agent:debug"]
-    return PilotAgent(pod, environment, args=args, prefix=arm.prefix(), log_file=arm.dir / "proxyless.log").start()
+    return start_agent(implementation, pod, environment, args=args, prefix=arm.prefix(),
+                       log_file=arm.dir / f"proxyless-{implementation}.log")
 
 
 def status_ready(arm: Arm, port: int = 15020) -> bool:
@@ -216,11 +228,12 @@ def beside(name: str, figures: dict[str, float], base: dict[str, float]) -> str:
             f"file-backed {figures['RssFile']:5.1f} MB")
 
 
-def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
-    agent = start_sidecar(arm, pod)
+def run_sidecar(arm: Arm, pod: Path, implementation: str = OURS) -> dict[str, Any]:
+    agent = start_sidecar(arm, pod, implementation)
     started = time.monotonic()
     poll(arm.settled, "the agent's Envoy", 60, agent.output, retry_on=HTTP_NOT_YET)
-    print(f"sidecar agent: Envoy has its first config {time.monotonic() - started:.1f} s after the start", flush=True)
+    print(f"sidecar agent ({implementation}): Envoy has its first config {time.monotonic() - started:.1f} s after "
+          "the start", flush=True)
     arm.baseline = poll(arm.settled, "Envoy's first config", 30, retry_on=HTTP_NOT_YET)
     idle = settle_and_measure(agent.pid, IDLE_SECONDS)
     components = component_budget(agent.output(lines=100_000))
@@ -248,9 +261,10 @@ def run_sidecar(arm: Arm, pod: Path) -> dict[str, Any]:
             "clusters": target}
 
 
-def run_proxyless(arm: Arm, pod: Path) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
-    """The proxyless agent's idle figures and its per-component budget."""
-    agent = start_proxyless(arm, pod)
+def run_proxyless(arm: Arm, pod: Path, implementation: str = OURS
+                  ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
+    """The proxyless agent's idle figures and its per-component budget (ours only: the Go agent logs none)."""
+    agent = start_proxyless(arm, pod, implementation)
     try:
         poll(lambda: agent.alive() and status_ready(arm), "the proxyless agent's readiness", 60, agent.output,
              retry_on=HTTP_NOT_YET)
@@ -259,6 +273,13 @@ def run_proxyless(arm: Arm, pod: Path) -> tuple[dict[str, float], list[tuple[str
         return settle_and_measure(agent.pid, IDLE_SECONDS), component_budget(agent.output(lines=100_000))
     finally:
         agent.kill()
+
+
+def back_to_small(arm: Arm) -> None:
+    """The registry back to its one service, and istiod-local's push of it done."""
+    before = len(arm.pushes())
+    arm.registry.write(small_registry())
+    poll(lambda: len(arm.pushes()) > before, "istiod-local to push the small registry", 60)
 
 
 def print_budget(title: str, components: list[tuple[str, float, float]], idle: dict[str, float]) -> None:
@@ -281,22 +302,37 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     state = base / "state"
     arm = Arm("memory", base, state)
+    why_not = missing("pilot-agent")
+    implementations = [OURS] if why_not else [OURS, GO]
+    sidecars: dict[str, dict[str, Any]] = {}
+    proxyless_runs: dict[str, tuple[dict[str, float], list[tuple[str, float, float]]]] = {}
     try:
-        pod, proxyless_pod = arm.dir / "pod", arm.dir / "proxyless-pod"
-        pod.mkdir()
-        proxyless_pod.mkdir()
         arm.create()
-        pod_files(state, pod, pod="echo-1")
-        pod_files(state, proxyless_pod, service_account="sleep", pod="sleep-1")
+        pods = {}
+        for implementation in implementations:
+            pod, proxyless_pod = arm.dir / f"pod-{implementation}", arm.dir / f"proxyless-pod-{implementation}"
+            pod.mkdir()
+            proxyless_pod.mkdir()
+            pod_files(state, pod, pod="echo-1")
+            pod_files(state, proxyless_pod, service_account="sleep", pod="sleep-1")
+            pods[implementation] = (pod, proxyless_pod)
         arm.start_istiod()
-        sidecar = run_sidecar(arm, pod)
-        assert arm.agent is not None
-        arm.agent.kill()
-        arm.agent = None
-        proxyless, proxyless_components = run_proxyless(arm, proxyless_pod)
+        for implementation in implementations:
+            if sidecars:  # the registry back to one service before the next agent starts
+                back_to_small(arm)
+            sidecars[implementation] = run_sidecar(arm, pods[implementation][0], implementation)
+            assert arm.agent is not None
+            arm.agent.kill()
+            arm.agent = None
+        for implementation in implementations:
+            proxyless_runs[implementation] = run_proxyless(arm, pods[implementation][1], implementation)
     finally:
         arm.stop()
         shutil.rmtree(base, ignore_errors=True)
+    if why_not:
+        say_missing("bench_memory", why_not)
+    sidecar = sidecars[OURS]
+    proxyless, proxyless_components = proxyless_runs[OURS]
 
     print(f"push of {sidecar['clusters']} clusters: all active {sidecar['push_s']:.1f} s after istiod's push")
     print(beside("sidecar idle (DNS on)", sidecar["idle"], base_figures))
@@ -305,6 +341,34 @@ def main() -> None:
     print(f"{'sidecar after the push':28s} RSS " + ", ".join(f"{mb:.1f} MB at {at:g} s" for at, mb in sidecar["curve"]))
     print(beside(f"sidecar steady ({STEADY_SECONDS:g} s after)", sidecar["steady"], base_figures))
     print(beside("proxyless idle", proxyless, base_figures), flush=True)
+    upstream_figures = {}
+    if GO in sidecars:
+        go, (go_proxyless, _) = sidecars[GO], proxyless_runs[GO]
+        print(f"upstream's Go agent, same namespace, istiod-local, Envoy and push ({go['clusters']} clusters, all "
+              f"active {go['push_s']:.1f} s after istiod's push):")
+        print(beside("  Go sidecar idle (DNS on)", go["idle"], base_figures))
+        print(f"{'  Go sidecar peak during push':28s} RSS {go['peak']:6.1f} MB (VmHWM {go['hwm']:.1f})")
+        print(beside(f"  Go sidecar steady ({STEADY_SECONDS:g} s)", go["steady"], base_figures))
+        print(beside("  Go proxyless idle", go_proxyless, base_figures))
+        upstream_figures = {
+            "upstream_rss_idle_mb": round(go["idle"]["VmRSS"], 1),
+            "upstream_anon_idle_mb": round(go["idle"]["RssAnon"], 1),
+            "upstream_rss_steady_5k_mb": round(go["steady"]["VmRSS"], 1),
+            "upstream_anon_steady_5k_mb": round(go["steady"]["RssAnon"], 1),
+            "upstream_rss_peak_5k_mb": round(go["peak"], 1),
+            "upstream_rss_proxyless_mb": round(go_proxyless["VmRSS"], 1),
+            "upstream_anon_proxyless_mb": round(go_proxyless["RssAnon"], 1),
+            "rss_idle_vs_upstream": ratio(sidecar["idle"]["VmRSS"], go["idle"]["VmRSS"]),
+            "anon_idle_vs_upstream": ratio(sidecar["idle"]["RssAnon"], go["idle"]["RssAnon"]),
+            "rss_steady_5k_vs_upstream": ratio(sidecar["steady"]["VmRSS"], go["steady"]["VmRSS"]),
+            "anon_steady_5k_vs_upstream": ratio(sidecar["steady"]["RssAnon"], go["steady"]["RssAnon"]),
+            "rss_peak_5k_vs_upstream": ratio(sidecar["peak"], go["peak"]),
+            "rss_proxyless_vs_upstream": ratio(proxyless["VmRSS"], go_proxyless["VmRSS"]),
+            "anon_proxyless_vs_upstream": ratio(proxyless["RssAnon"], go_proxyless["RssAnon"]),
+        }
+        print("ours / upstream's: " + ", ".join(f"{k.removesuffix('_vs_upstream')} {v}"
+                                                for k, v in upstream_figures.items() if k.endswith("_vs_upstream")),
+              flush=True)
 
     print_budget("sidecar agent's start", sidecar["components"], sidecar["idle"])
     print_budget("proxyless agent's start", proxyless_components, proxyless)
@@ -338,6 +402,7 @@ def main() -> None:
         "rss_proxyless_over_floor_mb": round(proxyless["VmRSS"] - base_figures["VmRSS"], 1),
         "clusters": sidecar["clusters"],
         "steady_seconds": STEADY_SECONDS,
+        **(upstream_figures or {"upstream": why_not}),
     }))
 
 

@@ -28,6 +28,13 @@ Real peers measured in the same run:
   Envoy VmRSS over its Envoy's alone (the Go agent, for context, runs in
   about 25-40 MiB: a Go pod is about 1.4-1.6 times its Envoy).
 
+**Upstream's Go agent** (`upstream_arm.py`): the same mesh with `agent:
+upstream` on every deployment (same node, CNI chain, istiod-local and Envoy),
+brought up the same way after ours: `ready_vs_upstream` (ours / its time to
+all ready; aim <= 1.1) and per pod `agent_rss_vs_upstream`,
+`pss_per_pod_vs_upstream` (agent + Envoy), `rss_anon_per_pod_vs_upstream`.
+Skipped, saying why, without upstream's commands.
+
 Last line, one JSON object: `{"pods", "ready_s", "rss_per_pod_mb",
 "check_passed", ...}` (the ratios and the split follow).
 """
@@ -45,6 +52,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream_arm import missing, ratio, say_missing
 
 BIN = Path(sys.executable).parent
 PODS = int(os.environ.get("BENCH_MESH_PODS", "50"))
@@ -86,6 +96,13 @@ deployments:
   mode: none
   app: none
 """
+
+
+def upstream_mesh(mesh: str) -> str:
+    """The mesh with every deployment's pods on upstream's Go agent."""
+    head, _, deployments = mesh.partition("deployments:\n")
+    return f"{head}deployments:\n" + re.sub(r"^(- name: \S+\n)", "\\1  agent: upstream\n", deployments,
+                                            flags=re.MULTILINE)
 
 
 PHASES = {"node": " node ia-", "istiod": " istiod-local on ", "ready": " mesh ready: "}  # `up`'s event lines
@@ -217,6 +234,17 @@ def main() -> int:
               flush=True)
         plain = Up(NO_SIDECAR_MESH, scale, "--once", base / "plain", sample=False)
         plain_result = plain.run()
+        why_not = missing("pilot-agent")
+        go: Up | None = None
+        go_result: dict[str, Any] = {}
+        if why_not:
+            say_missing("bench_mesh", why_not)
+        else:
+            (base / "upstream").mkdir()
+            print(f"the same {PODS} sidecar pods on upstream's Go agent: istiod-local up --scale {scale} --check",
+                  flush=True)
+            go = Up(upstream_mesh(SIDECAR_MESH), scale, "--check", base / "upstream", sample=True)
+            go_result = go.run()
     finally:
         shutil.rmtree(base, ignore_errors=True)
     samples = mesh.samples
@@ -234,6 +262,25 @@ def main() -> int:
           f"RssAnon {anon:.1f} MiB, Pss {pss:.1f} MiB; {PODS} pods: {pss * PODS / 1024:.2f} GiB by Pss")
     if envoy:
         print(f"a pod is {(agent + envoy) / envoy:.2f}x its own Envoy's VmRSS (a Go agent's pod: about 1.4-1.6x)")
+    upstream: dict[str, Any] = {"upstream": why_not}
+    if go is not None:
+        go_samples = go.samples
+        go_agent, go_envoy = _mean_mb(go_samples, "agent_rss"), _mean_mb(go_samples, "envoy_rss")
+        go_pss, go_anon = _mean_mb(go_samples, "pss"), _mean_mb(go_samples, "anon")
+        go_ready = float(go_result["ready_s"])
+        upstream = {
+            "upstream_ready_s": go_result["ready_s"], "upstream_check_passed": go_result["check_passed"],
+            "upstream_agent_rss_mb": go_agent, "upstream_envoy_rss_mb": go_envoy, "upstream_pss_per_pod_mb": go_pss,
+            "upstream_rss_anon_per_pod_mb": go_anon, "ready_vs_upstream": ratio(ready, go_ready),
+            "agent_rss_vs_upstream": ratio(agent, go_agent), "pss_per_pod_vs_upstream": ratio(pss, go_pss),
+            "rss_anon_per_pod_vs_upstream": ratio(anon, go_anon),
+        }
+        print(f"on upstream's Go agent: all {go_result['pods']} pods ready in {go_ready:.1f} s (check passed: "
+              f"{go_result['check_passed']}); per pod VmRSS agent {go_agent:.1f} + Envoy {go_envoy:.1f} MiB, RssAnon "
+              f"{go_anon:.1f}, Pss {go_pss:.1f}")
+        print(f"ours / upstream's: ready {upstream['ready_vs_upstream']} (aim <= 1.1), agent RSS "
+              f"{upstream['agent_rss_vs_upstream']}, pod Pss {upstream['pss_per_pod_vs_upstream']}, pod RssAnon "
+              f"{upstream['rss_anon_per_pod_vs_upstream']}")
     print(json.dumps({
         "pods": result["pods"], "ready_s": result["ready_s"], "rss_per_pod_mb": result["rss_per_pod_mb"],
         "check_passed": result["check_passed"],
@@ -242,6 +289,7 @@ def main() -> int:
         "no_sidecar_ready_s": plain_result["ready_s"], "agent_rss_mb": agent, "envoy_rss_mb": envoy,
         "pss_per_pod_mb": pss, "rss_anon_per_pod_mb": anon, "sampled_pods": len(samples),
         "up_wall_s": round(mesh.wall_s, 1), "istiod_up_s": mesh.phases.get("istiod"),
+        **upstream,
     }))
     return 0 if result["check_passed"] else 1
 

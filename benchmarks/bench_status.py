@@ -17,6 +17,14 @@ Rounds alternate, and medians are compared:
 The agent process's RSS is read before and after 20 merged scrapes of the big page
 (`merge_rss_growth_mb`, aim <= 10) and its peak (VmHWM).
 
+**Whole agents** (root; `status_agent_arms.py`): our `pilot-agent` and
+upstream's Go one, each in its namespace with istiod-local, its Envoy (the same
+binary, `BENCH_STATUS_SERVICES` (100) services x 5 ports pushed to it) and an
+app serving `BENCH_SERIES` series named by ISTIO_PROMETHEUS_ANNOTATIONS, are
+scraped on :15020/stats/prometheus in alternating rounds:
+`merged_ms_vs_upstream` (median latency, aim <= 1.0), and each agent's RSS
+growth over the rounds and peak (`merge_rss_growth_mb_vs_upstream`).
+
 Last line: one JSON object with those figures.
 """
 
@@ -35,6 +43,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
 from support import HTTP_NOT_YET, envoy_stats_bootstrap, free_port, poll, rss_mb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from status_agent_arms import whole_agents
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
@@ -60,15 +71,15 @@ def wait_port_file(path: Path, process: subprocess.Popen[bytes], what: str) -> l
 # --- child processes ----------------------------------------------------------------------------------------
 
 
-def serve_app(series: int, port_file: Path) -> None:
-    """prometheus_client's HTTP server with `series` gauge series."""
+def serve_app(series: int, port_file: Path, port: int = 0) -> None:
+    """prometheus_client's HTTP server with `series` gauge series (on `port`, else a free one)."""
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
     registry = CollectorRegistry()
     gauge = Gauge("bench_app_queue_depth", "Items waiting per queue.", ["queue", "shard"], registry=registry)
     for i in range(series):
         gauge.labels(f"queue-{i}", str(i % 16)).set(i)
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     port_file.write_text(str(server.server_port))
     while True:
         time.sleep(3600)
@@ -190,6 +201,9 @@ def main() -> None:
             children.append(agent)
             merged_envoy, merged_both = wait_port_file(work / "merged.port", agent, "the merged handler")
             result = asyncio.run(measure(stats_port, app_port, merged_envoy, merged_both, agent.pid))
+            for child in children:  # the whole agents have the cores to themselves
+                child.terminate()
+            agents = whole_agents(work, Path(__file__))
         finally:
             for child in children:
                 child.terminate()
@@ -224,13 +238,14 @@ def main() -> None:
         "agent_rss_peak_mb": round(result["rss_peak_mb"], 1),
         "envoy_series": envoy_series,
         "app_series": SERIES,
+        **agents,
     }
     print(json.dumps(figures))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-app":
-        serve_app(int(sys.argv[2]), Path(sys.argv[3]))
+        serve_app(int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve-merged":
         serve_merged(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
     else:

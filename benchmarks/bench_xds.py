@@ -9,7 +9,10 @@ and stay up for the whole run:
 - **direct**: another istiod-local and an Envoy started with the agent's own
   argv and rendered bootstrap, except that the `xds-grpc` cluster points at
   istiod-local's plaintext 15010. Its SDS cluster still uses the agent's SDS
-  socket (the generated clusters need `default`/`ROOTCA`).
+  socket (the generated clusters need `default`/`ROOTCA`);
+- **upstream**: a third namespace, istiod-local, and upstream's Go agent with
+  its Envoy (the same binary, `upstream_arm.py`), Envoy's ADS through the Go
+  agent's relay. Skipped, saying why, when upstream's commands are missing.
 
 Each round rewrites one arm's registry from 1 service to `SERVICES` services x
 5 ports (5,000 `outbound|…` clusters, each with an endpoint) and times how long
@@ -44,8 +47,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers shared with the tests
-from launchers import IstiodLocal, PilotAgent, RegistryFile, agent_environment, pod_files
+from launchers import IstiodLocal, PilotAgent, RegistryFile, pod_files
 from support import HTTP_NOT_YET, compile_sources, poll, rss_mb, stop_process
+from upstream_arm import GO, OURS, missing, ratio, say_missing, sidecar_environment
+from upstream_arm import start_agent as start_implementation
 
 from istio_agent.capture import netns as capture_netns
 
@@ -221,11 +226,11 @@ class RssSampler:
 # ---- the two arms ---------------------------------------------------------------------------------
 
 
-def start_agent(arm: Arm, pod: Path) -> PilotAgent:
+def start_agent(arm: Arm, pod: Path, implementation: str = OURS) -> PilotAgent:
     extra = json.loads(os.environ.get("BENCH_AGENT_ENV", "{}"))  # e.g. allocator settings to try
-    environment = agent_environment(discovery="localhost:15012", proxy_config={"terminationDrainDuration": "1s"},
-                                    base={**os.environ, **extra})
-    arm.agent = PilotAgent(pod, environment, prefix=arm.prefix(), log_file=arm.dir / "agent.log").start()
+    environment = sidecar_environment(base={**os.environ, **extra})
+    arm.agent = start_implementation(implementation, pod, environment, prefix=arm.prefix(),
+                                     log_file=arm.dir / "agent.log")
     return arm.agent
 
 
@@ -273,16 +278,21 @@ def main() -> None:
     compile_sources()
     base = Path(tempfile.mkdtemp(prefix="bench-xds-"))
     state = base / "state"
+    why_not = missing("pilot-agent")
     agent_arm, direct_arm = Arm("agent", base, state), Arm("direct", base, state)
+    go_arm = None if why_not else Arm(GO, base, state)
+    arms = [arm for arm in (agent_arm, direct_arm, go_arm) if arm is not None]
     sampler: RssSampler | None = None
     try:
         pod = agent_arm.dir / "pod"
         pod.mkdir()
-        for arm in (agent_arm, direct_arm):
+        for arm in arms:
             arm.create()
-        # pod-files creates the shared state (root CA, token key) before either istiod starts.
+        # pod-files creates the shared state (root CA, token key) before any istiod starts.
         pod_files(state, pod, pod="echo-1")
-        for arm in (agent_arm, direct_arm):
+        if go_arm is not None:
+            pod_files(state, go_arm.dir / "pod", pod="echo-1")
+        for arm in arms:
             arm.start_istiod()
         agent = start_agent(agent_arm, pod)
         poll(agent_arm.settled, "the agent's Envoy", 30, agent.output, retry_on=HTTP_NOT_YET)
@@ -294,30 +304,34 @@ def main() -> None:
         argv[argv.index("-c") + 1] = str(bootstrap)
         # cwd = the pod dir, so the relative SDS pipe path is the agent's SDS socket.
         direct_arm.pids["envoy"] = direct_arm.spawn(argv, cwd=pod, stdout=(direct_arm.dir / "envoy.log").open("w")).pid
-        for arm in (agent_arm, direct_arm):
+        if go_arm is not None:
+            go = start_agent(go_arm, go_arm.dir / "pod", GO)
+            poll(go_arm.settled, "the Go agent's Envoy", 30, go.output, retry_on=HTTP_NOT_YET)
+            go_arm.pids.update(agent=go.pid, envoy=poll(go.envoy_pid, "the Go agent's Envoy process", 20))
+        for arm in arms:
             arm.baseline = poll(arm.settled, f"{arm.name}: Envoy's first config", 30, retry_on=HTTP_NOT_YET)
-        print(f"baseline clusters: agent {agent_arm.baseline}, direct {direct_arm.baseline}; "
-              f"pushing {SERVICES} services x {len(PORTS)} ports = {SERVICES * len(PORTS)} clusters")
-        target = agent_arm.baseline + SERVICES * len(PORTS)
+        print("baseline clusters: " + ", ".join(f"{arm.name} {arm.baseline}" for arm in arms)
+              + f"; pushing {SERVICES} services x {len(PORTS)} ports = {SERVICES * len(PORTS)} clusters")
         sampler = RssSampler(agent.pid)
         idle_mb = sampler.rss_mb()
 
-        results: dict[str, list[tuple[float, float]]] = {"agent": [], "direct": []}
+        results: dict[str, list[tuple[float, float]]] = {arm.name: [] for arm in arms}
         for round_no in range(ROUNDS + 1):
-            order = (agent_arm, direct_arm) if round_no % 2 == 0 else (direct_arm, agent_arm)
+            order = arms[round_no % len(arms):] + arms[:round_no % len(arms)]
             line = []
             for arm in order:
                 sampler.phase = "push" if arm is agent_arm else "other"
-                from_push, from_write = push_once(arm, target)
+                from_push, from_write = push_once(arm, arm.baseline + SERVICES * len(PORTS))
                 sampler.phase = "other"
                 shrink(arm)
-                if round_no > 0:  # round 0 warms up both sides
+                if round_no > 0:  # round 0 warms up every side
                     results[arm.name].append((from_push, from_write))
                 line.append(f"{arm.name} {from_push * 1000:7.0f} ms (from write {from_write * 1000:6.0f})")
             line.append(f"agent RSS {sampler.rss_mb():.1f} MB")
             print(f"round {round_no}{' (warm-up)' if round_no == 0 else ''}: " + ";  ".join(line), flush=True)
 
         # Steady state: the big config in place through the agent, nothing in flight.
+        target = agent_arm.baseline + SERVICES * len(PORTS)
         sampler.phase = "push"
         push_once(agent_arm, target)
         sampler.phase = "settle"
@@ -331,38 +345,60 @@ def main() -> None:
         hwm_mb = sampler.rss_mb("VmHWM")
         anon_mb, file_mb = sampler.rss_mb("RssAnon"), sampler.rss_mb("RssFile")
 
-        agent_ms = statistics.median(r[0] for r in results["agent"]) * 1000
-        direct_ms = statistics.median(r[0] for r in results["direct"]) * 1000
-        agent_write_ms = statistics.median(r[1] for r in results["agent"]) * 1000
-        direct_write_ms = statistics.median(r[1] for r in results["direct"]) * 1000
-        ratio = agent_ms / direct_ms
+        ms = {name: statistics.median(r[0] for r in runs) * 1000 for name, runs in results.items()}
+        write_ms = {name: statistics.median(r[1] for r in runs) * 1000 for name, runs in results.items()}
+        # Mean over the measured rounds: a push's CPU is a few clock ticks (10 ms each), too coarse for a median.
+        cpu = {arm.name: {name: statistics.fmean(values[1:]) for name, values in arm.cpu.items()} for arm in arms}
+        agent_ms, direct_ms = ms["agent"], ms["direct"]
+        ratio_direct = agent_ms / direct_ms
         best_ratio = min(r[0] for r in results["agent"]) / min(r[0] for r in results["direct"])
         print(f"median push of {SERVICES * len(PORTS)} clusters until all active: through the agent {agent_ms:.0f} ms, "
-              f"direct {direct_ms:.0f} ms, ratio {ratio:.3f} (best rounds: {best_ratio:.3f})")
-        print(f"  from the registry write: agent {agent_write_ms:.0f} ms, direct {direct_write_ms:.0f} ms, "
-              f"ratio {agent_write_ms / direct_write_ms:.3f}")
-        for arm in (agent_arm, direct_arm):
-            cpu = ", ".join(f"{name} {statistics.median(values[1:]):.2f}" for name, values in arm.cpu.items())
-            print(f"  CPU seconds per push ({arm.name}, median): {cpu}")
+              f"direct {direct_ms:.0f} ms, ratio {ratio_direct:.3f} (best rounds: {best_ratio:.3f})")
+        print(f"  from the registry write: agent {write_ms['agent']:.0f} ms, direct {write_ms['direct']:.0f} ms, "
+              f"ratio {write_ms['agent'] / write_ms['direct']:.3f}")
+        for arm in arms:
+            print(f"  CPU seconds per push ({arm.name}, mean): "
+                  + ", ".join(f"{name} {value:.2f}" for name, value in cpu[arm.name].items()))
         print(f"agent RSS: idle {idle_mb:.1f} MB, peak during pushes {peak_mb:.1f} MB (VmHWM {hwm_mb:.1f} MB), "
               f"steady after the push {steady_mb:.1f} MB (now: anonymous {anon_mb:.1f} MB, "
               f"file-backed {file_mb:.1f} MB, the latter mostly shared libraries)")
+        upstream_figures: dict[str, Any] = {"upstream": why_not}
+        if go_arm is not None:
+            added, go_added = agent_ms - direct_ms, ms[GO] - direct_ms
+            upstream_figures = {
+                "upstream_push_ms": round(ms[GO]),
+                "relay_added_ms": round(added),
+                "upstream_relay_added_ms": round(go_added),
+                "relay_added_ms_vs_upstream": ratio(max(added, 0.0), go_added),
+                "push_vs_upstream": ratio(agent_ms, ms[GO]),
+                "agent_cpu_per_push_s": round(cpu["agent"]["agent"], 3),
+                "upstream_agent_cpu_per_push_s": round(cpu[GO]["agent"], 3),
+                "agent_cpu_per_push_vs_upstream": ratio(cpu["agent"]["agent"], cpu[GO]["agent"]),
+            }
+            print(f"upstream's Go agent: push {ms[GO]:.0f} ms (from write {write_ms[GO]:.0f}); added over direct: "
+                  f"ours {added:.0f} ms, Go's {go_added:.0f} ms -> {upstream_figures['relay_added_ms_vs_upstream']}; "
+                  f"whole push ours / Go's {upstream_figures['push_vs_upstream']}; agent CPU per push "
+                  f"ours {cpu['agent']['agent']:.3f} s, Go's {cpu[GO]['agent']:.3f} s -> "
+                  f"{upstream_figures['agent_cpu_per_push_vs_upstream']}")
+        else:
+            say_missing("bench_xds", why_not)
         print(json.dumps({
-            "push_ratio": round(ratio, 3),
+            "push_ratio": round(ratio_direct, 3),
             "agent_rss_mb_steady": round(steady_mb, 1),
             "agent_rss_mb_peak": round(peak_mb, 1),
             "agent_push_ms": round(agent_ms),
             "direct_push_ms": round(direct_ms),
             "push_ratio_best": round(best_ratio, 3),
-            "push_ratio_from_write": round(agent_write_ms / direct_write_ms, 3),
+            "push_ratio_from_write": round(write_ms["agent"] / write_ms["direct"], 3),
             "agent_rss_mb_idle": round(idle_mb, 1),
             "clusters": SERVICES * len(PORTS),
             "rounds": ROUNDS,
+            **upstream_figures,
         }))
     finally:
         if sampler is not None:
             sampler.stop()
-        for arm in (direct_arm, agent_arm):
+        for arm in reversed(arms):
             arm.stop()
         shutil.rmtree(base, ignore_errors=True)
 

@@ -352,7 +352,8 @@ class PilotAgent:
     `executable` is this checkout's venv's `pilot-agent` unless another installation's is given.
 
     Its output (stdout and stderr) is collected for failure messages, or written to `log_file`.
-    `prefix` goes before the command (`ip netns exec <ns>`).
+    `prefix` goes before the command (`ip netns exec <ns>`). `executable` may be upstream's Go `pilot-agent`
+    (a benchmark's second arm).
     """
 
     def __init__(self, pod_dir: Path, env: Mapping[str, str], *, args: Sequence[str] = SIDECAR,

@@ -6,7 +6,8 @@ of them by name. It is given its components in stages (a stage is a list, or a
 function that builds one when the previous stage has started, so that its
 imports happen only then) and:
 
-1. starts them one by one, in the order given (dependency order);
+1. starts them one by one, in the order given (dependency order), then calls `on_started` (the program's
+   once-started step, e.g. the agent's `memory.freeze_start_up_objects`);
 2. waits for a stop request (`request_stop`: SIGTERM/SIGINT, see `run_until_signalled`; `/quitquitquit`) or
    for a component that shares the program's fate (`wait_exit()`, e.g. Envoy,
    install-cni's installer loop) to end on its own, whose exit code then
@@ -74,13 +75,16 @@ class Lifecycle:
     """Runs its components until told to stop or until one that shares its fate ends.
 
     `name` is the program's, for its log lines ("agent started: ..."), and `logger` the one they go to
-    (the program's own, so that they carry its scope; this module's by default).
+    (the program's own, so that they carry its scope; this module's by default). `on_started` runs once,
+    when every component has started.
     """
 
-    def __init__(self, *stages: Stage, name: str = "agent", logger: logging.Logger | None = None) -> None:
+    def __init__(self, *stages: Stage, name: str = "agent", logger: logging.Logger | None = None,
+                 on_started: Callable[[], None] | None = None) -> None:
         self.stages = stages
         self.name = name
         self.log = logger or log
+        self.on_started = on_started
         self.exit_code = 0
         self.started: list[Component] = []
         self._stopping = asyncio.Event()
@@ -104,6 +108,8 @@ class Lifecycle:
                     if isinstance(component, FateSharing):
                         watchers[asyncio.create_task(component.wait_exit())] = component
             self.log.info("%s started: %s", self.name, ", ".join(component_name(c) for c in self.started))
+            if self.on_started is not None:
+                self.on_started()
             ended = await self._wait_for_end(watchers)
             if ended is None:
                 self.log.info("%s stopping", self.name)

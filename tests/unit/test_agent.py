@@ -146,3 +146,21 @@ async def test_a_stop_request_during_start_still_drains_once_everything_started(
     agent = Agent([AsksToStop("status", log), envoy])
     assert await agent.run() == 0
     assert log == ["start status", "start envoy", "drain envoy", "stop envoy", "stop status"]
+
+
+async def test_on_started_runs_once_every_component_has_started_and_before_any_stops() -> None:
+    log: list[str] = []
+    agent = Agent([Part("identity", log)], lambda: [Part("xds", log), Part("envoy", log)],
+                  on_started=lambda: log.append("started"))
+    agent.request_stop()
+    assert await agent.run() == 0
+    assert log == ["start identity", "start xds", "start envoy", "started", "stop envoy", "stop xds",
+                   "stop identity"]
+
+
+async def test_on_started_does_not_run_when_a_start_fails() -> None:
+    log: list[str] = []
+    agent = Agent([Part("identity", log), Part("status", log, fail_start=True)], on_started=lambda: log.append("x"))
+    with pytest.raises(OSError):
+        await agent.run()
+    assert "x" not in log

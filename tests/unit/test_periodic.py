@@ -127,3 +127,16 @@ def test_glibc_is_called_through_ctypes_extension_directly() -> None:
     assert libc is not None
     assert libc.mallopt(memory.M_ARENA_MAX, 8) == 1  # this test process's own cap: harmless
     assert libc.malloc_trim(0) in (0, 1)
+
+
+def test_freezing_start_up_objects_takes_them_out_of_the_collectors_walks() -> None:
+    import gc
+
+    keep = [[object()] for _ in range(100)]  # tracked containers alive "since start-up"
+    gc.unfreeze()
+    try:
+        memory.freeze_start_up_objects()
+        assert gc.get_freeze_count() >= len(keep)
+        assert not any(obj is keep for obj in gc.get_objects()), "a frozen object is no longer walked"
+    finally:
+        gc.unfreeze()

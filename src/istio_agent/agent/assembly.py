@@ -88,7 +88,8 @@ class AgentAssembly:
     def __init__(self, options: AgentOptions, first_key: KeyAhead | None = None) -> None:
         self.options = options
         self.first_key = first_key
-        self.agent = Agent(self._identity_stage, self._rest_stage)
+        # `agent:debug` scope: the RSS budget. Once started, start-up's objects leave the collector's walks.
+        self.agent = Agent(self._identity_stage, self._rest_stage, logger=log, on_started=self._started)
         self.metrics: AgentMetrics | None = None
         self.identity: WorkloadIdentity | None = None
 
@@ -108,6 +109,12 @@ class AgentAssembly:
             first_key=self.first_key, on_sds_event=self.metrics.sds_event)
         self.metrics.watch_secrets(self.identity.cache)
         return [self.identity, FirstCertificateWait(self.identity, self.options.first_certificate_head_start)]
+
+    @staticmethod
+    def _started() -> None:
+        from istio_agent.memory import freeze_start_up_objects
+
+        freeze_start_up_objects()
 
     def _rest_stage(self) -> list[Component]:
         from istio_agent.memory import MemoryTrimmer
