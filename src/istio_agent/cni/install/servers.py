@@ -2,7 +2,7 @@
 
 HTTP/1.1 with h11 over asyncio streams rather than aiohttp: this process runs on
 every node and idles nearly always; h11 adds ~0.5 MB to the interpreter where
-aiohttp's server adds ~17 MB and 200 ms of imports (README). Each server is the
+aiohttp's server adds ~17 MB and 200 ms of imports (docs/CNI.md, Footprint). Each server is the
 agent's shared `httpio` server with one catch-all route: a handful of fixed
 paths, connections kept alive, request bodies capped (4 MiB, 413 beyond), and
 the same refusals of non-HTTP input and slow clients as the status server.

@@ -3,7 +3,7 @@
 Linux inotify through ctypes (three libc calls, read on the event loop with
 `add_reader`): the small inotify libraries on PyPI (inotify_simple, asyncinotify)
 are ctypes wrappers of the same calls, so a dependency would add a package and
-nothing else; `ctypes` costs ~0.5 MB RSS and ~3 ms to import (README). A
+nothing else; `ctypes` costs ~0.5 MB RSS and ~3 ms to import (docs/CNI.md, Footprint). A
 directory is watched rather than files, because every writer we care about
 replaces files by rename (another CNI's conflist, Kubernetes' `..data` swap of a
 projected token) and a watch on a file would follow the old inode. A directory
