@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from istio_agent.config import env
-from istio_agent.config.node import MetadataOptions, node_metadata
+from istio_agent.config.node import MetadataOptions, node_metadata, node_metadata_layers
 
 
 def meta(environ: dict[str, str], labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -109,3 +109,18 @@ def test_topology_locality_label_wins_and_slashes_are_kept() -> None:
 def test_bad_metajson_is_ignored() -> None:
     got = meta({"ISTIO_METAJSON_X": "{not json", "ISTIO_METAJSON_Y": "[1]"})
     assert "X" not in got and "Y" not in got
+
+
+def test_an_empty_labels_file_empties_typed_labels_but_envoy_still_sees_the_raw_ones() -> None:
+    """A LABELS object from an ISTIO_METAJSON_* variable other than ..._LABELS is raw only: with a labels file
+    that gives none, upstream's typed LABELS is empty (left out of the gRPC bootstrap, which encodes the typed
+    struct alone) while Envoy's bootstrap, the typed fields over the raw map, still carries the raw object."""
+    environ = {"ISTIO_METAJSON_EXTRA": '{"LABELS": {"app": "raw"}, "OTHER": "x"}'}
+    with_file = node_metadata_layers(MetadataOptions(env.Environment(environ), {}, labels={}, labels_file=True))
+    assert with_file.merged()["LABELS"] == {"app": "raw"}
+    assert "LABELS" not in with_file.typed_view() and with_file.typed_view()["OTHER"] == "x"
+    without_file = node_metadata_layers(MetadataOptions(env.Environment(environ), {}))
+    assert without_file.typed_view()["LABELS"] == without_file.merged()["LABELS"] == {"app": "raw"}
+    from_file = node_metadata_layers(MetadataOptions(env.Environment(environ), {}, labels={"app": "pod"},
+                                                     labels_file=True))
+    assert from_file.typed_view()["LABELS"] == from_file.merged()["LABELS"] == {"app": "pod"}

@@ -254,20 +254,6 @@ def normalised(data: bytes, workdir: Path, pod: dict[str, Any], version: str) ->
     return text
 
 
-def shadowed_labels(pod: dict[str, Any], mine: str, theirs: str) -> bool:
-    """The one difference left open (README): an ISTIO_METAJSON_* variable other than ISTIO_METAJSON_LABELS holds a
-    LABELS object and the pod's labels file is there but gives no labels; upstream's typed LABELS is then empty
-    and its gRPC bootstrap has none, ours keeps that object. True only when that is the whole difference."""
-    if pod["labels"] is None or {k: v for k, v in pod["labels"].items() if k != "pod-template-hash"}:
-        return False
-    if "ISTIO_METAJSON_LABELS" in pod["env"]:
-        return False
-    ours_meta = json.loads(mine)["node"]["metadata"]
-    theirs_meta = json.loads(theirs)["node"]["metadata"]
-    return "LABELS" in ours_meta and "LABELS" not in theirs_meta and \
-        {k: v for k, v in ours_meta.items() if k != "LABELS"} == theirs_meta
-
-
 def file_mode(workdir: Path) -> int:
     return (workdir / BOOTSTRAP).stat().st_mode & 0o7777
 
@@ -296,9 +282,6 @@ def test_grpc_bootstrap_differential(hosts: dict[str, NamedNetns], root_cert: by
             assert ours is not None
             mine = normalised(ours, ours_dir, pod, ISTIO_COMPAT_VERSION)
             theirs_text = normalised(theirs, theirs_dir, pod, "unknown")
-            if mine != theirs_text and shadowed_labels(pod, mine, theirs_text):
-                tally.count("open: LABELS of an ISTIO_METAJSON_* variable with an empty labels file")
-                return
             assert mine == theirs_text, f"bootstraps differ\n{where}"
             assert file_mode(ours_dir) == file_mode(theirs_dir), where
             if process:

@@ -35,7 +35,7 @@ from typing import Any
 from istio_agent.config import env
 from istio_agent.config.cloud_metadata import CloudFacts
 from istio_agent.config.errors import ConfigError
-from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
+from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata_layers, pilot_sans
 from istio_agent.config.platform import Platform, discover, platform_locality
 from istio_agent.config.proxyconfig import ProxyConfig
 from istio_agent.dns.options import DnsProxyOptions, port53_rules
@@ -578,7 +578,8 @@ def health_check_options(config: AgentConfig) -> HealthCheckOptions | None:
 def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFacts) -> AgentOptions:
     """All options of one agent; ConfigError (naming the variable, field or flag and the value) on bad input."""
     platform = discover(config.environment, host.cloud)
-    metadata = node_metadata(metadata_options(config, flags, host, platform))
+    layers = node_metadata_layers(metadata_options(config, flags, host, platform))
+    metadata = layers.merged()
     node_locality = node_platform_locality(metadata, platform, host)
     xds = xds_options(config, host)
     with_envoy = envoy_enabled(config.environment)
@@ -591,7 +592,7 @@ def resolve_agent_options(config: AgentConfig, flags: AgentFlags, host: HostFact
         dns=dns_options(config, host),
         envoy=envoy_options(config, flags, metadata, node_locality),
         status=status_options(config, flags.profiling),
-        grpc_bootstrap=grpc_bootstrap(config, metadata, node_locality),
+        grpc_bootstrap=grpc_bootstrap(config, layers.typed_view(), node_locality),
         health=health_check_options(config),
         wasm=wasm_options(config) if with_envoy else None,
         without_effect=tuple(config.environment.without_effect()),

@@ -200,15 +200,45 @@ class MetadataOptions:
     platform_metadata: Mapping[str, str] = field(default_factory=dict)
 
 
-def node_metadata(options: MetadataOptions) -> dict[str, Any]:
-    """Node metadata as upstream's bootstrap writes it (and sends it to istiod).
+@dataclass(frozen=True)
+class MetadataLayers:
+    """Node metadata's two layers, as upstream keeps them.
 
-    Two layers, as upstream keeps them: the raw map (`ISTIO_META_*` values, then
-    every `ISTIO_METAJSON_*` object merged into the top level) and the typed
-    fields (PROXY_CONFIG, LABELS, ANNOTATIONS, INSTANCE_IPS, ports, ...). A typed
-    field wins over a raw key of the same name; every other raw key is kept.
+    `raw`: the `ISTIO_META_*` values, then every `ISTIO_METAJSON_*` object merged
+    into the top level. `typed`: the fields of upstream's typed struct
+    (PROXY_CONFIG, LABELS, ANNOTATIONS, INSTANCE_IPS, ports, ...); a typed field
+    holding `{}` is one upstream set to empty after reading the raw map (LABELS
+    when a pod-labels file gives none), which Go's `omitempty` leaves out.
+    """
+
+    typed: dict[str, Any]
+    raw: dict[str, Any]
+
+    def merged(self) -> dict[str, Any]:
+        """What Envoy's bootstrap carries and istiod gets: a typed field wins over a raw key of the same
+        name, an empty one lets the raw key show through, every other raw key is kept."""
+        meta = {key: value for key, value in self.typed.items() if value != {}}
+        for key, value in self.raw.items():
+            meta.setdefault(key, value)
+        return meta
+
+    def typed_view(self) -> dict[str, Any]:
+        """The merged map less the raw keys a typed field emptied: what upstream's typed struct holds once
+        the raw map was read into it (the gRPC bootstrap encodes that struct alone)."""
+        emptied = {key for key, value in self.typed.items() if value == {}}
+        return {key: value for key, value in self.merged().items() if key not in emptied}
+
+
+def node_metadata(options: MetadataOptions) -> dict[str, Any]:
+    """Node metadata as upstream's bootstrap writes it (and sends it to istiod): `MetadataLayers.merged`.
+
     `istio-locality` in the labels is rewritten from `a.b.c` to `a/b/c`.
     """
+    return node_metadata_layers(options).merged()
+
+
+def node_metadata_layers(options: MetadataOptions) -> MetadataLayers:
+    """The raw and typed layers of node metadata (`MetadataLayers`)."""
     environment = options.environment
     raw: dict[str, Any] = {}
     for key, value in dict(options.proxy_config.get("proxyMetadata") or {}).items():
@@ -270,7 +300,7 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     locality = sanitize_locality(all_labels.get(_TOPOLOGY_LOCALITY_LABEL, all_labels.get(_LOCALITY_LABEL, "")))
     if locality:
         all_labels[_LOCALITY_LABEL] = locality
-    if all_labels:
+    if all_labels or with_file:  # with the file, LABELS is decided here even when empty (see MetadataLayers)
         typed["LABELS"] = all_labels
     if static_labels:
         typed["STATIC_LABELS"] = static_labels
@@ -293,10 +323,7 @@ def node_metadata(options: MetadataOptions) -> dict[str, Any]:
     if options.dns_proxy_addr:
         raw.setdefault("DNS_PROXY_ADDR", options.dns_proxy_addr)
 
-    meta = dict(typed)
-    for key, value in raw.items():
-        meta.setdefault(key, value)
-    return meta
+    return MetadataLayers(typed, raw)
 
 
 def sanitize_locality(label: str) -> str:

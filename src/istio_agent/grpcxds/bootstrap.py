@@ -40,7 +40,7 @@ class GrpcBootstrapOptions:
     not resolved against the agent's working directory); when empty, the app
     would talk to `discovery_address` directly (upstream's fallback).
     `cert_dir` is OUTPUT_CERTS, written as given; empty leaves out the
-    certificate provider. `metadata` is the agent's full node metadata: only
+    certificate provider. `metadata` is node metadata's typed view (`MetadataLayers.typed_view`): only
     upstream's typed keys are kept and GENERATOR is forced to `grpc`.
     """
 
