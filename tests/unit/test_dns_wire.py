@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_dns_support import answer_set, ask, asks_upstream, counts, query, responder
 
 from istio_agent.dns.core import wire
-from istio_agent.dns.core.responder import FAILED, LOCAL, MALFORMED, Responder
+from istio_agent.dns.core.responder import FAILED, LOCAL, MALFORMED, AskUpstream, Responder
 
 BIG = "big.localhost."  # 100 A records: 16 bytes each with a pointer owner
 
@@ -44,11 +44,15 @@ def test_do_bit_is_copied() -> None:
     assert msg.ednsflags & dns.flags.DO
 
 
-def test_edns_version_1_gets_badvers() -> None:
+def test_edns_version_1_is_answered_as_version_0() -> None:
+    """As upstream's: miekg's server does not check the version and neither does its handler (no BADVERS)."""
     c = counts()
     msg = ask(responder(), query("productpage.ns1.", use_edns=1), c=c)
-    assert msg.rcode() == dns.rcode.BADVERS
-    assert c[MALFORMED] == 1
+    assert msg.rcode() == dns.rcode.NOERROR
+    assert [d for *_, d in answer_set(msg)] == ["9.9.9.9"]
+    assert c[LOCAL] == 1 and c[MALFORMED] == 0
+    assert isinstance(responder().respond(query("unknown.example.", use_edns=1), False, counts()),
+                      AskUpstream)
 
 
 @pytest.mark.parametrize(("payload", "tcp", "truncated"), [
@@ -186,13 +190,31 @@ def test_bad_opt_records_get_formerr() -> None:
         assert c[MALFORMED] == 1
 
 
-def test_other_opcodes_get_notimp() -> None:
+@pytest.mark.parametrize("opcode", [dns.opcode.IQUERY, dns.opcode.STATUS, dns.opcode.UPDATE])
+def test_other_opcodes_get_notimp(opcode: dns.opcode.Opcode) -> None:
     q = dns.message.make_query("productpage.ns1.", dns.rdatatype.A)
-    q.set_opcode(dns.opcode.NOTIFY)
+    q.set_opcode(opcode)
     c = counts()
     msg = ask(responder(), q.to_wire(), c=c)
     assert msg.rcode() == dns.rcode.NOTIMP
     assert c[MALFORMED] == 1
+
+
+@pytest.mark.parametrize("edns", [False, 0])
+def test_notify_is_answered_as_a_query_keeping_its_opcode(edns: int | bool) -> None:
+    """miekg's server accepts NOTIFY as it does QUERY; upstream's handler answers it from the table, and
+    SetReply keeps the opcode and copies RD and CD only for a QUERY."""
+    q = dns.message.make_query("productpage.ns1.", dns.rdatatype.A, use_edns=edns)
+    q.set_opcode(dns.opcode.NOTIFY)
+    q.flags |= dns.flags.RD | dns.flags.CD
+    c = counts()
+    msg = ask(responder(), q.to_wire(), c=c)
+    assert msg.rcode() == dns.rcode.NOERROR and msg.opcode() == dns.opcode.NOTIFY
+    assert msg.flags & (dns.flags.QR | dns.flags.AA | dns.flags.RD | dns.flags.CD) == dns.flags.QR | dns.flags.AA
+    assert [d for *_, d in answer_set(msg)] == ["9.9.9.9"] and c[LOCAL] == 1
+    q = dns.message.make_query("unknown.example.", dns.rdatatype.A)
+    q.set_opcode(dns.opcode.NOTIFY)
+    assert isinstance(responder().respond(q.to_wire(), False, counts()), AskUpstream)
 
 
 def test_query_without_question_is_formerr() -> None:

@@ -23,6 +23,8 @@ def add_ndsz_route(app: Router, source: NameTableSource) -> None:
         if not is_localhost(request.remote):
             return text_response(403, "only requests from localhost are allowed")
         status, body = name_table_json(source())
+        if status == 404:  # upstream writes `{}` without a Content-Type, which Go sniffs as text/plain
+            return text_response(status, body)
         return json_response(status, body)
 
-    app.add_get("/debug/ndsz", ndsz)
+    app.add("/debug/ndsz", ndsz)  # any method, as upstream's ServeMux routes it

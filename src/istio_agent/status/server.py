@@ -108,10 +108,10 @@ class StatusServer:
         return text_response(503, reason)
 
     def _refuse(self, request: Request) -> Response | None:
+        if not is_localhost(request.remote):  # asked first, as upstream: from elsewhere any method is 403
+            return text_response(403, "only requests from localhost are allowed")
         if request.method != "POST":
             return text_response(405, "method not allowed")
-        if not is_localhost(request.remote):
-            return text_response(403, "only requests from localhost are allowed")
         return None
 
     async def handle_quit(self, request: Request) -> Response:

@@ -8,11 +8,17 @@ The fast path handles the shape nearly every stub resolver sends (one
 question in lower case, opcode QUERY, optionally one OPT record) for a name in
 the compiled table with a single dictionary lookup. Everything else takes the
 slow path, which validates the whole message and decides like upstream's
-miekg/dns-based server: malformed -> FORMERR (or dropped when it has no header
-or is a response), a bare header claiming one question -> SERVFAIL (miekg
-passes it on with no question), other opcodes -> NOTIMP, EDNS version > 0 ->
-BADVERS, no table yet -> SERVFAIL; a name spelled with capitals is answered
-with lower-case owners, as upstream writes them.
+miekg/dns-based server: a header its accept function refuses (an opcode but
+QUERY and NOTIFY, other counts than one question) -> NOTIMP or FORMERR on the
+header alone (`wire.accept_rejection`); malformed -> FORMERR (or dropped when
+it has no header or is a response); a bare header claiming one question ->
+SERVFAIL (miekg passes it on with no question); no table yet -> SERVFAIL. A
+NOTIFY is handled as a query (miekg's server accepts both; the reply keeps the
+opcode and copies RD and CD only for a QUERY, as its SetReply). A name spelled
+with capitals is answered with lower-case owners, as upstream writes them. The
+EDNS version is not checked (miekg's server leaves that to the handler, and
+upstream's does not look): a version-1 query is answered or forwarded as a
+version-0 one.
 """
 
 from __future__ import annotations
@@ -89,6 +95,10 @@ class Responder:
         if len(data) < 12 or data[2] & 0x80:
             counts[MALFORMED] += 1
             return None
+        rejected = wire.accept_rejection(data)
+        if rejected is not None:
+            counts[MALFORMED] += 1
+            return rejected
         if wire.is_header_only_query(data):
             counts[FAILED] += 1
             return wire.header_reply(data, wire.RCODE_SERVFAIL)
@@ -97,15 +107,9 @@ class Responder:
         except wire.WireError:
             counts[MALFORMED] += 1
             return wire.formerr(data)
-        if query.opcode != wire.OPCODE_QUERY:
-            counts[MALFORMED] += 1
-            return wire.error_reply(data, query, wire.RCODE_NOTIMP)
-        if query.qdcount != 1:
+        if query.qdcount != 1:  # cannot be: accept_rejection refused it
             counts[MALFORMED] += 1
             return wire.error_reply(data, query, wire.RCODE_FORMERR)
-        if query.edns is not None and query.edns.version != 0:
-            counts[MALFORMED] += 1
-            return wire.error_reply(data, query, wire.RCODE_BADVERS)
         limit = wire.MAX_MSG_SIZE if tcp else query.udp_limit
         table = self.table
         if table is None:
@@ -127,11 +131,15 @@ class Responder:
 
 def build_reply(data: bytes, query: wire.Query, entry: Prepared) -> bytes:
     """The full (untruncated) local answer for a validated query."""
-    index = (data[2] & 0x01) | (data[3] & 0x10)
+    query_opcode = query.opcode == wire.OPCODE_QUERY
+    index = (data[2] & 0x01) | (data[3] & 0x10) if query_opcode else 0
+    header = (entry.plain if query.edns is None else entry.edns)[index]
+    if not query_opcode:  # a NOTIFY: the reply keeps its opcode
+        header = bytes((header[0] | query.opcode << 3,)) + header[1:]
     body = entry.bodies[data[1] % entry.variants]
     if query.edns is None:
-        return data[:2] + entry.plain[index] + query.question + body
-    return data[:2] + entry.edns[index] + query.question + body + (_OPT_DO if query.edns.do else _OPT_PLAIN)
+        return data[:2] + header + query.question + body
+    return data[:2] + header + query.question + body + (_OPT_DO if query.edns.do else _OPT_PLAIN)
 
 
 def _options_end(data: bytes, off: int) -> int:

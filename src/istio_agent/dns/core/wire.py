@@ -25,6 +25,9 @@ RCODE_NOTIMP = 4
 RCODE_BADVERS = 16  # extended: upper 8 bits go into the OPT TTL
 
 OPCODE_QUERY = 0
+OPCODE_NOTIFY = 4
+# The opcodes miekg/dns's server hands to upstream's handler (the rest it answers NOTIMP itself).
+HANDLED_OPCODES = (OPCODE_QUERY, OPCODE_NOTIFY)
 
 # Flag bits of the 16-bit header flags word.
 FLAG_QR = 0x8000
@@ -313,15 +316,36 @@ def error_reply(data: bytes, query: Query, rcode: int) -> bytes:
 
 
 def is_header_only_query(data: bytes) -> bool:
-    """A bare 12-byte QUERY claiming one question, which miekg/dns hands on with no question.
+    """A bare 12-byte QUERY (or NOTIFY) claiming one question, which miekg/dns hands on with no question.
 
     Its server accepts the header (one question, at most one answer, one
     authority, two additional records) and its parser stops at the end of the
     message without an error, so upstream's handler sees an empty question
     section and answers SERVFAIL.
     """
-    return (len(data) == 12 and not data[2] & 0x80 and (data[2] >> 3) & 0xF == OPCODE_QUERY
+    return (len(data) == 12 and not data[2] & 0x80 and (data[2] >> 3) & 0xF in HANDLED_OPCODES
             and _u16(data, 4) == 1 and _u16(data, 6) <= 1 and _u16(data, 8) <= 1 and _u16(data, 10) <= 2)
+
+
+FLAG_Z = 0x0040
+
+
+def accept_rejection(data: bytes) -> bytes | None:
+    """What miekg/dns's server answers, before any handler runs, a header its default accept function rejects
+    (None: the header is accepted). Another opcode than QUERY or NOTIFY gets NOTIMP; a QUERY or NOTIFY whose
+    counts are not one question, at most one answer, one authority and two additional records gets FORMERR.
+    The reply is the query's own header turned around (QR set, AA and Z cleared, RD, AD, CD and the id kept;
+    the opcode kept for NOTIMP, QUERY for FORMERR) with no sections: the server never parsed them."""
+    flags = _u16(data, 2)
+    opcode = (flags >> 11) & 0xF
+    if opcode not in HANDLED_OPCODES:
+        rcode, keep = RCODE_NOTIMP, 0x7800
+    elif _u16(data, 4) != 1 or _u16(data, 6) > 1 or _u16(data, 8) > 1 or _u16(data, 10) > 2:
+        rcode, keep = RCODE_FORMERR, 0
+    else:
+        return None
+    flags = (flags | FLAG_QR) & ~(FLAG_AA | FLAG_Z | 0x7800 | 0xF) | (flags & keep) | rcode
+    return data[:2] + flags.to_bytes(2, "big") + b"\x00" * 8
 
 
 def header_reply(data: bytes, rcode: int) -> bytes:

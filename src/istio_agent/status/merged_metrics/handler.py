@@ -107,8 +107,9 @@ class MergedMetricsHandler:
         return out
 
     def add_routes(self, app: Router) -> None:
-        app.add_get("/stats/prometheus", self.handle)
-        app.add_get("/metrics", self.handle)
+        # Any method, as upstream's ServeMux routes (a POST scrapes too).
+        app.add("/stats/prometheus", self.handle)
+        app.add("/metrics", self.handle)
         app.on_close(self.close)
 
     async def close(self) -> None:
