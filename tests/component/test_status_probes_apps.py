@@ -36,7 +36,6 @@ from istio_agent.status.probes.prober import add_probe_routes
 from istio_agent.status.probes.rules import (
     MAX_BODY_BYTES,
     MAX_REQUESTS,
-    PROBE_USER_AGENT,
     ProbeOptions,
     parse_app_probers,
 )
@@ -252,7 +251,7 @@ async def test_http_probe_headers_user_agent_host_and_source(setup: Setup) -> No
                                    headers={"User-Agent": "kube-probe/1.30", "X-Kubelet": "yes"})
     assert status == 200
     seen = json.loads(body)
-    assert seen["headers"]["User-Agent"] == PROBE_USER_AGENT
+    assert seen["headers"]["User-Agent"] == "kube-probe/1.30"  # the kubelet's, relayed as upstream does
     assert seen["headers"]["X-Probe"] == "ready"
     assert seen["headers"]["X-Kubelet"] == "yes"
     assert seen["headers"]["Host"] == f"{LOOPBACK}:{setup.app.port}"  # the status port swapped for the app's

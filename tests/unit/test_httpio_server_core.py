@@ -5,7 +5,7 @@ from __future__ import annotations
 import h11
 import pytest
 
-from istio_agent.httpio.routing import Router
+from istio_agent.httpio.routing import Router, go_clean_path
 from istio_agent.httpio.server_core import Limits, Malformed, Request, Response, ServerConnection, error_bytes
 
 
@@ -48,6 +48,9 @@ def test_absolute_form_targets_route_by_their_path() -> None:
     (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 431, "header field"),
     (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "target"),
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n" + b"x" * 65536, 413, "body"),
+    (b"GET / HTTP/1.1\r\nHost: kube-probe/1.31\r\n\r\n", 400, "malformed Host header"),  # as Go's server
+    (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "malformed Host header"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "multiple Host"),
 ])
 def test_what_is_refused(data: bytes, status: int, reason: str) -> None:
     refused = refusal(data)
@@ -184,3 +187,36 @@ def test_refusals_can_be_worded_by_the_server() -> None:
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 ") and b"Content-Type: application/json" in head
     assert b"Retry-After: 1" in head and b"Connection: close" in head and body == b'{"code":413}'
+
+
+def test_hosts_go_takes_pass() -> None:
+    for host in (b"pod:15020", b"[fd00::1%25eth0]:15020", b"10.1.2.3", b"a_b-c.example~!$&'()*+,;="):
+        assert isinstance(feed(b"GET / HTTP/1.1\r\nHost: " + host + b"\r\n\r\n").next_request(), Request), host
+
+
+@pytest.mark.parametrize(("path", "clean"), [
+    ("/", "/"), ("", "/"), ("//app-health/web/livez", "/app-health/web/livez"), ("/a/./b", "/a/b"),
+    ("/a/../b", "/b"), ("/..", "/"), ("/../a/", "/a/"), ("/a//b/", "/a/b/"), ("/a/b/..", "/a"), ("/a/.", "/a"),
+    ("/a/", "/a/"), ("a/b", "/a/b"),
+])
+def test_go_clean_path(path: str, clean: str) -> None:
+    assert go_clean_path(path) == clean
+
+
+async def test_a_router_with_clean_paths_redirects_as_go_serve_mux() -> None:
+    async def ok(request: Request) -> Response:
+        return Response(200)
+
+    router = Router(clean_paths=True)
+    router.add("/healthz/ready", ok)
+    moved = router.resolve("GET", "/healthz/ready", "//healthz/./ready?full=1")
+    assert isinstance(moved, Response) and moved.status == 307
+    assert dict(moved.headers)["Location"] == "/healthz/ready?full=1"
+    assert moved.body == b'<a href="/healthz/ready?full=1">Temporary Redirect</a>.\n\n'
+    head = router.resolve("HEAD", "/x", "/a/../x")
+    assert isinstance(head, Response) and (head.status, head.body) == (307, b"")
+    assert dict(head.headers)["Content-Type"].startswith("text/html")
+    post = router.resolve("POST", "/x", "/a/../x")
+    assert isinstance(post, Response) and post.status == 307 and "Content-Type" not in dict(post.headers)
+    assert router.resolve("GET", "/healthz/ready", "/healthz/ready") is ok
+    assert Router().resolve("GET", "/healthz/ready", "//healthz/ready") != ok  # off by default: 404, no redirect

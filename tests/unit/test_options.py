@@ -81,10 +81,12 @@ def test_no_envoy_means_no_sds_server_no_envoy_and_gRPC_readiness(tmp_path: Path
 
 
 def test_one_node_metadata_for_both_bootstraps(tmp_path: Path) -> None:
+    """One metadata computation: Envoy's bootstrap carries it whole, the gRPC bootstrap its typed view (the same
+    map unless a typed field emptied a raw key: `MetadataLayers`)."""
     options = resolve(tmp_path, AgentFlags(outlier_log_path="/dev/stdout", sts_port=15463))
     assert options.envoy is not None and options.grpc_bootstrap is not None
     assert options.envoy.bootstrap.metadata is options.metadata
-    assert options.grpc_bootstrap.content.metadata is options.metadata
+    assert options.grpc_bootstrap.content.metadata == options.metadata
     assert options.metadata["OUTLIER_LOG_PATH"] == "/dev/stdout" and options.metadata["STS_PORT"] == "15463"
     assert options.metadata["PILOT_SAN"] == ["istiod.istio-system.svc"]
 

@@ -180,9 +180,11 @@ def test_headers_forwarded_overridden_and_user_agent() -> None:
                 ("Connection", "close"), ("X-Probe", "from-kubelet"), ("X-Other", "1")]
     action = HttpGetAction(port=8080, headers=(("X-Probe", "mine"), ("x-probe", "mine2")))
     headers, host = request_headers(action, incoming, "10.0.0.5:15020", 15020)
-    assert headers == [("Accept", "*/*"), ("X-Other", "1"), ("X-Probe", "mine"), ("x-probe", "mine2"),
-                       ("User-Agent", PROBE_USER_AGENT)]
+    assert headers == [("User-Agent", "kube-probe/1.30"), ("Accept", "*/*"), ("X-Other", "1"), ("X-Probe", "mine"),
+                       ("x-probe", "mine2")], "the kubelet's User-Agent relayed, as upstream's"
     assert host == "10.0.0.5:8080"
+    headers, _ = request_headers(action, [("Accept", "*/*")], None, 15020)
+    assert headers[-1] == ("User-Agent", PROBE_USER_AGENT), "none from the kubelet nor the probe: the client's own"
 
 
 def test_probe_headers_may_set_user_agent_and_host() -> None:

@@ -180,21 +180,20 @@ def write_self_signed(directory: Path) -> None:
 
 
 # --- generated requests ---------------------------------------------------------------------------------------
-# No path that is not clean (`//x`, `/a/../b`): Go's ServeMux redirects it (307) to its clean form, ours
-# answers 404 (open, docs/UPSTREAM.md).
+# Paths that are not clean too: Go's ServeMux redirects them (307) to their clean form, as ours does.
 PATHS = [*PROBERS] * 3 + [
+    "//app-health/web/livez", "/app-health/./web/readyz", "/x/../healthz/ready", "//stats/prometheus?x=1", "/a/..",
     "/app-health/nope/livez", "/app-health/web/bogus", "/app-health/web/readyz/", "/app-health/web/readyz?x=1",
     "/APP-HEALTH/web/readyz", "/app-health/", "/app-lifecycle/web/poststartz",
     "/healthz/ready", "/healthz/ready", "/healthz/ready?full=1", "/healthz/ready/x", "/healthz",
     "/stats/prometheus", "/metrics", "/quitquitquit", "/drain", "/debug/ndsz", "/", "/unknown", "/stats",
 ]
-# Host only as a valid host: Go's server answers 400 to a Host header outside its grammar, ours takes it
-# (open, docs/UPSTREAM.md).
+# Hosts outside Go's Host grammar too (`kube-probe/1.31`): a 400 from both.
 HEADERS: st.SearchStrategy[dict[str, str]] = st.one_of(st.just(dict[str, str]()), st.dictionaries(
     st.sampled_from(["User-Agent", "Accept", "Accept-Encoding", "X-Custom"]),
     st.sampled_from(["kube-probe/1.31", "text/plain", "gzip", "*/*", "v", "", "app.local",
                      "application/openmetrics-text; version=1.0.0"]), max_size=3)).flatmap(
-    lambda headers: st.sampled_from([None, None, "app.local", "app.local:8080", "10.1.2.3"]).map(
+    lambda headers: st.sampled_from([None, None, "app.local", "app.local:8080", "10.1.2.3", "kube-probe/1.31"]).map(
         lambda host: {**headers, "Host": host} if host else headers))
 APP = st.fixed_dictionaries({
     "status": st.sampled_from([200, 200, 201, 204, 301, 400, 404, 418, 500, 503]),
@@ -251,6 +250,8 @@ def normal_form(answer: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     # (Go's gzip handler compresses bodies from 1 KiB, a relayed probe's too; ours only the metrics); the
     # bodies are compared decoded.
     form: dict[str, Any] = {"status": answer["status"], "content-type": headers.get("content-type")}
+    if answer["status"] == 307:
+        form["location"] = headers.get("location")
     if path in PROBERS or path.startswith(("/app-health/", "/app-lifecycle/")):
         form["body"] = body.decode(errors="replace")
         # Upstream's relay has Go sniff a Content-Type from the app's body (DetectContentType); ours sets none.
@@ -268,8 +269,6 @@ def normal_form(answer: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
 CLIENT_DEFAULTS = ("user-agent", "accept", "accept-encoding", "referer")
 # Deliberate: ours sends a probe's own httpHeaders; upstream relays only the request's (the kubelet sends them).
 PROBE_HEADERS = ("x-probe",)
-# Open (docs/UPSTREAM.md): upstream relays the kubelet's User-Agent to the app, ours sends its own.
-OPEN_HEADERS = ("user-agent",)
 
 
 def echoed(seen: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +277,7 @@ def echoed(seen: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     own): a kubelet always sends its
     User-Agent and Accept, so only a request without them shows the difference (docs/UPSTREAM.md)."""
     given_headers = {key.lower() for key, value in case["headers"].items() if value}  # Go adds to an empty one
-    headers = [(k, v) for k, v in seen["headers"] if k not in OPEN_HEADERS and (
+    headers = [(k, v) for k, v in seen["headers"] if (
         (k not in CLIENT_DEFAULTS and k not in PROBE_HEADERS) or k in given_headers)]
     return {**seen, "headers": headers}
 

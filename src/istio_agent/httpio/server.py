@@ -247,7 +247,7 @@ class HttpServer:
 
     async def _answer(self, conn: ServerConnection, writer: _Writer, request: Request) -> bool:
         """Run the handler and send its answer; False when the connection cannot carry another request."""
-        handler = self.router.resolve(request.method, request.path)
+        handler = self.router.resolve(request.method, request.path, request.target)
         if isinstance(handler, Response):
             response = handler
         else:

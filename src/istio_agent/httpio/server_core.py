@@ -39,6 +39,8 @@ IDLE_TIMEOUT = 75.0  # aiohttp's keepalive_timeout
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _LONGEST_METHOD = max(len(m) for m in METHODS)
+# The bytes Go's net/http takes in a Host header (httpguts.ValidHostHeader): anything else is a 400.
+_HOST_BYTES = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!$%&()*+,-.:;=['[]_~")
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json; charset=utf-8"
 
@@ -129,6 +131,12 @@ def _phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return ""
+
+
+def go_refusal(refused: Malformed) -> Response:
+    """A refusal worded as Go's net/http words a bad request (`400 Bad Request: malformed Host header`), for a
+    server that stands for a Go one (`HttpServer(render_error=go_refusal)`)."""
+    return text_response(refused.status, f"{refused.status} {_phrase(refused.status)}: {refused.reason}")
 
 
 def error_bytes(status: int, reason: str, *, body: bytes | None = None, content_type: str = TEXT,
@@ -247,6 +255,10 @@ class ServerConnection:
             raise Malformed(f"request target over {self.limits.max_field_bytes} bytes", 414)
         size = len(event.target)
         self._check_length(event, self.limits.max_body_bytes)
+        # Go's server refuses a Host outside these bytes (each of our servers stands for a Go one upstream; h11
+        # has already refused a second Host).
+        if any(name == b"host" and not all(byte in _HOST_BYTES for byte in value) for name, value in event.headers):
+            raise Malformed("malformed Host header")
         for name, value in event.headers.raw_items():
             field_size = len(name) + len(value) + 2
             if field_size > self.limits.max_field_bytes:

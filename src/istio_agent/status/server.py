@@ -25,7 +25,7 @@ from istio_agent.envoy.admin import AdminError, EnvoyAdmin
 from istio_agent.envoy.stats import READY_STATS_FILTER, UPDATE_STATS_FILTER, parse_stats
 from istio_agent.httpio.routing import Router
 from istio_agent.httpio.server import HttpServer
-from istio_agent.httpio.server_core import Request, Response, text_response
+from istio_agent.httpio.server_core import Request, Response, go_refusal, text_response
 from istio_agent.netaddr import is_localhost
 from istio_agent.status.malformed_requests import MalformedRequestLog
 from istio_agent.status.options import StatusOptions
@@ -64,7 +64,7 @@ class StatusServer:
         self.bootstrap_probe = bootstrap_probe
         self.on_quit = on_quit
         self.on_drain = on_drain
-        self.app = Router()
+        self.app = Router(clean_paths=True)  # upstream's status port is a Go ServeMux
         self.app.add("/healthz/ready", self.handle_ready)
         self.app.add("/quitquitquit", self.handle_quit)
         self.app.add("/drain", self.handle_drain)
@@ -75,7 +75,7 @@ class StatusServer:
         self._server: HttpServer | None = None
 
     async def start(self) -> None:
-        self._server = HttpServer(self.app, on_malformed=self.malformed)
+        self._server = HttpServer(self.app, on_malformed=self.malformed, render_error=go_refusal)  # worded as Go's
         await self._server.start(self.options.host, self.options.port)
         log.info("status server listening on %s:%d", self.options.host, self.options.port)
 

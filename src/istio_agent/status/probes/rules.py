@@ -39,7 +39,7 @@ PROBE_SOURCE_V4 = "127.0.0.6"
 PROBE_SOURCE_V6 = "::6"
 # Request headers never forwarded from the kubelet's request to the app.
 _NOT_FORWARDED = frozenset({
-    "host", "user-agent", "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+    "host", "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
     "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "content-length",
 })
 
@@ -238,10 +238,11 @@ def request_headers(
 ) -> tuple[list[tuple[str, str]], str | None]:
     """Headers for the app request and the Host to send (None: the URL's).
 
-    The kubelet's headers are passed on (minus hop-by-hop ones), then the probe's
-    own `httpHeaders` replace any of the same name; the User-Agent is
-    `istio-probe/1.0` unless the probe names one; a `Host` among the probe's
-    headers wins over the rewritten incoming Host.
+    The kubelet's headers are passed on (minus hop-by-hop ones; its User-Agent
+    too, as upstream relays it), then the probe's own `httpHeaders` replace any
+    of the same name; a request with no User-Agent from either gets
+    `istio-probe/1.0` (the client's own, as Go's adds its own); a `Host` among
+    the probe's headers wins over the rewritten incoming Host.
     """
     own = {name.lower() for name, _ in action.headers}
     headers = [(n, v) for n, v in incoming if n.lower() not in _NOT_FORWARDED and n.lower() not in own]
@@ -251,7 +252,7 @@ def request_headers(
             host = value
         else:
             headers.append((name, value))
-    if "user-agent" not in own:
+    if not any(name.lower() == "user-agent" for name, _ in headers):
         headers.append(("User-Agent", PROBE_USER_AGENT))
     return headers, host
 
