@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -81,6 +82,7 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
 def test_the_live_view_of_the_default_mesh(terminal: Terminal, tmp_path: Path) -> None:
     mesh = tmp_path / "mesh.yaml"
     mesh.write_text(MESH.read_text())
+    shutil.copytree(MESH.parent / "wasm", tmp_path / "wasm")  # the files the mesh names, beside it
     exit_file, err = tmp_path / "exit", tmp_path / "up.err"
     terminal.start(f"cd {ROOT} && {ISTIOD_LOCAL} up {mesh} --dir {tmp_path / 'run'} 2>{err}; "
                    f"echo $? > {exit_file}; sleep 600")
