@@ -141,9 +141,12 @@ def test_injection_attempts_fail_naming_the_annotation_and_value(annotation: str
     ("traffic.sidecar.istio.io/excludeInterfaces", "veth+"),  # upstream's names: no iptables wildcard
     ("traffic.sidecar.istio.io/kubevirtInterfaces", "net1,,net2"),
     ("istio.io/reroute-virtual-interfaces", "1eth"),
+    ("traffic.sidecar.istio.io/includeInboundPorts", " "),  # upstream takes it, and writes `--dport  ` rules
+    ("traffic.sidecar.istio.io/excludeOutboundPorts", "  "),
 ])  # fmt: skip
 def test_what_upstreams_validators_refuse_is_refused(annotation: str, value: str) -> None:
-    """Values the capture code could use but upstream's NewRedirect refuses: ADD fails as upstream's does."""
+    """Values the capture code could use but upstream's NewRedirect refuses (or turns into rules iptables-restore
+    refuses): ADD fails as upstream's does."""
     with pytest.raises(PodError) as info:
         config(pod({annotation: value}))
     assert annotation in str(info.value) and repr(value) in str(info.value)

@@ -354,8 +354,8 @@ def compare_case(case: dict[str, Any], netns: NamedNetns, theirs: Side, ours: Si
     its own conditions); AssertionError naming any other difference."""
     where = (f"case {describe(case)}\nupstream said ({theirs[0]}):\n{theirs[1]}\n{theirs[3][-2500:]}\n"
              f"ours said ({ours[0]}):\n{ours[1]}\n{ours[3][-2500:]}")
-    if (theirs[0], ours[0]) == (1, 0) and error_code(theirs[1]) == 999 and str(theirs[1].get("msg", "")).startswith(
-            "failed to load args:") and error_code(ours[1]) == 4:
+    if theirs[0] == ours[0] == 1 and error_code(theirs[1]) == 999 and error_code(ours[1]) == 4 and str(
+            theirs[1].get("msg", "")).startswith("failed to load args:"):
         return "deliberate: CNI_ARGS that do not parse are code 4"
     if (theirs[0], ours[0]) == (0, 1) and error_code(ours[1]) == 999 and (
             (theirs[2] is not None and refused_by_kernel(netns, theirs[2])) or outside_strict_grammar(case, ours)):

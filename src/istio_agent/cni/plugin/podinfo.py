@@ -254,6 +254,10 @@ def redirect_settings(info: PodInfo, warn: Callable[[str], None]) -> dict[str, S
     if mode.value not in ("REDIRECT", "TPROXY"):
         raise PodError(mode.source, mode.value, "interceptionMode must be REDIRECT or TPROXY")
     upstream_annotation_checks(info)
+    for key in (INCLUDE_INBOUND_PORTS, EXCLUDE_OUTBOUND_PORTS, INCLUDE_OUTBOUND_PORTS):
+        value = info.annotations.get(key, "")
+        if value and not value.strip():  # upstream hands it on as written: `--dport  ` rules iptables refuses
+            raise PodError(f"annotation {key}", value, "a blank port list (upstream's rules for it would not load)")
     settings = {
         "inbound_interception_mode": mode,
         "outbound_ip_ranges_include": _annotation(info, INCLUDE_OUTBOUND_IP_RANGES, "*"),
