@@ -15,9 +15,17 @@ same API (one `istiod-local serve` for the module; each batch of cases is one re
 serves every pod of the batch before either plugin runs). Each side has its own `cni_agent_run_dir` holding
 the same kubeconfig (the only difference in their inputs).
 
-Compared, with no normalisation: the exit status; on success the result on stdout (as parsed JSON) and the
-recording byte for byte (or that neither wrote one: the pod is not captured); on failure the CNI error
-object's `code` and `cniVersion` (the messages are each implementation's own words).
+Compared: the exit status; on success the result on stdout (as parsed JSON) and the recording byte for byte
+(or that neither wrote one: the pod is not captured); on failure the CNI error object's `code` (the messages
+are each implementation's own words, and only ours names `cniVersion`, the spec's field skel leaves out).
+
+Deliberate differences (docs/UPSTREAM.md), each recognised only under its own conditions:
+- CNI_ARGS that do not parse are code 4 in ours, 999 in upstream's ("failed to load args").
+- an annotation value upstream copies into its rules unchecked (`excludeInboundPorts: "*"`, port 0 or `080`)
+  is refused by ours (999): counted only when upstream's recording is refused by iptables-restore --test in
+  the pod's netns, or the port item ours names is 0 or has a leading zero.
+- ` 80` in a port list: upstream writes `--dport  80`, ours `--dport 80` (the same rule once iptables-restore
+  splits it): counted only when the recordings are equal with runs of spaces inside a line made one.
 """
 
 from __future__ import annotations
