@@ -48,7 +48,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from launchers import IstiodLocal, RegistryFile
-from needs import need_file, need_root
+from needs import need_file, need_root, need_tool
 from support import VENV_BIN
 from upstream_peers import (
     DIFF_EXAMPLES,
@@ -254,6 +254,7 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[dict[str, NamedNetns]]:
     need_root()
+    need_tool("iptables-restore")  # the kernel's verdict on upstream's recorded rules
     tag = f"iacni{os.getpid() % 100000}"
     with contextlib.ExitStack() as stack:
         yield {key: stack.enter_context(named_netns(f"{tag}-{key}", addresses)) for key, addresses in HOSTS.items()}
