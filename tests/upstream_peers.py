@@ -12,6 +12,7 @@ by default); `make diff-long` sets more cases and a fresh `UPSTREAM_DIFF_SEED`, 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -57,11 +58,16 @@ def need_upstream(command: str) -> Path:
     return path
 
 
-def differential(test: Callable[..., None]) -> Callable[..., None]:
+def differential(test: Callable[..., None] | None = None, *, cases_per_example: int = 1) -> Any:
     """Hypothesis settings of a differential test: fixed seed and DIFF_EXAMPLES cases unless a seed is given;
-    no example database (a run is reproducible from its seed alone); no deadline (each case runs processes)."""
+    no example database (a run is reproducible from its seed alone); no deadline (each case runs processes).
+
+    `@differential(cases_per_example=n)` is for a test whose example is a batch of n cases (run together to
+    share a slow step): DIFF_EXAMPLES / n examples, rounded up."""
+    if test is None:
+        return functools.partial(differential, cases_per_example=cases_per_example)
     configured = settings(
-        max_examples=DIFF_EXAMPLES,
+        max_examples=-(-DIFF_EXAMPLES // cases_per_example),
         derandomize=not DIFF_SEED,
         database=None,
         deadline=None,

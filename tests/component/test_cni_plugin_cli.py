@@ -145,7 +145,8 @@ def test_prev_result_passthrough_for_each_version(cni: Harness, version: str) ->
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == prev
     empty = cni.run(cni.env(CNI_ARGS=""), cni.config(version=version))
-    assert json.loads(empty.stdout) == {"cniVersion": version, "dns": {}}
+    assert json.loads(empty.stdout) == ({"cniVersion": version, "dns": {}} if version.startswith("0.")
+                                        else {"cniVersion": version})
 
 
 def test_status_and_gc_succeed_silently(cni: Harness) -> None:

@@ -71,7 +71,7 @@ class PodNetns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
     def add(self, pod_name: str, namespace: str = "shop", command: str = "ADD", netns: str = "",
-            inside: str = "", **fields: Any) -> subprocess.CompletedProcess[bytes]:
+            inside: str = "", dry_run_file: Path | None = None, **fields: Any) -> subprocess.CompletedProcess[bytes]:
         config = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
                   "cni_agent_run_dir": str(self.run_dir), "exclude_namespaces": ["kube-system"],
                   "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.78.0.2/24", "interface": 0}]},
@@ -80,6 +80,8 @@ class PodNetns:
                "CNI_NETNS": netns or self.path, "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod_name}",
                "ISTIO_CNI_POD_RETRIEVAL_MAX_RETRIES": "2", "ISTIO_CNI_POD_RETRIEVAL_INTERVAL": "10ms"}
+        if dry_run_file is not None:
+            env["DRY_RUN_FILE_PATH"] = str(dry_run_file)
         argv = ["ip", "netns", "exec", inside, str(SCRIPT)] if inside else [str(SCRIPT)]
         return subprocess.run(argv, input=json.dumps(config).encode(), env=env, capture_output=True, timeout=60)
 
@@ -204,3 +206,18 @@ def test_netns_of_the_plugin_itself_is_refused(ns: PodNetns, api: PodApi) -> Non
     body = failed(ns.add("web", netns=f"/run/netns/{ns.peer}", inside=ns.peer))
     assert body["code"] == 8 and ns.peer in body["msg"]
     assert "ISTIO" not in sh("ip", "netns", "exec", ns.peer, "iptables-save").stdout
+
+
+def test_dry_run_reads_the_pods_addresses_inside_its_netns(ns: PodNetns, api: PodApi, tmp_path: Path) -> None:
+    """As upstream's dry run: the IPv6 mode comes from the pod's netns (here IPv6 only), not the plugin's own;
+    with no address there at all ADD fails, nothing recorded."""
+    api.add_pod(sidecar_pod("dry"))
+    sh("ip", "-n", ns.pod, "addr", "del", "10.78.0.2/24", "dev", "eth0")
+    sh("ip", "-n", ns.pod, "addr", "add", "fd00:78::2/64", "dev", "eth0", "nodad")
+    record = tmp_path / "rules.txt"
+    ok(ns.add("dry", dry_run_file=record))
+    assert "-A ISTIO_OUTPUT -o lo -s ::6/128 -j RETURN" in record.read_text()
+    assert ns.iptables() == ""  # recorded, not applied
+    record.unlink()
+    sh("ip", "-n", ns.pod, "addr", "del", "fd00:78::2/64", "dev", "eth0")
+    assert failed(ns.add("dry", dry_run_file=record))["code"] == 999 and not record.exists()

@@ -132,6 +132,35 @@ def test_injection_attempts_fail_naming_the_annotation_and_value(annotation: str
     assert repr(value) in str(info.value)  # as written: not trimmed, not merged with the always-excluded ports
 
 
+@pytest.mark.parametrize(("annotation", "value"), [
+    ("traffic.sidecar.istio.io/excludeInboundPorts", "8080,443,"),  # an empty item
+    ("traffic.sidecar.istio.io/includeOutboundPorts", "29546,"),
+    ("traffic.sidecar.istio.io/includeInboundPorts", " * "),  # `*` only as the whole text
+    ("traffic.sidecar.istio.io/includeOutboundIPRanges", "10.0.0.0/8,"),
+    ("traffic.sidecar.istio.io/excludeOutboundIPRanges", " 10.0.0.0/8"),  # CIDR items are not trimmed
+    ("traffic.sidecar.istio.io/excludeInterfaces", "veth+"),  # upstream's names: no iptables wildcard
+    ("traffic.sidecar.istio.io/kubevirtInterfaces", "net1,,net2"),
+    ("istio.io/reroute-virtual-interfaces", "1eth"),
+    ("traffic.sidecar.istio.io/includeInboundPorts", " "),  # upstream takes it, and writes `--dport  ` rules
+    ("traffic.sidecar.istio.io/excludeOutboundPorts", "  "),
+])  # fmt: skip
+def test_what_upstreams_validators_refuse_is_refused(annotation: str, value: str) -> None:
+    """Values the capture code could use but upstream's NewRedirect refuses (or turns into rules iptables-restore
+    refuses): ADD fails as upstream's does."""
+    with pytest.raises(PodError) as info:
+        config(pod({annotation: value}))
+    assert annotation in str(info.value) and repr(value) in str(info.value)
+
+
+def test_upstreams_validators_take_trimmed_ports_and_interfaces() -> None:
+    cfg = config(pod({"traffic.sidecar.istio.io/includeInboundPorts": " 80, 443 ",
+                      "traffic.sidecar.istio.io/excludeInterfaces": " eth1 ,net-2.x",
+                      "traffic.sidecar.istio.io/kubevirtInterfaces": "veth+",  # not read: the newer key is set
+                      "istio.io/reroute-virtual-interfaces": "net1"}))
+    assert (cfg.inbound_ports_include, cfg.exclude_interfaces) == ("80,443", "eth1,net-2.x")
+    assert cfg.reroute_virtual_interfaces == "net1"
+
+
 def test_security_context_of_the_wrong_type_is_named() -> None:
     with pytest.raises(PodError, match="runAsUser"):
         extract_pod_info(pod(securityContext={"runAsUser": "0; reboot"}))

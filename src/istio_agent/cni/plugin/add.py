@@ -8,7 +8,9 @@ when it still cannot be had ADD fails with "try again later" (11) naming the
 API error: a pod that may need capture never starts without it
 (istio/istio#17583). Then upstream's skip rules, the capture settings from
 the pod (`podinfo`), and the project's istio-iptables run inside CNI_NETNS
-(`capture.program.execute`), recorded instead with DRY_RUN_FILE_PATH.
+(`capture.program.execute`), recorded instead with DRY_RUN_FILE_PATH (the
+host facts still read inside CNI_NETNS when it is one, as upstream's dry run
+reads them).
 
 The kubeconfig is read on each attempt rather than once, so a kubeconfig
 install-cni writes (or rotates) while we wait is picked up. `cmd_add` is the
@@ -201,6 +203,18 @@ def warn_if_ambient(pod: dict[str, object], namespace: str, name: str, conf: Plu
                  "capture from the ambient node agent")
 
 
+def enter_for_dry_run(netns: str, log: PluginLog) -> None:
+    """Upstream reads the host facts (the pod's addresses: the IPv6 mode) inside CNI_NETNS in a dry run too
+    (`execute` enters it itself only to apply). A path that is no network namespace (a test's stand-in, as
+    upstream's own dry-run test substitutes one) keeps this thread's, as before."""
+    from istio_agent.capture.netns import enter_netns
+
+    try:
+        enter_netns(netns)
+    except OSError as err:
+        log.debug(f"dry run: host facts from the plugin's own netns ({netns}: {err})")
+
+
 def program(cfg: CaptureConfig, env: Mapping[str, str], log: PluginLog, pod_name: str) -> None:
     """istio-iptables (or nftables) inside the pod's netns; any failure is an ADD error."""
     from istio_agent.capture.program import execute
@@ -209,6 +223,8 @@ def program(cfg: CaptureConfig, env: Mapping[str, str], log: PluginLog, pod_name
     kind = "nftables" if cfg.native_nftables else "iptables"
     log.info(f"============= Start {kind} configuration for {pod_name} =============")
     try:
+        if cfg.dry_run and cfg.network_namespace:
+            enter_for_dry_run(cfg.network_namespace, log)
         execute(cfg, env, log=log.info)
     except ConfigError as err:  # host facts (e.g. resolv.conf) checked again after they are read
         raise CniError(ERR_INTERNAL, f"{kind} configuration rejected: {err}; nothing was applied") from None

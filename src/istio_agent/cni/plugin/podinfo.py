@@ -178,11 +178,86 @@ def _annotation(info: PodInfo, key: str, default: str, clean: Callable[[str], st
     return Setting(default, f"default of {key}")
 
 
+def _go_port(item: str) -> bool:
+    """strconv.ParseUint(strings.TrimSpace(item), 10, 16) succeeds (a leading zero and 0 itself included)."""
+    text = item.strip()
+    return text.isascii() and text.isdigit() and int(text) <= 65535
+
+
+def _upstream_port_list(value: str) -> str | None:
+    """Why upstream's validatePortListWithWildcard refuses `value` (None: it does not): `*` exactly, or a list
+    trimmed as a whole whose every item parses as a port once trimmed (so `80,` and ` * ` are refused)."""
+    if value == "*" or not value.strip():
+        return None
+    for item in value.strip().split(","):
+        if not _go_port(item):
+            return f"{item!r} is not a port number (0-65535) or the list '*'"
+    return None
+
+
+def _upstream_cidr_list(value: str, wildcard: bool) -> str | None:
+    """Why upstream's validateCIDRList(WithWildcard) refuses `value`: every item, untrimmed, a prefix
+    netip.ParsePrefix takes (an empty item, `80,` or a bare address included, is refused)."""
+    from istio_agent.capture.addr import parse_prefix
+
+    if (wildcard and value == "*") or not value:
+        return None
+    for item in value.split(","):
+        try:
+            parse_prefix(item)
+        except ValueError as err:
+            return f"{item!r} is not a CIDR: {err}"
+    return None
+
+
+def _upstream_interfaces(value: str) -> str | None:
+    """Why upstream's ValidateInterfaceNames refuses `value`: each trimmed item 1-15 characters, a letter then
+    letters, digits, `_`, `.` or `-` (so neither iptables' `+` wildcard nor an empty item)."""
+    if not value:
+        return None
+    for item in value.split(","):
+        name = item.strip()
+        if not name or len(name) > 15 or not (name[0].isascii() and name[0].isalpha()) or not all(
+                c.isascii() and (c.isalnum() or c in "_.-") for c in name):
+            return f"{name!r} is not an interface name upstream accepts ([a-zA-Z][a-zA-Z0-9_.-]*, at most 15)"
+    return None
+
+
+# Upstream's NewRedirect validates these annotations, in this order, before anything else (the capture code's
+# stricter checks follow); a value it refuses fails ADD there, so it must here too.
+_UPSTREAM_CHECKS: tuple[tuple[str, Callable[[str], str | None]], ...] = (
+    (INCLUDE_OUTBOUND_IP_RANGES, lambda v: _upstream_cidr_list(v, wildcard=True)),
+    (EXCLUDE_OUTBOUND_IP_RANGES, lambda v: _upstream_cidr_list(v, wildcard=False)),
+    (EXCLUDE_INBOUND_PORTS, _upstream_port_list),
+    (INCLUDE_INBOUND_PORTS, _upstream_port_list),
+    (EXCLUDE_OUTBOUND_PORTS, _upstream_port_list),
+    (INCLUDE_OUTBOUND_PORTS, _upstream_port_list),
+    (EXCLUDE_INTERFACES, _upstream_interfaces),
+)
+
+
+def upstream_annotation_checks(info: PodInfo) -> None:
+    """PodError for the first annotation upstream's validators refuse (the interception mode is checked first,
+    by `redirect_settings`; the virtual interfaces last: `reroute-virtual-interfaces` when set, else the
+    deprecated `kubevirtInterfaces`)."""
+    virtual = REROUTE_VIRTUAL_INTERFACES if REROUTE_VIRTUAL_INTERFACES in info.annotations else KUBEVIRT_INTERFACES
+    for key, check in (*_UPSTREAM_CHECKS, (virtual, _upstream_interfaces)):
+        if key in info.annotations:
+            reason = check(info.annotations[key])
+            if reason is not None:
+                raise PodError(f"annotation {key}", info.annotations[key], reason)
+
+
 def redirect_settings(info: PodInfo, warn: Callable[[str], None]) -> dict[str, Setting]:
     """The CaptureConfig fields upstream's NewRedirect derives, each with its source."""
     mode = _annotation(info, INTERCEPTION_MODE, "REDIRECT")
     if mode.value not in ("REDIRECT", "TPROXY"):
         raise PodError(mode.source, mode.value, "interceptionMode must be REDIRECT or TPROXY")
+    upstream_annotation_checks(info)
+    for key in (INCLUDE_INBOUND_PORTS, EXCLUDE_OUTBOUND_PORTS, INCLUDE_OUTBOUND_PORTS):
+        value = info.annotations.get(key, "")
+        if value and not value.strip():  # upstream hands it on as written: `--dport  ` rules iptables refuses
+            raise PodError(f"annotation {key}", value, "a blank port list (upstream's rules for it would not load)")
     settings = {
         "inbound_interception_mode": mode,
         "outbound_ip_ranges_include": _annotation(info, INCLUDE_OUTBOUND_IP_RANGES, "*"),

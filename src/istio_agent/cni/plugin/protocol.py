@@ -231,11 +231,13 @@ def add_result(config: Mapping[str, object], version: str) -> bytes:
     Nothing is converted: the runtime already handed prevResult over in the
     config's version. Only its version label is set (a pre-1.0 result may
     lack one; a key spelled in another case, which Go's decoder would also
-    take for `cniVersion`, is replaced).
+    take for `cniVersion`, is replaced). The empty result is upstream's: an
+    empty `dns` object in the 0.x layout, none from 1.0.0 on (the 1.x result
+    leaves an empty `dns` out).
     """
     prev = config.get("prevResult")
     if prev is None:
-        return _dump({"cniVersion": version, "dns": {}})
+        return _dump({"cniVersion": version, "dns": {}} if version.startswith("0.") else {"cniVersion": version})
     if not isinstance(prev, dict):
         raise CniError(ERR_INVALID_NETWORK_CONFIG, "invalid network config: prevResult must be a JSON object")
     result: dict[str, object] = {"cniVersion": version}
