@@ -137,7 +137,8 @@ def test_go_sidecar_serves_the_certificate_istiod_local_signed_for_its_identity(
     assert _id("go-echo") in uris, certs
     root = (mesh.pods["go-echo-1"].dir / "var/run/secrets/istio/root-cert.pem").read_text()
     serials = {cert["serial_number"] for entry in certs["certificates"] for cert in entry.get("ca_cert", [])}
-    assert format(x509.load_pem_x509_certificate(root.encode()).serial_number, "x") in serials, certs
+    # Envoy writes a serial as its bytes in hex (a leading zero kept): compared as numbers.
+    assert x509.load_pem_x509_certificate(root.encode()).serial_number in {int(s, 16) for s in serials}, certs
 
 
 def test_go_sidecar_gets_its_clusters_and_listeners_from_istiod_local(mesh: Mesh) -> None:
