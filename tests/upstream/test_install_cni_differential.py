@@ -3,13 +3,18 @@
 Each case is a net dir (primary configs as `.conf` and `.conflist`, chained plugins, a stale `istio-cni` entry,
 an Istio-owned file name, files that are not configs, broken JSON, file modes) and install-cni's settings as
 flags or as their environment variables (chained or standalone, `--cni-conf-name`, the Istio-owned config,
-group read, kubeconfig mode, TLS verification, the plugin's log level). Both binaries run with the same
-arguments and environment, each in its own network and mount namespace (`unshare`) where upstream's fixed
-paths are scratch directories: `/opt/cni/bin` holds an `istio-cni` to install, `/host/opt/cni/bin` is the bin
-dir, `/var/run/secrets/kubernetes.io/serviceaccount` has a token, a CA and a namespace; repair is off, so no
-Kubernetes API is needed. Each serves /readyz on :8000 of its own namespace.
+group read, kubeconfig mode, TLS verification, the plugin's log level). Both binaries run at once with the
+same arguments and environment, each in its side's sandbox (`upstream_sandbox.Sandbox`, set up once per module
+and joined per case): its own network namespace and a mount namespace under a private root where upstream's
+fixed paths are scratch directories (`/opt/cni/bin` holds an `istio-cni` to install, `/host/opt/cni/bin` is the
+bin dir, `/var/run/secrets/kubernetes.io/serviceaccount` has a token, a CA and a namespace) and nothing of them
+exists on the host; repair is off, so no Kubernetes API is needed. Each serves /readyz on :8000 of its own
+namespace. Every case checks both sandboxes still hold their layout, and the run fails when fewer than a
+READY_SHARE of its cases reached ready (the files written are compared there).
 
-Compared, once both report ready (or after SETTLE seconds when neither does) and again after SIGTERM: every
+Compared, once both report ready (or both show a state they keep without a change to their directories:
+exited, waiting for a primary config, rewriting a config no runtime loads; SETTLE seconds at most when neither
+is ready) and again after SIGTERM to both: every
 file left in the net dir (name, mode, content: JSON files as parsed JSON, other files as bytes), in the bin dir
 (name and mode: upstream copies its binary, ours installs a launcher) and in the run dir (the kubeconfig as
 parsed YAML, mode), and whether each became ready. The exit code after SIGTERM is compared too.
@@ -20,7 +25,8 @@ its installer wraps the cancellation with %v, so the check that turns a cancella
 it); ours exits 0 as after any SIGTERM. Counted only with exactly that message and neither side ready.
 Another: when the net dir holds no config a runtime loads after the write (`--cni-conf-name=x.json`, or a
 standalone body under `--cni-conf-name=x.conflist`), both write it and stay unready, but upstream rewrites it in a
-loop that never looks at its context, so SIGTERM does not end it (killed after 10 s) where ours cleans up and
+loop that never looks at its context, so SIGTERM does not end it (killed; seen in its log, it gets LOOP_GRACE
+seconds, not GRACE) where ours cleans up and
 exits 0. Counted only with upstream killed, that loop in its log, and neither ready.
 Another (docs/CNI.md): with `--istio-owned-cni-config` but no ambient the merge goes into the node's primary
 file, which upstream's cleanup then deletes; ours takes its entry out and keeps the file. Counted only when the
@@ -69,9 +75,11 @@ WAITING = re.compile(r"Waiting for CNI network config file to be written|does no
 # Rewriting a config no runtime loads: upstream logs each pass of its loop (its first write logs one too), ours
 # logs only rewrites, each a recheck that found its file still not in effect.
 REWRITES = (re.compile(r"\(re\)writing CNI config file"), 2), (re.compile(r"\(re\)writing CNI config file"), 1)
+QUIET = 1.5  # seconds without a change to either side's files or log that settle a case neither is ready in
 SETTLE = 6.0  # seconds to wait for a side that shows none of those states (it never happened in a CI run)
 SLOW_START = 15.0  # seconds a side may lag the other (start-up on a loaded machine)
 POLL = 0.02
+READY_SHARE = 0.3  # of a run's cases (from 50 on), at least this many must reach ready
 GRACE = 10.0  # seconds from SIGTERM to SIGKILL, as a kubelet's grace period
 LOOP_GRACE = 1.5  # for upstream in its loop, which never reads its context
 # Upstream's fixed paths, scratch ones in each side's sandbox (a private root: nothing of them on the host).
@@ -335,19 +343,28 @@ def owned_primary_kept(case: dict[str, Any], theirs: dict[str, Any], ours: dict[
     return bool(extra) and all(k.startswith("net/") and "istio-cni" not in json.dumps(ours[k][1]) for k in extra)
 
 
-def wait_ready(pair: tuple[Side, Side]) -> tuple[bool, bool]:
-    """Poll both until both are ready, or both have settled (`Side.settled`), or neither is ready after SETTLE
-    seconds, or one is and the other is not after SLOW_START seconds (a loaded machine may start one side late);
-    then whether each is."""
+def wait_ready(pair: tuple[Side, Side]) -> tuple[tuple[bool, bool], str]:
+    """Poll both until both are ready, or both have settled (`Side.settled`), or neither is ready and nothing of
+    either (files, log) changed for QUIET seconds (a log level that hides the states' lines), or neither is ready
+    after SETTLE seconds, or one is and the other is not after SLOW_START seconds (a loaded machine may start one
+    side late); then whether each is, and what ended the wait ("" when both settled)."""
     start = time.monotonic()
+    last: tuple[Any, ...] = ()
+    changed = start
     while True:
         states = (pair[0].ready(), pair[1].ready())
-        waited = time.monotonic() - start
+        now = time.monotonic()
         settled = [side.settled(up, marks) for side, up, marks in zip(pair, states, REWRITES, strict=True)]
         if all(states) or all(settled):
-            return states
-        if (not any(states) and waited > SETTLE) or waited > SLOW_START:
-            return states
+            return states, ""
+        if not any(states) and now - start > QUIET:
+            seen = tuple((side.files(), len(side.output(full=True))) for side in pair)
+            if seen != last:
+                last, changed = seen, now
+            elif now - changed > QUIET:
+                return states, "(settled when quiet)"
+        if (not any(states) and now - start > SETTLE) or now - start > SLOW_START:
+            return states, "(settled on the time limit)"
         time.sleep(POLL)
 
 
@@ -399,7 +416,9 @@ def test_install_cni_differential(layouts: tuple[Layout, Layout]) -> None:
         for layout in layouts:
             assert layout.intact(), f"a side's sandbox lost its scratch layout ({layout.box.top})"
         with sides(case, layouts, next(numbers)) as (theirs, ours):
-            ready = wait_ready((theirs, ours))
+            ready, ended = wait_ready((theirs, ours))
+            if ended:
+                tally.counts[ended] += 1
             if not all(ready):
                 settle_exits((theirs, ours))
             where = lambda: (f"case {describe(case)}\nupstream said:\n{theirs.output()}\n"  # noqa: E731
@@ -433,3 +452,5 @@ def test_install_cni_differential(layouts: tuple[Layout, Layout]) -> None:
     compare()
     print(tally.report())
     assert tally.counts["cases"] >= 1
+    if tally.counts["cases"] >= 50:
+        assert tally.counts["(ready)"] >= READY_SHARE * tally.counts["cases"], f"too few cases reached ready: {tally}"
