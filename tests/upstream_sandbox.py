@@ -30,6 +30,13 @@ from upstream_peers import base_env
 READY = "sandbox ready"
 HOLDER = """set -e
 ip link set lo up
+if [ -n "$ADDRESSES" ]; then
+  ip link add eth0 type veth peer name eth0-peer
+  ip link set eth0 up
+  for address in $ADDRESSES; do
+    case "$address" in *:*) ip addr add "$address" dev eth0 nodad;; *) ip addr add "$address" dev eth0;; esac
+  done
+fi
 if [ -n "$PRIVATE_ROOT" ]; then
   NEW="$TOP/root"
   mkdir -p "$NEW"
@@ -55,8 +62,9 @@ exec sleep infinity
 
 
 class Sandbox:
-    """A holder process in its own network namespace (loopback up) and, with `private`, mount namespace under a
-    private root where those top-level directories are empty tmpfs and `setup` (shell) built the rest.
+    """A holder process in its own network namespace (loopback up; with `addresses`, an interface holding them:
+    a veth pair, both ends inside) and, with `private`, mount namespace under a private root where those
+    top-level directories are empty tmpfs and `setup` (shell) built the rest.
 
     Ready once the holder runs under the new root: its READY line comes from there.
 
@@ -64,10 +72,12 @@ class Sandbox:
     the returned process is the command itself (a signal reaches it, its exit code is its own).
     """
 
-    def __init__(self, top: Path, private: tuple[str, ...] = (), setup: str = "") -> None:
+    def __init__(self, top: Path, private: tuple[str, ...] = (), setup: str = "",
+                 addresses: tuple[str, ...] = ()) -> None:
         self.top = top
         self.private = private
         self.setup = setup
+        self.addresses = addresses
         self.nsenter = need_tool("nsenter")
         self.holder: subprocess.Popen[str] | None = None
 
@@ -78,7 +88,8 @@ class Sandbox:
         argv = ["unshare", "--net", *(["--mount", "--propagation", "private"] if self.private else []),
                 "sh", "-c", HOLDER]
         env = base_env({"TOP": str(self.top), "PRIVATE": " ".join(self.private), "SETUP": self.setup,
-                        "PRIVATE_ROOT": "1" if self.private else "", "READY": READY})
+                        "PRIVATE_ROOT": "1" if self.private else "", "READY": READY,
+                        "ADDRESSES": " ".join(self.addresses)})
         self.holder = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.holder.stdout is not None
         line = self.holder.stdout.readline().strip()
@@ -131,8 +142,9 @@ class Sandbox:
 
 
 @contextlib.contextmanager
-def sandbox(top: Path, private: tuple[str, ...] = (), setup: str = "") -> Iterator[Sandbox]:
-    with Sandbox(top, private, setup) as box:
+def sandbox(top: Path, private: tuple[str, ...] = (), setup: str = "", addresses: tuple[str, ...] = ()
+            ) -> Iterator[Sandbox]:
+    with Sandbox(top, private, setup, addresses) as box:
         yield box
 
 
