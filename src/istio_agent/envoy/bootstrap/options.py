@@ -80,7 +80,10 @@ class BootstrapOptions:
 
     @property
     def lightstep_token_path(self) -> str:
-        return f"{self.config_path}/{LIGHTSTEP_TOKEN_FILE}"
+        """Upstream's `path.Join(configPath, ...)`: cleaned, so `./etc/istio/proxy` gives `etc/istio/proxy/...`."""
+        from istio_agent.grpcxds.bootstrap import go_join
+
+        return go_join(self.config_path, LIGHTSTEP_TOKEN_FILE)
 
     @property
     def annotations(self) -> Mapping[str, str]:
