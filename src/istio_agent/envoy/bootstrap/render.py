@@ -253,9 +253,8 @@ def write_bootstrap(
     use_template = template != DEFAULT_TEMPLATE_PATH or template_file_path.exists()
     lightstep = (opts.proxy_config.get("tracing") or {}).get("lightstep")
     if isinstance(lightstep, dict):
-        token = resolve(opts.lightstep_token_path)
-        token.write_text(str(lightstep.get("accessToken", "")))
-        token.chmod(0o666)
+        # upstream's os.WriteFile(..., 0o666): the process umask applies, an existing file keeps its mode
+        resolve(opts.lightstep_token_path).write_text(str(lightstep.get("accessToken", "")))
     if use_template:
         from istio_agent.envoy.bootstrap.params import template_params
         from istio_agent.envoy.bootstrap.template import TemplateError, render_template
