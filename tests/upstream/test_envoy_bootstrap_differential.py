@@ -340,7 +340,7 @@ def ours_in_process(box: Sandbox, pod: dict[str, Any], environment: dict[str, st
                                   template_file=envoy.source.template_file)
         source = envoy.source
         override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
-        launch = replace(envoy.launch, config_file=str(written.path), config_override_json=override)
+        launch = replace(envoy.launch, config_file=written.for_envoy, config_override_json=override)
         return written.path.read_bytes(), envoy_command(envoy.binary_path, launch)[1:]
 
     try:
@@ -360,7 +360,7 @@ def normalised(data: bytes, workdir: Path, pod: dict[str, Any], version: str) ->
 
 
 def normalised_argv(argv: list[str], workdir: Path) -> list[str]:
-    return [arg.replace(f"{workdir}/", "").replace(str(workdir), "<workdir>") for arg in argv]
+    return [arg.replace(str(workdir), "<workdir>") for arg in argv]
 
 
 def config_files(workdir: Path) -> dict[str, str]:

@@ -231,8 +231,13 @@ def output_file_name(template_path: str) -> str:
 
 @dataclass(frozen=True)
 class WrittenBootstrap:
-    path: Path
+    path: Path  # where it was written (resolved against the work directory)
     template: Path | None
+    envoy_path: str = ""  # the name Envoy is given: upstream's path.Join(configPath, file), relative stays relative
+
+    @property
+    def for_envoy(self) -> str:
+        return self.envoy_path or str(self.path)
 
 
 def write_bootstrap(
@@ -274,4 +279,7 @@ def write_bootstrap(
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(rendered)
     tmp.replace(target)
-    return WrittenBootstrap(target, template_file_path if use_template else None)
+    from istio_agent.grpcxds.bootstrap import go_join
+
+    return WrittenBootstrap(target, template_file_path if use_template else None,
+                            go_join(opts.config_path, target.name))
