@@ -155,6 +155,20 @@ STATS_ANNOTATIONS: dict[str, st.SearchStrategy[str]] = {
                                                               '{"cluster_manager": [1, 2.5]}']),
     "sidecar.istio.io/statsCompression": st.sampled_from(["true", "false"]),
 }
+# Process-wide settings upstream reads from its environment for the bootstrap.
+FEATURES: dict[str, st.SearchStrategy[str]] = {
+    "ISTIO_DUAL_STACK": st.sampled_from(["true", "false"]), "ISTIO_DELTA_XDS": st.sampled_from(["true", "false"]),
+    "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL": st.sampled_from(["true", "false"]),
+    "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED": st.sampled_from(["true", "false"]),
+    "EXIT_ON_ZERO_ACTIVE_CONNECTIONS": st.sampled_from(["true", "false"]),
+    "MINIMUM_DRAIN_DURATION": st.sampled_from(["5s", "10s"]),
+    "PILOT_CERT_PROVIDER": st.sampled_from(["istiod", "kubernetes", "custom", "none"]),
+    "ISTIO_META_ENABLE_SELF_DISCOVERY": st.sampled_from(["true"]),
+    "ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": st.sampled_from(["100", "x"]),
+    "ISTIO_AGENT_ENVOY_LOG_AS_JSON": st.sampled_from(["true"]),
+}
+OVERRIDE = st.sampled_from(["admin:\n  address:\n    socket_address:\n      port_value: 15999\n",
+                            "node:\n  cluster: $(HOST_IP)\n", "{}\n"])
 ANNOTATION_CONFIG = st.sampled_from([
     "concurrency: 3", "drainDuration: 7s", "tracing:\n  sampling: 10", "proxyStatsMatcher:\n  inclusionPrefixes: [tls]",
     "holdApplicationUntilProxyStarts: true", "proxyMetadata:\n  ISTIO_META_X: y1"])
@@ -178,6 +192,13 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
             environment[key] = draw(strategy)
     for key in draw(st.lists(st.sampled_from(sorted(KNOWN_META)), max_size=3, unique=True)):
         environment[f"ISTIO_META_{key}"] = draw(KNOWN_META[key])
+    for key in draw(st.lists(st.sampled_from(sorted(FEATURES)), max_size=2, unique=True)):
+        environment[key] = draw(FEATURES[key])
+    for key, value in draw(st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,8}\Z", fullmatch=True), TEXT,
+                                           max_size=2)).items():
+        environment[f"ISTIO_META_X_{key}"] = value
+    if draw(st.integers(0, 5)) == 0:
+        environment["ISTIO_METAJSON_X_EXTRA"] = draw(st.sampled_from(['{"K": {"x": 1}}', '{"A": [1, "b"]}', "{"]))
     labels = draw(st.dictionaries(st.sampled_from(["app", "version", "service.istio.io/canonical-name",
                                                    "topology.kubernetes.io/region", "topology.kubernetes.io/zone"]),
                                   NAME, max_size=3))
@@ -190,9 +211,11 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         flags.append(draw(st.sampled_from(["--concurrency=2", "--proxyLogLevel=debug", "--log_as_json",
                                            "--proxyComponentLogLevel=misc:error,upstream:debug",
                                            "--domain=ns.svc.cluster.local", "--serviceCluster=svc-x"])))
-    return {"type": draw(st.sampled_from(["sidecar", "sidecar", "sidecar", "router"])), "flags": flags,
-            "proxy_config": proxy_config, "mesh_default": mesh_default, "env": environment, "labels": labels,
-            "annotations": annotations, "host": draw(st.sampled_from(sorted(HOSTS)))}
+    return {"type": draw(st.sampled_from(["sidecar", "sidecar", "sidecar", "router", "router", "waypoint"])),
+            "flags": flags, "proxy_config": proxy_config, "yaml": draw(st.booleans()),
+            "override": draw(OVERRIDE) if draw(st.integers(0, 7)) == 0 else None, "mesh_default": mesh_default,
+            "env": environment, "labels": labels, "annotations": annotations,
+            "host": draw(st.sampled_from(sorted(HOSTS)))}
 
 
 # --- running both ---------------------------------------------------------------------------------------------
@@ -243,6 +266,8 @@ class Bench:
             files[upstream_agent.TEMPLATE_IN_IMAGE] = self.template
         files["etc/istio/pod/labels"] = downward_file(pod["labels"]).encode()
         files["etc/istio/pod/annotations"] = downward_file(pod["annotations"]).encode()
+        if pod["override"] is not None:
+            files["override.yaml"] = pod["override"].encode()
         if pod["mesh_default"]:
             files["etc/istio/config/mesh"] = yaml.safe_dump({"defaultConfig": pod["mesh_default"]}).encode()
         for name, data in files.items():
@@ -250,8 +275,12 @@ class Bench:
             (workdir / name).write_bytes(data)
         return workdir
 
-    def environment(self, pod: dict[str, Any]) -> dict[str, str]:
-        return {**pod["env"], "PROXY_CONFIG": json.dumps({**pod["proxy_config"], "binaryPath": str(self.stand_in)})}
+    def environment(self, pod: dict[str, Any], workdir: Path) -> dict[str, str]:
+        """The pod's variables, PROXY_CONFIG (JSON or YAML) pointing at the stand-in Envoy, and the override."""
+        proxy_config = {**pod["proxy_config"], "binaryPath": str(self.stand_in)}
+        text = yaml.safe_dump(proxy_config) if pod["yaml"] else json.dumps(proxy_config)
+        override = {"ISTIO_BOOTSTRAP_OVERRIDE": str(workdir / "override.yaml")} if pod["override"] else {}
+        return {**pod["env"], "PROXY_CONFIG": text, **override}
 
 
 def downward_file(items: dict[str, str]) -> str:
@@ -350,9 +379,20 @@ def ours_in_process(box: Sandbox, pod: dict[str, Any], environment: dict[str, st
         return None, [], f"{type(exc).__name__}: {exc}"
 
 
-def normalised(data: bytes, workdir: Path, pod: dict[str, Any], version: str) -> Any:
+def normalised(data: bytes, workdir: Path, pod: dict[str, Any], version: str, side: str) -> Any:
+    """The bootstrap as Envoy reads it, `<workdir>` for the pod directory and `<release>` for a version the pod
+    did not set. A file that is not strict JSON is read as YAML, as Envoy does when its JSON parse fails; the
+    caller counts that apart (`strict_json`)."""
     text = data.decode().replace(str(workdir), "<workdir>")
-    bootstrap = json.loads(text)
+    try:
+        bootstrap = json.loads(text)
+    except ValueError as exc:
+        at = getattr(exc, "pos", 0)
+        try:
+            bootstrap = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise AssertionError(f"{side}'s bootstrap is neither JSON nor YAML ({exc}): "
+                                 f"...{text[max(0, at - 300):at + 100]}...") from None
     metadata = bootstrap.get("node", {}).get("metadata", {})
     if "ISTIO_META_ISTIO_VERSION" not in pod["env"] and metadata.get("ISTIO_VERSION") == version:
         metadata["ISTIO_VERSION"] = "<release>"
@@ -368,6 +408,14 @@ def config_files(workdir: Path) -> dict[str, str]:
     directory = workdir / CONFIG_DIR
     return {p.name: oct(p.stat().st_mode & 0o7777) for p in sorted(directory.iterdir())
             if not p.is_socket() and not p.name.endswith(".tmp")} if directory.is_dir() else {}
+
+
+def strict_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def without_dns_proxy_addr(pod: dict[str, Any], mine: Any, theirs: Any) -> Any:
@@ -412,18 +460,19 @@ def test_envoy_bootstrap_differential(bench: Bench) -> None:
     @given(pod=pods(), process=st.sampled_from([False] * (PROCESS_EVERY - 1) + [True]))
     def compare(pod: dict[str, Any], process: bool) -> None:
         number = next(bench.numbers)
-        environment = bench.environment(pod)
         theirs_dir = bench.pod_directory(pod, "upstream", number)
         ours_dir = bench.pod_directory(pod, "ours", number)
         process_dir = bench.pod_directory(pod, "process", number) if process else None
         argv = ["proxy", pod["type"], *pod["flags"]]
         runs: list[AgentRun] = []
         try:
-            runs += [AgentRun(bench.boxes[pod["host"], "upstream"], [str(upstream), *argv], environment, theirs_dir)]
+            runs += [AgentRun(bench.boxes[pod["host"], "upstream"], [str(upstream), *argv],
+                              bench.environment(pod, theirs_dir), theirs_dir)]
             if process_dir is not None:
-                runs.append(AgentRun(bench.boxes[pod["host"], "ours"], [str(ours_agent), *argv], environment,
-                                     process_dir))
-            ours, ours_argv, ours_error = ours_in_process(bench.boxes[pod["host"], "ours"], pod, environment, ours_dir)
+                runs.append(AgentRun(bench.boxes[pod["host"], "ours"], [str(ours_agent), *argv],
+                                     bench.environment(pod, process_dir), process_dir))
+            ours, ours_argv, ours_error = ours_in_process(bench.boxes[pod["host"], "ours"], pod,
+                                                          bench.environment(pod, ours_dir), ours_dir)
             wait_all(runs)
             theirs, theirs_argv = runs[0].finish()
             where = f"pod {describe(pod)}\nupstream said:\n{runs[0].log()[-1500:]}\nours said: {ours_error}"
@@ -439,11 +488,18 @@ def test_envoy_bootstrap_differential(bench: Bench) -> None:
             if theirs is None or ours is None:
                 tally.count("both refused")
                 return
-            mine = normalised(ours, ours_dir, pod, ISTIO_COMPAT_VERSION)
-            theirs_json = normalised(theirs, theirs_dir, pod, "unknown")
+            mine = normalised(ours, ours_dir, pod, ISTIO_COMPAT_VERSION, "ours")
+            theirs_json = normalised(theirs, theirs_dir, pod, "unknown", "upstream")
             deliberate = ""
+            assert strict_json(ours), f"our bootstrap is not strict JSON\n{where}"
+            if not strict_json(theirs):
+                # Upstream's template leaves a trailing comma in the status listener's PROXY protocol filter.
+                assert pod["env"].get("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL") == "true", \
+                    f"upstream's bootstrap is not strict JSON\n{where}"
+                deliberate = "strict JSON where upstream's template leaves a trailing comma (Envoy reads both)"
             if mine != theirs_json and without_dns_proxy_addr(pod, mine, theirs_json) is not None:
-                mine, deliberate = without_dns_proxy_addr(pod, mine, theirs_json), "DNS_PROXY_ADDR in node metadata"
+                mine = without_dns_proxy_addr(pod, mine, theirs_json)
+                deliberate = deliberate or "DNS_PROXY_ADDR in node metadata"
             assert mine == theirs_json, f"bootstraps differ: {first_difference(theirs_json, mine)}\n{where}"
             assert normalised_argv(ours_argv, ours_dir) == normalised_argv(theirs_argv, theirs_dir), \
                 f"Envoy's command lines differ\n{where}"

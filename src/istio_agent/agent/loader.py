@@ -70,7 +70,8 @@ def load_agent_config(
     labels = read_pod_file(resolve(POD_LABELS_FILE))
     annotations = read_pod_file(resolve(POD_ANNOTATIONS_FILE))
     proxy_config = build_proxy_config(
-        mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
+        mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}",
+        check_mesh=validate_proxy_config,
     )
     _apply_flags(proxy_config, concurrency, service_cluster)
     if proxy_config.get("statsdUdpAddress"):
