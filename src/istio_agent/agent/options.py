@@ -35,6 +35,7 @@ from typing import Any
 from istio_agent.config import env
 from istio_agent.config.cloud_metadata import CloudFacts
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gopath import go_join
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata, pilot_sans
 from istio_agent.config.platform import Platform, discover, platform_locality
 from istio_agent.config.proxyconfig import ProxyConfig
@@ -44,7 +45,7 @@ from istio_agent.envoy.bootstrap.options import BootstrapOptions, locality, loca
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, go_join, xds_socket_for_bootstrap
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, xds_socket_for_bootstrap
 from istio_agent.health.options import HealthCheckOptions, parse_readiness_probe
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gopath import go_join
 from istio_agent.envoy.bootstrap import stats, tracing
 from istio_agent.envoy.bootstrap.listeners import listeners
 from istio_agent.envoy.bootstrap.options import BootstrapOptions
@@ -279,7 +280,5 @@ def write_bootstrap(
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(rendered)
     tmp.replace(target)
-    from istio_agent.grpcxds.bootstrap import go_join
-
     return WrittenBootstrap(target, template_file_path if use_template else None,
                             go_join(opts.config_path, target.name))
