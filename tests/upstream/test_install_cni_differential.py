@@ -76,7 +76,7 @@ WAITING = re.compile(r"Waiting for CNI network config file to be written|does no
 # Rewriting a config no runtime loads: upstream logs each pass of its loop (its first write logs one too), ours
 # logs only rewrites, each a recheck that found its file still not in effect.
 REWRITES = (re.compile(r"\(re\)writing CNI config file"), 2), (re.compile(r"\(re\)writing CNI config file"), 1)
-QUIET = 1.5  # seconds without a change to either side's files or log that settle a case neither is ready in
+QUIET = 1.0  # seconds without a change to either side's files or log that settle a case neither is ready in
 SETTLE = 6.0  # seconds to wait for a side that shows none of those states (it never happened in a CI run)
 SLOW_START = 15.0  # seconds a side may lag the other (start-up on a loaded machine)
 POLL = 0.02
@@ -363,7 +363,7 @@ def wait_ready(pair: tuple[Side, Side]) -> tuple[tuple[bool, bool], str]:
         settled = [side.settled(up, marks) for side, up, marks in zip(pair, states, REWRITES, strict=True)]
         if all(states) or all(settled):
             return states, ""
-        if not any(states) and now - start > QUIET:
+        if not any(states):
             seen = tuple((side.files(), len(side.output(full=True))) for side in pair)
             if seen != last:
                 last, changed = seen, now
