@@ -17,7 +17,8 @@ exited, waiting for a primary config, rewriting a config no runtime loads; or, u
 those lines, nothing of either changed for QUIET seconds; SETTLE seconds at most when neither is ready) and
 again after SIGTERM to both: every file left in the net dir (name, mode, content: JSON files as parsed JSON,
 other files as bytes), in the bin dir (name and mode: upstream copies its binary, ours installs a launcher) and
-in the run dir (the kubeconfig as parsed YAML, mode), and whether each became ready. The exit code after SIGTERM is compared too.
+in the run dir (the kubeconfig as parsed YAML, mode), and whether each became ready. The exit code after SIGTERM
+is compared too.
 
 Deliberate difference (docs/UPSTREAM.md): SIGTERM while install-cni still waits for a primary
 config (chained, none in the net dir) ends upstream with exit 1 ("create CNI config file: context canceled":
@@ -435,7 +436,7 @@ def test_install_cni_differential(layouts: tuple[Layout, Layout]) -> None:
             running, ours_running = settled_files((theirs, ours)) if not all(ready) else (theirs.files(), ours.files())
             assert ours_running == running, f"files differ while running\n{where()}"
             codes = stop_both((theirs, ours))
-            looped = UNLOADABLE_LOOP.search(theirs.output()) or (  # a log level that hides the loop's lines
+            looped = UNLOADABLE_LOOP.search(theirs.output(full=True)) or (  # a log level that hides the loop's lines
                 silenced(case) and theirs.files() == running)  # and SIGTERM changed nothing: no cleanup ran
             if codes == (-9, 0) and not ready[0] and looped:
                 tally.count("deliberate: SIGTERM ends the wait for a config a runtime loads")
