@@ -254,14 +254,18 @@ class Side:
         return bool(WAITING.search(text)) or len(markers[0].findall(text)) >= markers[1]
 
     def files(self) -> dict[str, Any]:
-        """What a directory comparison sees: per directory, name -> (mode, normalised content)."""
+        """What a directory comparison sees: per directory, name -> (mode, normalised content). Taken while the
+        side runs too (to tell when it is quiet), so a file may go between the listing and its read."""
         seen: dict[str, Any] = {}
         for sub, where in (("net", self.root / "net"), ("bin", self.layout.bin_dir), ("run", self.root / "run")):
             for path in sorted(where.iterdir()):
                 if path.is_socket() or path.name.startswith("."):
                     continue  # the plugin's log socket; a temporary file of an atomic write in flight
-                mode = path.stat().st_mode & 0o7777
-                data = path.read_bytes().replace(str(self.root).encode(), b"<root>")  # e.g. cni_agent_run_dir
+                try:
+                    mode = path.stat().st_mode & 0o7777
+                    data = path.read_bytes().replace(str(self.root).encode(), b"<root>")  # e.g. cni_agent_run_dir
+                except FileNotFoundError:
+                    continue  # renamed or removed since the listing: a change in flight, seen at the next look
                 content: Any
                 if sub == "bin":
                     content = None  # upstream copies its binary, ours installs a launcher
