@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from istio_agent.config.gopath import go_join
-
 log = logging.getLogger(__name__)
 
 FIPS_140_2 = "fips-140-2"
@@ -82,8 +80,7 @@ class BootstrapOptions:
 
     @property
     def lightstep_token_path(self) -> str:
-        """Upstream's `path.Join(configPath, ...)`: cleaned, so `./etc/istio/proxy` gives `etc/istio/proxy/...`."""
-        return go_join(self.config_path, LIGHTSTEP_TOKEN_FILE)
+        return f"{self.config_path}/{LIGHTSTEP_TOKEN_FILE}"
 
     @property
     def annotations(self) -> Mapping[str, str]:
