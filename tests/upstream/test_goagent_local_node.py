@@ -25,11 +25,11 @@ import pytest
 from cryptography import x509
 from launchers import RegistryFile, local_node
 from needs import need_root, need_tool, need_upstream_commands
+from node_pods import CONTROL_PORT, PodClient, spiffe_id
 from support import poll
 
 from istio_agent.pki.certs import uri_sans
 from istiod_local.node.demo import registry_yaml
-from istiod_local.node.local_node import LocalNode, Pod
 from istiod_local.node.plan import PodSpec
 from istiod_local.node.upstream import UPSTREAM
 
@@ -39,11 +39,6 @@ PY = sys.executable
 ECHO_APP = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 GRPC_APPS = [PY, "-m", "istiod_local.node.grpc_apps"]
 GRPC_PORT = 50051
-CONTROL_PORT = 8081
-
-
-def _id(sa: str) -> str:
-    return f"spiffe://cluster.local/ns/default/sa/{sa}"
 
 
 def _service(name: str, ip: str, port: int, target: int, protocol: str) -> dict[str, Any]:
@@ -75,32 +70,8 @@ def _pods() -> list[PodSpec]:
     return pods
 
 
-class Mesh:
-    def __init__(self, node: LocalNode, pods: dict[str, Pod]) -> None:
-        self.node, self.pods = node, pods
-
-    def get(self, pod: str, url: str) -> dict[str, Any]:
-        done = self.node.exec(self.pods[pod], [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "5"])
-        answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
-        return answer
-
-    def answered(self, pod: str, url: str) -> dict[str, Any]:
-        """The echo app's answer to a GET from `pod` (retried until a 200: a push may still be on its way)."""
-        answer: dict[str, Any] = poll(lambda: (a := self.get(pod, url)).get("status") == 200 and a,
-                                      f"{url} to answer {pod}", timeout=30, interval=0.5)
-        return answer
-
-    def call(self, pod: str, target: str) -> dict[str, Any]:
-        """One RPC from the long-running gRPC client of `pod` (fresh channel), retried until it succeeds."""
-        url = f"http://127.0.0.1:{CONTROL_PORT}/call?target={target}&fresh=1"
-
-        def once() -> dict[str, Any] | None:
-            answer = self.get(pod, url)
-            body = answer.get("body")
-            return body if answer.get("status") == 200 and isinstance(body, dict) and body.get("ok") else None
-
-        result: dict[str, Any] = poll(once, f"{pod} to call {target}", timeout=30, interval=0.5)
-        return result
+class Mesh(PodClient):
+    """The node's pods, ours and the Go agent's, asked by name (`node_pods.PodClient`)."""
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +105,7 @@ def test_go_sidecar_serves_the_certificate_istiod_local_signed_for_its_identity(
     certs = json.loads(mesh.node.envoy_admin(mesh.pods["go-echo-1"], "certs"))
     uris = {san.get("uri") for entry in certs["certificates"] for cert in entry.get("cert_chain", [])
             for san in cert.get("subject_alt_names", [])}
-    assert _id("go-echo") in uris, certs
+    assert spiffe_id("go-echo") in uris, certs
     root = (mesh.pods["go-echo-1"].dir / "var/run/secrets/istio/root-cert.pem").read_text()
     serials = {cert["serial_number"] for entry in certs["certificates"] for cert in entry.get("ca_cert", [])}
     # Envoy writes a serial as its bytes in hex (a leading zero kept): compared as numbers.
@@ -179,19 +150,12 @@ def test_sidecars_of_both_agents_talk_mtls_with_verified_identities(mesh: Mesh, 
                                                                     server: str) -> None:
     """By name (each client's DNS proxy) through both sidecars: the server's Envoy verified the client's identity
     (URI=) and presented its own (By=)."""
-    answer = mesh.answered(client, f"http://{service}/")
-    assert answer["body"]["pod"] == f"{server}-1"
-    xfcc = answer["body"]["headers"]["x-forwarded-client-cert"]
-    assert f"By={_id(server)};" in xfcc and xfcc.endswith(f"URI={_id(client[:-2])}"), xfcc
+    mesh.assert_mtls(client, f"http://{service}/", f"{server}-1", server, client[:-2])
 
 
 def test_strict_refuses_plaintext_at_the_go_sidecar(mesh: Mesh) -> None:
     """A plaintext connection from a pod's own capture-exempt user (1337) to the Go sidecar's app port is refused."""
-    url = f"http://{mesh.pods['go-echo-1'].ip}:8080/"
-    done = mesh.node.exec(mesh.pods["echo-1"], [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "3"],
-                          uid=1337, gid=1337)
-    answer = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
-    assert "error" in answer and answer.get("status") != 200, answer  # the Go sidecar's inbound closed it
+    mesh.assert_plaintext_refused("echo-1", "go-echo-1")  # the Go sidecar's inbound closes it
 
 
 @pytest.mark.parametrize(("client", "server"), [("go-sleep-1", "greeter"), ("sleep-1", "go-greeter")])
@@ -201,13 +165,13 @@ def test_proxyless_pods_of_both_agents_talk_mtls_with_verified_identities(mesh: 
     reply = mesh.call(client, f"xds:///{server}.default.svc.cluster.local:7070")["reply"]
     assert reply["pod"] == f"{server}-1"
     assert reply["transport_security_type"] == ["tls"]
-    assert reply["identities"] == [_id(client[:-2])], reply
+    assert reply["identities"] == [spiffe_id(client[:-2])], reply
 
 
 def test_go_proxyless_agent_writes_its_certificate_and_bootstrap_where_the_template_says(mesh: Mesh) -> None:
     pod = mesh.pods["go-greeter-1"]
     chain = (pod.dir / "var/lib/istio/data/cert-chain.pem").read_bytes()
-    assert uri_sans(x509.load_pem_x509_certificate(chain)) == [_id("go-greeter")]
+    assert uri_sans(x509.load_pem_x509_certificate(chain)) == [spiffe_id("go-greeter")]
     bootstrap = json.loads((pod.dir / "etc/istio/proxy/grpc-bootstrap.json").read_text())
     assert bootstrap["node"]["id"].startswith(f"sidecar~{pod.ip}~go-greeter-1.default~"), bootstrap["node"]
     assert pod.post_start == 0  # upstream's `pilot-agent wait` saw it ready before the app started

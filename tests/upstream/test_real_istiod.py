@@ -27,7 +27,7 @@ import pytest
 from cryptography import x509
 from launchers import RegistryFile, local_node
 from needs import need_root, need_tool, need_upstream_commands
-from support import poll
+from node_pods import CONTROL_PORT, PodClient, spiffe_id
 
 from istio_agent.pki.certs import load_pem_chain, uri_sans, verify_signed_by
 from istiod_local.node.demo import registry_yaml
@@ -41,7 +41,7 @@ PY = sys.executable
 ECHO_APP = [PY, "-m", "istiod_local.node.echo_app", "serve", "--port", "8080"]
 GRPC_APPS = [PY, "-m", "istiod_local.node.grpc_apps"]
 GRPC_PORT = 50051
-CONTROL_PORT = 8081
+
 SERVICES = [
     {"name": "echo", "namespace": "default", "selector": {"app": "echo"}, "clusterIP": "10.96.0.20",
      "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "HTTP"}]},
@@ -50,10 +50,6 @@ SERVICES = [
     {"name": "greeter", "namespace": "default", "selector": {"app": "greeter"}, "clusterIP": "10.96.0.30",
      "ports": [{"name": "grpc", "port": 7070, "targetPort": GRPC_PORT, "protocol": "GRPC"}]},
 ]
-
-
-def _id(sa: str) -> str:
-    return f"spiffe://cluster.local/ns/default/sa/{sa}"
 
 
 def _pods() -> list[PodSpec]:
@@ -67,32 +63,12 @@ def _pods() -> list[PodSpec]:
     ]
 
 
-class Mesh:
+class Mesh(PodClient):
+    """The node's pods asked by name (`node_pods.PodClient`), and the real istiod's own ports."""
+
     def __init__(self, node: LocalNode, istiod: RealIstiod, pods: dict[str, Pod]) -> None:
-        self.node, self.istiod, self.pods = node, istiod, pods
-
-    def get(self, pod: str, url: str) -> dict[str, Any]:
-        done = self.node.exec(self.pods[pod], [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "5"])
-        answer: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
-        return answer
-
-    def answered(self, pod: str, url: str) -> dict[str, Any]:
-        answer: dict[str, Any] = poll(lambda: (a := self.get(pod, url)).get("status") == 200 and a,
-                                      f"{url} to answer {pod}", timeout=30, interval=0.5)
-        return answer
-
-    def call(self, pod: str, target: str, fresh: bool = True) -> dict[str, Any]:
-        """One RPC from the pod's long-running client: on a new channel, or (`fresh=False`) on the one it keeps
-        for `target`, whose xDS stream then stays open."""
-        url = f"http://127.0.0.1:{CONTROL_PORT}/call?target={target}&fresh={int(fresh)}"
-
-        def once() -> dict[str, Any] | None:
-            answer = self.get(pod, url)
-            body = answer.get("body")
-            return body if answer.get("status") == 200 and isinstance(body, dict) and body.get("ok") else None
-
-        result: dict[str, Any] = poll(once, f"{pod} to call {target}", timeout=30, interval=0.5)
-        return result
+        super().__init__(node, pods)
+        self.istiod = istiod
 
     def istiod_metrics(self) -> str:
         """The real istiod's monitoring port, as a pod reaches it."""
@@ -142,7 +118,7 @@ def test_sidecar_certificate_comes_from_istiods_intermediate_under_istiod_locals
     chain = _sds_chain(mesh, pod)
     assert mesh.istiod.files is not None
     intermediate = mesh.istiod.files.intermediate.cert
-    assert uri_sans(chain[0]) == [_id(account)]
+    assert uri_sans(chain[0]) == [spiffe_id(account)]
     assert verify_signed_by(chain[0], intermediate), chain[0].issuer
     root = x509.load_pem_x509_certificate((mesh.pods[pod].dir / "var/run/secrets/istio/root-cert.pem").read_bytes())
     assert verify_signed_by(intermediate, root)
@@ -163,7 +139,7 @@ def test_proxyless_certificate_comes_from_istiods_intermediate(mesh: Mesh) -> No
     pod = mesh.pods["greeter-1"]
     chain = load_pem_chain((pod.dir / "var/lib/istio/data/cert-chain.pem").read_bytes())
     assert mesh.istiod.files is not None
-    assert uri_sans(chain[0]) == [_id("greeter")]
+    assert uri_sans(chain[0]) == [spiffe_id("greeter")]
     assert verify_signed_by(chain[0], mesh.istiod.files.intermediate.cert)
 
 
@@ -180,25 +156,18 @@ def test_sidecar_gets_the_clusters_and_listeners_istiod_computed_from_the_kubern
 def test_sidecars_talk_mtls_with_verified_identities(mesh: Mesh, client: str, service: str) -> None:
     """By name (the agent's DNS proxy, from istiod's NameTable) through both sidecars: the server's Envoy
     verified the client's SPIFFE identity (URI=) and presented its own (By=)."""
-    answer = mesh.answered(client, f"http://{service}/")
-    assert answer["body"]["pod"] == f"{service}-1"
-    xfcc = answer["body"]["headers"]["x-forwarded-client-cert"]
-    assert f"By={_id(service)};" in xfcc and xfcc.endswith(f"URI={_id(client[:-2])}"), xfcc
+    mesh.assert_mtls(client, f"http://{service}/", f"{service}-1", service, client[:-2])
 
 
 def test_strict_refuses_plaintext(mesh: Mesh) -> None:
-    url = f"http://{mesh.pods['echo-1'].ip}:8080/"
-    done = mesh.node.exec(mesh.pods["web-1"], [PY, "-m", "istiod_local.node.echo_app", "get", url, "--timeout", "3"],
-                          uid=1337, gid=1337)
-    answer = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr}
-    assert "error" in answer and answer.get("status") != 200, answer
+    mesh.assert_plaintext_refused("web-1", "echo-1")
 
 
 def test_proxyless_client_talks_mtls_with_verified_identities(mesh: Mesh) -> None:
     reply = mesh.call("sleep-1", "xds:///greeter.default.svc.cluster.local:7070")["reply"]
     assert reply["pod"] == "greeter-1"
     assert reply["transport_security_type"] == ["tls"]
-    assert reply["identities"] == [_id("sleep")], reply
+    assert reply["identities"] == [spiffe_id("sleep")], reply
 
 
 @pytest.mark.parametrize("pod", ["echo-1", "web-1"])
