@@ -1,4 +1,4 @@
-"""Stand-ins the unit tests share where the real peer is a network service.
+"""Stand-ins the unit tests share where the real peer is a network service, and a recording component.
 
 `FakeSigner` plays istiod's CA for the secret cache: it signs with a real root
 (the same `pki` code istiod-local uses), so every certificate is genuine and
@@ -48,3 +48,22 @@ class FakeSigner:
 
     async def close(self) -> None:
         return None
+
+
+class RecordingPart:
+    """A stand-in component for the lifecycle's tests (the agent's, install-cni's, istiod-local serve's): it
+    appends `start <name>` and `stop <name>` to a shared log, and raises `fail_start` / `fail_stop` when given."""
+
+    def __init__(self, name: str, log: list[str], fail_start: Exception | None = None,
+                 fail_stop: Exception | None = None) -> None:
+        self.name, self.log, self.fail_start, self.fail_stop = name, log, fail_start, fail_stop
+
+    async def start(self) -> None:
+        self.log.append(f"start {self.name}")
+        if self.fail_start is not None:
+            raise self.fail_start
+
+    async def stop(self) -> None:
+        self.log.append(f"stop {self.name}")
+        if self.fail_stop is not None:
+            raise self.fail_stop

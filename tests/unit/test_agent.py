@@ -5,29 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fakes import RecordingPart as Part
 
 from istio_agent.agent.assembly import Agent
 from istio_agent.lifecycle import Component
-
-
-class Part:
-    """A component that records what happens to it in a shared log."""
-
-    def __init__(self, name: str, log: list[str], *, fail_start: bool = False, fail_stop: bool = False) -> None:
-        self.name = name
-        self.log = log
-        self.fail_start = fail_start
-        self.fail_stop = fail_stop
-
-    async def start(self) -> None:
-        self.log.append(f"start {self.name}")
-        if self.fail_start:
-            raise OSError(f"{self.name} could not bind")
-
-    async def stop(self) -> None:
-        self.log.append(f"stop {self.name}")
-        if self.fail_stop:
-            raise RuntimeError("stop failed")
 
 
 class Drains(Part):
@@ -120,7 +101,8 @@ async def test_the_first_exit_code_asked_for_wins() -> None:
 
 async def test_a_failed_start_stops_what_started_and_raises() -> None:
     log: list[str] = []
-    agent = Agent([Part("identity", log), Part("status", log, fail_start=True), Part("envoy", log)])
+    agent = Agent([Part("identity", log), Part("status", log, fail_start=OSError("status could not bind")),
+                   Part("envoy", log)])
     with pytest.raises(OSError, match="status could not bind"):
         await agent.run()
     assert log == ["start identity", "start status", "stop identity"]
@@ -128,7 +110,7 @@ async def test_a_failed_start_stops_what_started_and_raises() -> None:
 
 async def test_a_failing_stop_does_not_keep_the_others_running() -> None:
     log: list[str] = []
-    agent = Agent([Part("identity", log), Part("xds", log, fail_stop=True), Part("status", log)])
+    agent = Agent([Part("identity", log), Part("xds", log, fail_stop=RuntimeError("stop failed")), Part("status", log)])
     agent.request_stop()
     assert await agent.run() == 0
     assert log[-3:] == ["stop status", "stop xds", "stop identity"]
@@ -160,7 +142,8 @@ async def test_on_started_runs_once_every_component_has_started_and_before_any_s
 
 async def test_on_started_does_not_run_when_a_start_fails() -> None:
     log: list[str] = []
-    agent = Agent([Part("identity", log), Part("status", log, fail_start=True)], on_started=lambda: log.append("x"))
+    agent = Agent([Part("identity", log), Part("status", log, fail_start=OSError("status could not bind"))],
+                  on_started=lambda: log.append("x"))
     with pytest.raises(OSError):
         await agent.run()
     assert "x" not in log

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from fakes import RecordingPart as Part
 
 from istio_agent.cni.install.assembly import PROGRAM, InstallCniAssembly, run_until_stopped
 from istio_agent.cni.install.components import Installation, InstallerLoop, StartFailed
@@ -47,21 +48,6 @@ def test_servers_without_a_port_and_repair_when_disabled_are_left_out(tmp_path: 
     with caplog.at_level(logging.INFO, "istio_agent.cni.install"):
         assert assembly.repair_stage() == []
     assert "CNI repair controller is disabled" in caplog.text
-
-
-class Part:
-    """A stand-in component recording what happens to it."""
-
-    def __init__(self, name: str, log: list[str], fail_start: Exception | None = None) -> None:
-        self.name, self.log, self.fail_start = name, log, fail_start
-
-    async def start(self) -> None:
-        self.log.append(f"start {self.name}")
-        if self.fail_start is not None:
-            raise self.fail_start
-
-    async def stop(self) -> None:
-        self.log.append(f"stop {self.name}")
 
 
 class Loop(Part):

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from fakes import RecordingPart as Part
 
 from istio_agent.lifecycle import Component, Lifecycle, component_name
 from istiod_local.controlplane.assembly import PROGRAM, ServeAssembly, ServeOptions, run_until_signal
@@ -50,19 +51,6 @@ def test_a_broken_registry_stops_serve_before_anything_listens(tmp_path: Path) -
     registry.write_text("services: [\n")
     with pytest.raises(ValueError, match=r"mesh\.yaml"):
         ServeAssembly(ServeOptions(plane_options(tmp_path), str(registry)))
-
-
-class Part:
-    def __init__(self, name: str, log: list[str], fail_start: Exception | None = None) -> None:
-        self.name, self.log, self.fail_start = name, log, fail_start
-
-    async def start(self) -> None:
-        self.log.append(f"start {self.name}")
-        if self.fail_start is not None:
-            raise self.fail_start
-
-    async def stop(self) -> None:
-        self.log.append(f"stop {self.name}")
 
 
 def parts(log: list[str], fail: str = "") -> list[Component]:
