@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
@@ -330,6 +331,18 @@ def loaded_after(code: str) -> set[str]:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
+
+
+@contextlib.contextmanager
+def loopback_netns(prefix: str) -> Iterator[str]:
+    """A fresh named network namespace `<prefix><random>` with only its loopback up, deleted afterwards."""
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=30)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
 
 
 def netns_names() -> set[str]:

@@ -11,13 +11,12 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from needs import need_root, need_tool
-from support import VENV_BIN, LineCollector, poll, stop_process
+from support import VENV_BIN, LineCollector, loopback_netns, poll, stop_process
 
 PROBE = r"""
 import http.client, sys
@@ -36,14 +35,9 @@ print(" ".join(out))
 @pytest.fixture
 def netns() -> Iterator[str]:
     need_root()
-    ip = need_tool("ip")
-    name = f"iacni-{uuid.uuid4().hex[:8]}"
-    subprocess.run([ip, "netns", "add", name], check=True)
-    try:
-        subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True)
+    need_tool("ip")
+    with loopback_netns("iacni-") as name:
         yield name
-    finally:
-        subprocess.run([ip, "netns", "del", name], check=False)
 
 
 def test_default_ports_in_a_node_namespace(netns: str, tmp_path: Path) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from needs import need_root, need_tool
-from support import free_port, poll
+from support import free_port, loopback_netns, poll
 
 from istiod_local.node.hostport import start_forwarder
 from istiod_local.node.processes import NodeError
@@ -37,14 +36,9 @@ while True:
 @pytest.fixture
 def netns() -> Iterator[str]:
     need_root()
-    ip = need_tool("ip")
-    name = f"iahp-{uuid.uuid4().hex[:8]}"
-    subprocess.run([ip, "netns", "add", name], check=True)
-    try:
-        subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True)
+    need_tool("ip")
+    with loopback_netns("iahp-") as name:
         yield name
-    finally:
-        subprocess.run([ip, "netns", "del", name], check=False)
 
 
 def test_a_host_port_leads_into_the_namespace(netns: str, tmp_path: Path) -> None:
