@@ -187,6 +187,25 @@ def named_netns(name: str, addresses: tuple[str, ...]) -> Iterator[NamedNetns]:
         yield netns
 
 
+# A pod's network namespace as a capture differential needs it, by the addresses it holds (the order decides
+# which family the pod's "first" address is).
+POD_HOSTS: dict[str, tuple[str, ...]] = {
+    "bare": (),  # loopback only: no pod address to find
+    "v4": ("10.244.0.7/24",),
+    "v6": ("fd00:10:244::7/64",),
+    "dual-v4-first": ("10.244.0.7/24", "fd00:10:244::7/64"),
+    "dual-v6-first": ("fd00:10:244::7/64", "10.244.0.7/24"),
+}
+
+
+@contextlib.contextmanager
+def pod_hosts(tag: str) -> Iterator[dict[str, NamedNetns]]:
+    """One named network namespace per `POD_HOSTS` shape, `<tag>-<shape>`, for a whole module (runs only read
+    them)."""
+    with contextlib.ExitStack() as stack:
+        yield {key: stack.enter_context(named_netns(f"{tag}-{key}", addresses)) for key, addresses in POD_HOSTS.items()}
+
+
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A child's environment: PATH and locale only (nothing of the runner's ISTIO_*, KUBERNETES_* ...)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}

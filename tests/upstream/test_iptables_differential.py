@@ -23,7 +23,6 @@ Deliberate differences (docs/UPSTREAM.md), each recognised only under its own co
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -39,22 +38,17 @@ from needs import need_file, need_tool
 from support import VENV_BIN
 from upstream_peers import (
     DIFF_EXAMPLES,
+    POD_HOSTS,
     NamedNetns,
     Tally,
     base_env,
     describe,
     differential,
-    named_netns,
     need_upstream,
+    pod_hosts,
 )
 
-HOSTS: dict[str, tuple[str, ...]] = {
-    "bare": (),  # loopback only: upstream finds no pod address and refuses
-    "v4": ("10.244.0.7/24",),
-    "v6": ("fd00:10:244::7/64",),
-    "dual-v4-first": ("10.244.0.7/24", "fd00:10:244::7/64"),
-    "dual-v6-first": ("fd00:10:244::7/64", "10.244.0.7/24"),
-}
+HOSTS = POD_HOSTS  # on "bare" (loopback only) upstream finds no pod address and refuses
 
 # --- values, from upstream's flag grammar ---------------------------------------------------------------------
 # Every value is drawn with a tag: True when it is valid by the flag's documented grammar (a port is 1-65535, a
@@ -249,9 +243,8 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
 def hosts() -> Iterator[dict[str, NamedNetns]]:
     """One named network namespace per host shape, for the whole module (each run only reads them)."""
     need_tool("iptables-restore")
-    tag = f"iadiff{os.getpid() % 100000}"
-    with contextlib.ExitStack() as stack:
-        yield {key: stack.enter_context(named_netns(f"{tag}-{key}", addresses)) for key, addresses in HOSTS.items()}
+    with pod_hosts(f"iadiff{os.getpid() % 100000}") as hosts:
+        yield hosts
 
 
 # A side's exit code, its dry-run recording (None when it wrote none) and its output.

@@ -30,7 +30,6 @@ Deliberate differences (docs/UPSTREAM.md), each recognised only under its own co
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import itertools
@@ -52,24 +51,19 @@ from needs import need_file, need_root, need_tool
 from support import VENV_BIN
 from upstream_peers import (
     DIFF_EXAMPLES,
+    POD_HOSTS,
     NamedNetns,
     Tally,
     base_env,
     describe,
     differential,
-    named_netns,
     need_upstream,
+    pod_hosts,
 )
 
 from istio_agent.kube.client import ApiError, get_pod, load_kubeconfig
 
-HOSTS: dict[str, tuple[str, ...]] = {
-    "bare": (),  # loopback only: no pod address to find
-    "v4": ("10.244.0.7/24",),
-    "v6": ("fd00:10:244::7/64",),
-    "dual-v4-first": ("10.244.0.7/24", "fd00:10:244::7/64"),
-    "dual-v6-first": ("fd00:10:244::7/64", "10.244.0.7/24"),
-}
+HOSTS = POD_HOSTS
 BATCH = 20  # cases per registry write (one Hypothesis example)
 WORKERS = 4  # plugin runs at once
 
@@ -255,9 +249,8 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
 def hosts() -> Iterator[dict[str, NamedNetns]]:
     need_root()
     need_tool("iptables-restore")  # the kernel's verdict on upstream's recorded rules
-    tag = f"iacni{os.getpid() % 100000}"
-    with contextlib.ExitStack() as stack:
-        yield {key: stack.enter_context(named_netns(f"{tag}-{key}", addresses)) for key, addresses in HOSTS.items()}
+    with pod_hosts(f"iacni{os.getpid() % 100000}") as hosts:
+        yield hosts
 
 
 class Api:
