@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -251,3 +252,30 @@ def test_log_as_json_lrs_and_deferred_switches() -> None:
 def test_rendering_is_pure() -> None:
     opts = options({"tracing": {"zipkin": {"address": "z:9411"}}})
     assert render_bootstrap(opts) == render_bootstrap(opts)
+
+
+def _reorder_in_place(node: Any) -> None:
+    """Every dict's keys reversed, in place: what protobuf's ParseDict does to an Any (`@type` taken out, put back)."""
+    if isinstance(node, dict):
+        items = list(node.items())
+        node.clear()
+        node.update(reversed(items))
+        for value in node.values():
+            _reorder_in_place(value)
+    elif isinstance(node, list):
+        for value in node:
+            _reorder_in_place(value)
+
+
+def test_editing_a_rendering_leaves_the_next_one_byte_for_byte() -> None:
+    """Found by the Envoy bootstrap differential: a test parsing one rendering as an Envoy proto moved the shared
+    PROXY protocol filter's `@type` last, and our agent's later bootstraps in that process differed in key order."""
+    opts = options({"tracing": {"zipkin": {"address": "z:9411"}, "customTags": {"lit": {"literal": {"value": "v"}}}},
+                    "proxyStatsMatcher": {"inclusionPrefixes": ["tcp"]}, "runtimeValues": {"a.b": "1"}},
+                   {"ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL": "true"}, ips=("10.0.0.1", "fd00::1"),
+                   dual_stack=True, log_as_json=True, status_port_proxy_protocol=True)
+    first = json.dumps(render_bootstrap(opts))
+    once = render_bootstrap(opts)
+    as_envoy_proto(once)
+    _reorder_in_place(once)
+    assert json.dumps(render_bootstrap(opts)) == first

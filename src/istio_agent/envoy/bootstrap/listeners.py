@@ -24,13 +24,24 @@ from istio_agent.envoy.bootstrap.values import BootstrapValues
 
 HCM = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ROUTER = {"name": "envoy.filters.http.router",
-          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
-TLS_INSPECTOR = {"name": "envoy.filters.listener.tls_inspector", "typed_config": {
-    "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}
-PROXY_PROTOCOL = {"name": "envoy.listener.proxy_protocol", "typed_config": {
-    "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol",
-    "allow_requests_without_proxy_protocol": True}}
+
+
+def _router() -> dict[str, Any]:
+    """A fresh filter each time, like every part of the bootstrap: a caller that edits what it was handed (protobuf's
+    `ParseDict` takes an Any's `@type` out and puts it back last) must not change the next rendering's bytes."""
+    return {"name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+
+
+def _tls_inspector() -> dict[str, Any]:
+    return {"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}
+
+
+def _proxy_protocol() -> dict[str, Any]:
+    return {"name": "envoy.listener.proxy_protocol", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol",
+        "allow_requests_without_proxy_protocol": True}}
 
 
 def _tcp(address: str, port: int) -> dict[str, Any]:
@@ -47,7 +58,7 @@ def _manager(stat_prefix: str, routes: list[tuple[str, str]], filters: list[dict
             "domains": ["*"],
             "routes": [{"match": {"prefix": prefix}, "route": {"cluster": cluster}} for prefix, cluster in routes],
         }]},
-        "http_filters": [*filters, ROUTER],
+        "http_filters": [*filters, _router()],
     }}
 
 
@@ -99,7 +110,7 @@ def prometheus_listener(values: BootstrapValues) -> dict[str, Any]:
 
 def secure_metrics_listener(values: BootstrapValues, port: int, merged: bool) -> dict[str, Any]:
     listener = _base(values, values.family.wildcard, port)
-    listener["listener_filters"] = [TLS_INSPECTOR]
+    listener["listener_filters"] = [_tls_inspector()]
     routes = [("/stats/prometheus", "agent"), ("/metrics", "agent")] if merged else \
         [("/stats/prometheus", "prometheus_stats")]
     listener["filter_chains"] = [{
@@ -116,7 +127,7 @@ def status_listener(values: BootstrapValues) -> dict[str, Any]:
     if values.family.dual_stack:
         listener["additionalAddresses"] = [{"address": _tcp(values.family.additional_wildcard, port)}]
     if values.status_port_proxy_protocol:
-        listener["listener_filters"] = [PROXY_PROTOCOL]
+        listener["listener_filters"] = [_proxy_protocol()]
     listener["filter_chains"] = [{"filters": [_manager("agent", [("/healthz/ready", "agent")], [])]}]
     return listener
 

@@ -18,6 +18,7 @@ rendering and a custom template (`customConfigFile`, `proxyBootstrapTemplatePath
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ def render_values(values: BootstrapValues) -> dict[str, Any]:
             "id": opts.node_id,
             "cluster": values.cluster,
             "locality": dict(values.locality),
-            "metadata": dict(opts.metadata),
+            "metadata": copy.deepcopy(dict(opts.metadata)),  # the caller may edit what it is handed
         },
         "layered_runtime": {"layers": [
             {"name": "global config", "static_layer": values.runtime_flags},
