@@ -74,3 +74,19 @@ def test_start_up_finds_the_other_servers(pod: Path) -> None:
     assert options.metadata["credential"] == "true" and options.metadata["file-credential"] == "true"
     with pytest.raises(ConfigError, match=r"spire\.sock"):
         load_agent_options(AgentFlags(), env.Environment({**POD, "WORKLOAD_IDENTITY_SOCKET_FILE": "spire.sock"}), pod)
+
+
+def test_mounted_workload_credentials_need_no_root_for_a_ca(pod: Path) -> None:
+    """Upstream makes no CA client when ./var/run/secrets/workload-spiffe-credentials holds a chain, a key and a
+    root, so PILOT_CERT_PROVIDER=none needs no CA root then (its xDS root is ./etc/certs/root-cert.pem here)."""
+    creds = pod / "var/run/secrets/workload-spiffe-credentials"
+    creds.mkdir(parents=True)
+    for name in ("cert-chain.pem", "key.pem", "root-cert.pem"):
+        (creds / name).write_text("x")
+    (pod / "etc/certs").mkdir(parents=True)
+    (pod / "etc/certs/root-cert.pem").write_text("x")
+    environment = env.Environment({"PILOT_CERT_PROVIDER": "none", "CLOUD_PLATFORM": "none"})
+    assert load_agent_options(AgentFlags(), environment, pod).security.ca_root_ca == ""
+    (creds / "key.pem").unlink()
+    with pytest.raises(ConfigError, match="CA_ROOT_CA"):
+        load_agent_options(AgentFlags(), environment, pod)

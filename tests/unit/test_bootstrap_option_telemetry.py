@@ -124,7 +124,7 @@ def test_option_zipkin_lightstep_datadog(tracing: dict[str, Any], kind: str, clu
 
 def test_option_lightstep_token() -> None:
     b, p = both(options({"tracing": {"lightstep": {"address": "ls:8080", "accessToken": "t"}}}))
-    assert p["lightstepToken"] == "./etc/istio/proxy/lightstep_access_token.txt"
+    assert p["lightstepToken"] == "etc/istio/proxy/lightstep_access_token.txt"
     assert b["tracing"]["http"]["typed_config"]["access_token_file"] == p["lightstepToken"]
 
 

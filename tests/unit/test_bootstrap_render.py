@@ -84,7 +84,7 @@ def test_tracers(tracing: dict[str, Any], name: str, cluster: str) -> None:
         assert b["tracing"]["http"]["typed_config"]["service_name"] == b["node"]["cluster"]
     if cluster == "lightstep":
         assert b["tracing"]["http"]["typed_config"]["access_token_file"] == \
-            "./etc/istio/proxy/lightstep_access_token.txt"
+            "etc/istio/proxy/lightstep_access_token.txt"
 
 
 @pytest.mark.parametrize(("address", "reason"), [

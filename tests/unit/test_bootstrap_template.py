@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,10 @@ def test_lightstep_token_file_is_written(tmp_path: Path) -> None:
                     "tracing": {"lightstep": {"address": "ls:8080", "accessToken": "secret"}}})
     written = write_bootstrap(opts, tmp_path)
     assert (tmp_path / "proxy/lightstep_access_token.txt").read_text() == "secret"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "proxy/lightstep_access_token.txt").stat().st_mode & 0o777 == 0o666 & ~umask, \
+        "os.WriteFile's 0o666 under the umask, as upstream's"
     tracer = json.loads(written.path.read_text())["tracing"]["http"]["typed_config"]
     assert tracer["access_token_file"] == str(tmp_path / "proxy/lightstep_access_token.txt")
 

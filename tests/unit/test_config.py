@@ -234,3 +234,17 @@ def test_statsd_address_is_resolved_at_start_or_dropped(tmp_path: Path, caplog: 
     assert statsd("nowhere:9125") == ""
     assert statsd("no-port") == ""
     assert "resolve StatsdUdpAddress failed" in caplog.text
+
+
+def test_the_mesh_files_default_config_is_validated_before_later_layers_replace_it(tmp_path: Path) -> None:
+    """As upstream (its mesh config is validated when read): an invalid defaultConfig in the mesh file stops the
+    agent even when PROXY_CONFIG replaces the field; an invalid later layer is still caught at the end."""
+    mesh = tmp_path / "etc/istio/config/mesh"
+    mesh.parent.mkdir(parents=True)
+    mesh.write_text("defaultConfig:\n  drainDuration: 0.5s\n")
+    with pytest.raises(ConfigError, match=r"mesh config .*drainDuration.*seconds precision"):
+        load_agent_config(env.Environment({"PROXY_CONFIG": "drainDuration: 7s"}), tmp_path)
+    mesh.write_text("defaultConfig:\n  drainDuration: 7s\n")
+    assert load_agent_config(env.Environment({}), tmp_path).proxy_config.get("drainDuration") == 7.0
+    with pytest.raises(ConfigError, match=r"drainDuration"):
+        load_agent_config(env.Environment({"PROXY_CONFIG": "drainDuration: 0.5s"}), tmp_path)

@@ -92,6 +92,26 @@ def test_start_writes_the_bootstrap_and_runs_envoy_with_upstreams_argv(tmp_path:
     assert argv[-2:] == ["--concurrency", "2"]
 
 
+def test_envoy_is_given_the_bootstrap_as_upstream_names_it_relative_to_its_work_directory(tmp_path: Path) -> None:
+    """Upstream hands Envoy `path.Join(configPath, "envoy-rev.json")`: `etc/istio/proxy/envoy-rev.json` for the
+    default `./etc/istio/proxy`, resolved by Envoy in the work directory it runs in."""
+    clock = VirtualClock()
+    options = envoy_options(tmp_path, DrainPolicy(5.0, False, 5.0))
+    options = replace(options, bootstrap=replace(options.bootstrap, proxy_config={"configPath": "./etc/istio/proxy"}))
+    started: list[tuple[Sequence[str], str | None]] = []
+
+    def spawn(argv: Sequence[str], *, on_exit: Callable[[int], None], cwd: str | None,
+              preexec_user: tuple[int, int] | None, env: dict[str, str]) -> FakeProcess:
+        started.append((argv, cwd))
+        return FakeProcess(clock, argv, on_exit)
+
+    supervisor = EnvoySupervisor(options, FakeAdmin(clock), clock, spawn)  # type: ignore[arg-type]
+    clock.run(supervisor.start())
+    (argv, cwd), = started
+    assert argv[1:3] == ["-c", "etc/istio/proxy/envoy-rev.json"] and cwd == str(tmp_path)
+    assert (tmp_path / "etc/istio/proxy/envoy-rev.json").is_file()
+
+
 def test_termination_drain_waits_the_drain_duration_then_stops_envoy(tmp_path: Path) -> None:
     clock = VirtualClock()
     admin = FakeAdmin(clock)

@@ -121,6 +121,11 @@ def test_roots_for_the_ca_and_for_istiod_as_upstream(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"PILOT_CERT_PROVIDER='none'.*CA_ROOT_CA"):
         resolve(tmp_path, PILOT_CERT_PROVIDER="none", XDS_ROOT_CA="/xds.pem")
     assert roots(PILOT_CERT_PROVIDER="none", CA_ROOT_CA="/ca.pem", XDS_ROOT_CA="/xds.pem") == ("/ca.pem", "/xds.pem")
+    # No CA client, no CA root wanted (upstream looks for it only when it makes one, for TLS): mounted workload
+    # certificates, another SDS server, or the plaintext :15010.
+    for host, extra in ((HostFacts(workload_credentials=True), {}), (HostFacts(workload_sds_socket_healthy=True), {}),
+                        (None, {"FILE_MOUNTED_CERTS": "true"}), (None, {"CA_ADDR": "istiod.istio-system.svc:15010"})):
+        assert roots(host, PILOT_CERT_PROVIDER="none", XDS_ROOT_CA="/xds.pem", **extra)[0] == "", (host, extra)
 
 
 def test_workload_key_format_file_modes_debounce_and_keepalive(tmp_path: Path) -> None:

@@ -3,16 +3,22 @@
 Each case is a net dir (primary configs as `.conf` and `.conflist`, chained plugins, a stale `istio-cni` entry,
 an Istio-owned file name, files that are not configs, broken JSON, file modes) and install-cni's settings as
 flags or as their environment variables (chained or standalone, `--cni-conf-name`, the Istio-owned config,
-group read, kubeconfig mode, TLS verification, the plugin's log level). Both binaries run with the same
-arguments and environment, each in its own network and mount namespace (`unshare`) where upstream's fixed
-paths are scratch directories: `/opt/cni/bin` holds an `istio-cni` to install, `/host/opt/cni/bin` is the bin
-dir, `/var/run/secrets/kubernetes.io/serviceaccount` has a token, a CA and a namespace; repair is off, so no
-Kubernetes API is needed. Each serves /readyz on :8000 of its own namespace.
+group read, kubeconfig mode, TLS verification, the plugin's log level). Both binaries run at once with the
+same arguments and environment, each in its side's sandbox (`upstream_sandbox.Sandbox`, set up once per module
+and joined per case): its own network namespace and a mount namespace under a private root where upstream's
+fixed paths are scratch directories (`/opt/cni/bin` holds an `istio-cni` to install, `/host/opt/cni/bin` is the
+bin dir, `/var/run/secrets/kubernetes.io/serviceaccount` has a token, a CA and a namespace) and nothing of them
+exists on the host; repair is off, so no Kubernetes API is needed. Each serves /readyz on :8000 of its own
+namespace. Every case checks both sandboxes still hold their layout, and the run fails when fewer than a
+READY_SHARE of its cases reached ready (the files written are compared there).
 
-Compared, once both report ready (or after SETTLE seconds when neither does) and again after SIGTERM: every
-file left in the net dir (name, mode, content: JSON files as parsed JSON, other files as bytes), in the bin dir
-(name and mode: upstream copies its binary, ours installs a launcher) and in the run dir (the kubeconfig as
-parsed YAML, mode), and whether each became ready. The exit code after SIGTERM is compared too.
+Compared, once both report ready (or both show a state they keep without a change to their directories:
+exited, waiting for a primary config, rewriting a config no runtime loads; or, under a log level that hides
+those lines, nothing of either changed for QUIET seconds; SETTLE seconds at most when neither is ready) and
+again after SIGTERM to both: every file left in the net dir (name, mode, content: JSON files as parsed JSON,
+other files as bytes), in the bin dir (name and mode: upstream copies its binary, ours installs a launcher) and
+in the run dir (the kubeconfig as parsed YAML, mode), and whether each became ready. The exit code after SIGTERM
+is compared too.
 
 Deliberate difference (docs/UPSTREAM.md): SIGTERM while install-cni still waits for a primary
 config (chained, none in the net dir) ends upstream with exit 1 ("create CNI config file: context canceled":
@@ -20,8 +26,10 @@ its installer wraps the cancellation with %v, so the check that turns a cancella
 it); ours exits 0 as after any SIGTERM. Counted only with exactly that message and neither side ready.
 Another: when the net dir holds no config a runtime loads after the write (`--cni-conf-name=x.json`, or a
 standalone body under `--cni-conf-name=x.conflist`), both write it and stay unready, but upstream rewrites it in a
-loop that never looks at its context, so SIGTERM does not end it (killed after 10 s) where ours cleans up and
-exits 0. Counted only with upstream killed, that loop in its log, and neither ready.
+loop that never looks at its context, so SIGTERM does not end it (killed; seen in its log, it gets LOOP_GRACE
+seconds, not GRACE) where ours cleans up and
+exits 0. Counted only with upstream killed, that loop in its log (or, under a log level that hides it, nothing
+changed by SIGTERM), and neither ready.
 Another (docs/CNI.md): with `--istio-owned-cni-config` but no ambient the merge goes into the node's primary
 file, which upstream's cleanup then deletes; ours takes its entry out and keeps the file. Counted only when the
 files only ours kept are net files without an istio-cni entry.
@@ -42,6 +50,8 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +59,10 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from needs import need_file, need_root, need_tool
+from needs import need_file
 from support import HTTP_NOT_YET, VENV_BIN, http_request
 from upstream_peers import DIFF_EXAMPLES, Tally, base_env, describe, differential, in_netns, need_upstream
+from upstream_sandbox import Sandbox, same_directory
 
 # Upstream's error when SIGTERM ends its wait for a primary config (wrapped with %v, so its own check for a
 # cancellation misses it and it exits 1).
@@ -60,22 +71,29 @@ CANCELLED_WAIT = "Error: create CNI config file: context canceled"
 # `--cni-conf-name` such as `x.json`, or a standalone body named `.conflist`): it rewrites the file forever
 # without looking at its context, so SIGTERM does not end it (killed).
 UNLOADABLE_LOOP = re.compile(r"\(re\)writing CNI config file: no (valid )?networks found")
-SETTLE = 2.5  # seconds to wait for readiness before comparing a directory neither side is ready with
+# Waiting for a primary config (upstream's two spellings, ours): a state kept until the net dir changes.
+WAITING = re.compile(r"Waiting for CNI network config file to be written|does not exist\. Waiting for file to be "
+                     r"written|cannot find existing CNI network config: .*; waiting for one in")
+# Rewriting a config no runtime loads: upstream logs each pass of its loop (its first write logs one too), ours
+# logs only rewrites, each a recheck that found its file still not in effect.
+REWRITES = (re.compile(r"\(re\)writing CNI config file"), 2), (re.compile(r"\(re\)writing CNI config file"), 1)
+QUIET = 1.0  # seconds without a change to either side's files or log that settle a case neither is ready in
+SETTLE = 6.0  # seconds to wait for a side that shows none of those states (it never happened in a CI run)
 SLOW_START = 15.0  # seconds a side may lag the other (start-up on a loaded machine)
-# Upstream's fixed paths, made in the mount namespace of each side (only /host is created on the host).
+POLL = 0.02
+READY_SHARE = 0.3  # of a run's cases (from 50 on), at least this many must reach ready
+GRACE = 10.0  # seconds from SIGTERM to SIGKILL, as a kubelet's grace period
+LOOP_GRACE = 1.5  # for upstream in its loop, which never reads its context
+# Upstream's fixed paths, scratch ones in each side's sandbox (a private root: nothing of them on the host).
 HOST_BIN = Path("/host/opt/cni/bin")
 SOURCE_BIN = Path("/opt/cni/bin")
 SERVICE_ACCOUNT = Path("/run/secrets/kubernetes.io/serviceaccount")
-SIDE = """set -e
-ip link set lo up
-mount -t tmpfs tmpfs /opt && mkdir -p /opt/cni/bin && cp "$ROOT/src/istio-cni" /opt/cni/bin/
-mount --bind "$ROOT/bin" /host/opt/cni/bin
-mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount
-mount --bind "$ROOT/sa" /run/secrets/kubernetes.io/serviceaccount
-echo "scratch layout mounted"
-exec "$@"
+PRIVATE = ("opt", "run", "host")
+LAYOUT = """mkdir -p "$NEW/opt/cni/bin" && cp "$TOP/src/istio-cni" "$NEW/opt/cni/bin/"
+mkdir -p "$NEW/host/opt/cni/bin" && mount --bind "$TOP/bin" "$NEW/host/opt/cni/bin"
+mkdir -p "$NEW/run/secrets/kubernetes.io/serviceaccount"
+mount --bind "$TOP/sa" "$NEW/run/secrets/kubernetes.io/serviceaccount"
 """
-MOUNTED = "scratch layout mounted"  # a side whose layout failed never ran its binary: the case proves nothing
 
 PLUGIN: st.SearchStrategy[dict[str, Any]] = st.sampled_from([
     {"type": "calico", "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"}},
@@ -154,43 +172,64 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
 
 
 # --- running both ---------------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """One side's long-lived namespaces (a `Sandbox` under a private root where upstream's fixed paths are
+    scratch directories) and the host directories behind them."""
+
+    box: Sandbox
+    binary: Path
+    bin_dir: Path  # what the sandbox's /host/opt/cni/bin is
+    cases: Path  # each case's net and run directories, fresh per case
+
+    def intact(self) -> bool:
+        return self.box.alive() and same_directory(self.box.inside(str(HOST_BIN)), self.bin_dir)
+
+
+def make_layout(top: Path, binary: Path) -> Sandbox:
+    for sub in ("bin", "sa", "src", "cases"):
+        (top / sub).mkdir(parents=True)
+    (top / "src/istio-cni").write_text("#!/bin/sh\nexit 0\n")
+    (top / "src/istio-cni").chmod(0o755)
+    (top / "sa/token").write_text("token-1")
+    (top / "sa/ca.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    (top / "sa/namespace").write_text("istio-system")
+    return Sandbox(top, PRIVATE, LAYOUT)
+
+
 @pytest.fixture(scope="module")
-def host_bin_dir() -> Iterator[Path]:
-    """/host/opt/cni/bin exists on the host (each side mounts its own over it); removed again if made here."""
-    need_root()
-    need_tool("unshare")
-    made = [p for p in (HOST_BIN, HOST_BIN.parent, HOST_BIN.parent.parent, Path("/host")) if not p.exists()]
-    HOST_BIN.mkdir(parents=True, exist_ok=True)
+def layouts() -> Iterator[tuple[Layout, Layout]]:
+    """Upstream's and ours, for the whole module: set up once, each case only joins them."""
+    theirs_binary = need_upstream("install-cni")
+    ours_binary = need_file(VENV_BIN / "install-cni", "our install-cni")
+    top = Path(tempfile.mkdtemp(prefix="icdiff-", dir="/tmp"))
     try:
-        yield HOST_BIN
+        with make_layout(top / "upstream", theirs_binary) as theirs, make_layout(top / "ours", ours_binary) as ours:
+            yield (Layout(theirs, theirs_binary, top / "upstream/bin", top / "upstream/cases"),
+                   Layout(ours, ours_binary, top / "ours/bin", top / "ours/cases"))
     finally:
-        for path in made:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 class Side:
-    """One install-cni in its own namespaces, over its own scratch directories."""
+    """One install-cni run of a case in its side's layout, over the case's own net and run directories."""
 
-    def __init__(self, root: Path, binary: Path, case: dict[str, Any]) -> None:
-        self.root = root
-        for sub in ("net", "bin", "run", "sa", "src"):
-            (root / sub).mkdir(parents=True)
-        (root / "src/istio-cni").write_text("#!/bin/sh\nexit 0\n")
-        (root / "src/istio-cni").chmod(0o755)
-        (root / "sa/token").write_text("token-1")
-        (root / "sa/ca.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-        (root / "sa/namespace").write_text("istio-system")
+    def __init__(self, layout: Layout, case: dict[str, Any], number: int) -> None:
+        self.layout = layout
+        self.root = layout.cases / str(number)
+        for sub in ("net", "run"):
+            (self.root / sub).mkdir(parents=True)
+        for leftover in layout.bin_dir.iterdir():  # a killed side's binary
+            leftover.unlink()
         for name, spec in case["files"].items():
-            (root / "net" / name).write_text(spec["text"])
-            (root / "net" / name).chmod(spec["mode"])
-        argv = [str(binary), f"--mounted-cni-net-dir={root / 'net'}", f"--cni-agent-run-dir={root / 'run'}",
-                "--repair-enabled=false", *case["args"]]
-        environment = base_env({**case["env"], "ROOT": str(root), "KUBERNETES_SERVICE_HOST": case["service_host"],
+            (self.root / "net" / name).write_text(spec["text"])
+            (self.root / "net" / name).chmod(spec["mode"])
+        argv = [str(layout.binary), f"--mounted-cni-net-dir={self.root / 'net'}",
+                f"--cni-agent-run-dir={self.root / 'run'}", "--repair-enabled=false", *case["args"]]
+        environment = base_env({**case["env"], "KUBERNETES_SERVICE_HOST": case["service_host"],
                                 "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_NODE_NAME": "node-1"})
-        self.log = (root / "log.txt").open("w")
-        self.proc = subprocess.Popen(["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", SIDE,
-                                      "side", *argv], env=environment, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log = (self.root / "log.txt").open("w")
+        self.proc = layout.box.popen(argv, environment, stdout=self.log, stderr=subprocess.STDOUT)
 
     def ready(self) -> bool:
         def get() -> bool:
@@ -202,18 +241,31 @@ class Side:
         if self.proc.poll() is not None:
             return False
         with contextlib.suppress(OSError):
-            return in_netns(f"/proc/{self.proc.pid}/ns/net", get)
+            return in_netns(self.layout.box.netns, get)
         return False
 
+    def settled(self, ready: bool, markers: tuple[re.Pattern[str], int]) -> bool:
+        """Whether this side has reached a state it keeps without a change to its directories: exited, ready,
+        waiting for a primary config, or looping on a config no runtime loads (`markers`: its pattern and
+        how many of its lines show that)."""
+        if ready or self.proc.poll() is not None:
+            return True
+        text = self.output(full=True)
+        return bool(WAITING.search(text)) or len(markers[0].findall(text)) >= markers[1]
+
     def files(self) -> dict[str, Any]:
-        """What a directory comparison sees: per directory, name -> (mode, normalised content)."""
+        """What a directory comparison sees: per directory, name -> (mode, normalised content). Taken while the
+        side runs too (to tell when it is quiet), so a file may go between the listing and its read."""
         seen: dict[str, Any] = {}
-        for sub in ("net", "bin", "run"):
-            for path in sorted((self.root / sub).iterdir()):
+        for sub, where in (("net", self.root / "net"), ("bin", self.layout.bin_dir), ("run", self.root / "run")):
+            for path in sorted(where.iterdir()):
                 if path.is_socket() or path.name.startswith("."):
                     continue  # the plugin's log socket; a temporary file of an atomic write in flight
-                mode = path.stat().st_mode & 0o7777
-                data = path.read_bytes().replace(str(self.root).encode(), b"<root>")  # e.g. cni_agent_run_dir
+                try:
+                    mode = path.stat().st_mode & 0o7777
+                    data = path.read_bytes().replace(str(self.root).encode(), b"<root>")  # e.g. cni_agent_run_dir
+                except FileNotFoundError:
+                    continue  # renamed or removed since the listing: a change in flight, seen at the next look
                 content: Any
                 if sub == "bin":
                     content = None  # upstream copies its binary, ours installs a launcher
@@ -227,13 +279,16 @@ class Side:
                 seen[f"{sub}/{path.name}"] = (oct(mode), content)
         return seen
 
-    def stop(self, grace: float = 10.0) -> int:
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, grace: float) -> int:
         try:
             code = self.proc.wait(grace)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
             code = -9
         self.log.close()
         return code
@@ -243,18 +298,32 @@ class Side:
         return text if full else text[-1500:]
 
 
+def stop_both(pair: tuple[Side, Side]) -> tuple[int, int]:
+    """SIGTERM to both at once, then their exit codes (-9: killed after the grace period). Upstream looping on
+    a config no runtime loads never reads its context, so it gets a short grace: it is killed either way."""
+    for side in pair:
+        side.terminate()
+    looping = len(UNLOADABLE_LOOP.findall(pair[0].output(full=True))) >= 2
+    return pair[0].wait(LOOP_GRACE if looping else GRACE), pair[1].wait(GRACE)
+
+
 @contextlib.contextmanager
-def sides(case: dict[str, Any], theirs: Path, ours: Path) -> Iterator[tuple[Side, Side]]:
-    top = Path(tempfile.mkdtemp(prefix="icdiff-", dir="/tmp"))
+def sides(case: dict[str, Any], layouts: tuple[Layout, Layout], number: int) -> Iterator[tuple[Side, Side]]:
     started: list[Side] = []
     try:
-        started = [Side(top / "upstream", theirs, case), Side(top / "ours", ours, case)]
+        started = [Side(layouts[0], case, number), Side(layouts[1], case, number)]
         yield started[0], started[1]
     finally:
         for side in started:
-            with contextlib.suppress(Exception):
-                side.stop()
-        shutil.rmtree(top, ignore_errors=True)
+            side.terminate()
+        for side in started:
+            side.wait(GRACE)
+            shutil.rmtree(side.root, ignore_errors=True)
+
+
+def silenced(case: dict[str, Any]) -> bool:
+    """Whether the case's log level hides install-cni's info lines (those that show its state)."""
+    return "--log_output_level=all:error" in case["args"]
 
 
 def as_left(case: dict[str, Any]) -> dict[str, Any]:
@@ -285,17 +354,29 @@ def owned_primary_kept(case: dict[str, Any], theirs: dict[str, Any], ours: dict[
     return bool(extra) and all(k.startswith("net/") and "istio-cni" not in json.dumps(ours[k][1]) for k in extra)
 
 
-def wait_ready(pair: tuple[Side, Side]) -> tuple[bool, bool]:
-    """Poll both until both are ready, or neither is after SETTLE seconds, or one is and the other is not after
-    SLOW_START seconds (a loaded machine may start one side late); then whether each is."""
+def wait_ready(pair: tuple[Side, Side]) -> tuple[tuple[bool, bool], str]:
+    """Poll both until both are ready, or both have settled (`Side.settled`), or neither is ready and nothing of
+    either (files, log) changed for QUIET seconds (a log level that hides the states' lines), or neither is ready
+    after SETTLE seconds, or one is and the other is not after SLOW_START seconds (a loaded machine may start one
+    side late); then whether each is, and what ended the wait ("" when both settled)."""
     start = time.monotonic()
-    states = (False, False)
+    last: tuple[Any, ...] = ()
+    changed = start
     while True:
         states = (pair[0].ready(), pair[1].ready())
-        waited = time.monotonic() - start
-        if all(states) or (not any(states) and waited > SETTLE) or waited > SLOW_START:
-            return states
-        time.sleep(0.05)
+        now = time.monotonic()
+        settled = [side.settled(up, marks) for side, up, marks in zip(pair, states, REWRITES, strict=True)]
+        if all(states) or all(settled):
+            return states, ""
+        if not any(states):
+            seen = tuple((side.files(), len(side.output(full=True))) for side in pair)
+            if seen != last:
+                last, changed = seen, now
+            elif now - changed > QUIET:
+                return states, "(settled when quiet)"
+        if (not any(states) and now - start > SETTLE) or now - start > SLOW_START:
+            return states, "(settled on the time limit)"
+        time.sleep(POLL)
 
 
 def settled_files(pair: tuple[Side, Side]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -306,7 +387,7 @@ def settled_files(pair: tuple[Side, Side]) -> tuple[dict[str, Any], dict[str, An
         snapshots = (pair[0].files(), pair[1].files())
         if snapshots[0] == snapshots[1] or time.monotonic() > deadline:
             return snapshots
-        time.sleep(0.1)
+        time.sleep(POLL)
 
 
 def settle_exits(pair: tuple[Side, Side], timeout: float = 15.0) -> None:
@@ -316,31 +397,52 @@ def settle_exits(pair: tuple[Side, Side], timeout: float = 15.0) -> None:
         exited = [side.proc.poll() is not None for side in pair]
         if all(exited) or not any(exited):
             return
-        time.sleep(0.05)
+        time.sleep(POLL)
+
+
+def test_scratch_layout_hides_the_host_paths(layouts: tuple[Layout, Layout]) -> None:
+    """Inside a side's sandbox upstream's fixed paths are the scratch ones, and nothing of them reaches the host's
+    own paths (which other users of this machine may create and remove)."""
+    host_had = HOST_BIN.exists() and set(os.listdir(HOST_BIN))
+    for layout in layouts:
+        assert layout.intact()
+        probe = ["sh", "-c", f"ls {SOURCE_BIN} {SERVICE_ACCOUNT}; touch {HOST_BIN}/marker"]
+        listing = layout.box.run(probe, timeout=30)
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.split() == ["/opt/cni/bin:", "istio-cni", f"{SERVICE_ACCOUNT}:", "ca.crt", "namespace",
+                                          "token"]
+        assert (layout.bin_dir / "marker").exists()
+        (layout.bin_dir / "marker").unlink()
+    assert (HOST_BIN.exists() and set(os.listdir(HOST_BIN))) == host_had
 
 
 @pytest.mark.timeout(120 + 8 * DIFF_EXAMPLES)  # one pytest test runs every generated case
-def test_install_cni_differential(host_bin_dir: Path) -> None:
-    theirs_binary = need_upstream("install-cni")
-    ours_binary = need_file(VENV_BIN / "install-cni", "our install-cni")
+def test_install_cni_differential(layouts: tuple[Layout, Layout]) -> None:
     tally = Tally("install-cni")
+    numbers = count()
 
     @differential
     @given(case=cases())
     def compare(case: dict[str, Any]) -> None:
-        with sides(case, theirs_binary, ours_binary) as (theirs, ours):
-            ready = wait_ready((theirs, ours))
-            for side in (theirs, ours):
-                assert MOUNTED in side.output(full=True), f"a side's scratch layout failed:\n{side.output()}"
+        for layout in layouts:
+            assert layout.intact(), f"a side's sandbox lost its scratch layout ({layout.box.top})"
+        with sides(case, layouts, next(numbers)) as (theirs, ours):
+            ready, ended = wait_ready((theirs, ours))
+            if ended:
+                tally.counts[ended] += 1
             if not all(ready):
                 settle_exits((theirs, ours))
             where = lambda: (f"case {describe(case)}\nupstream said:\n{theirs.output()}\n"  # noqa: E731
                              f"ours said:\n{ours.output()}")
             assert ready[1] == ready[0], f"readiness differs: upstream {ready[0]}, ours {ready[1]}\n{where()}"
+            if ready[0]:
+                tally.counts["(ready)"] += 1  # where the files written are compared
             running, ours_running = settled_files((theirs, ours)) if not all(ready) else (theirs.files(), ours.files())
             assert ours_running == running, f"files differ while running\n{where()}"
-            codes = (theirs.stop(), ours.stop())
-            if codes == (-9, 0) and not ready[0] and UNLOADABLE_LOOP.search(theirs.output()):
+            codes = stop_both((theirs, ours))
+            looped = UNLOADABLE_LOOP.search(theirs.output(full=True)) or (  # a log level that hides the loop's lines
+                silenced(case) and theirs.files() == running)  # and SIGTERM changed nothing: no cleanup ran
+            if codes == (-9, 0) and not ready[0] and looped:
                 tally.count("deliberate: SIGTERM ends the wait for a config a runtime loads")
                 return
             stopped, ours_stopped = theirs.files(), ours.files()
@@ -363,20 +465,5 @@ def test_install_cni_differential(host_bin_dir: Path) -> None:
     compare()
     print(tally.report())
     assert tally.counts["cases"] >= 1
-
-
-def test_scratch_layout_hides_the_host_paths(host_bin_dir: Path, tmp_path: Path) -> None:
-    """Inside a side's namespaces upstream's fixed paths are the scratch ones, and nothing leaks to the host."""
-    for sub in ("bin", "sa", "src"):
-        (tmp_path / sub).mkdir()
-    (tmp_path / "src/istio-cni").write_text("#!/bin/sh\n")
-    (tmp_path / "sa/token").write_text("t")
-    probe = ["sh", "-c", f"ls {SOURCE_BIN} {SERVICE_ACCOUNT}; touch {HOST_BIN}/marker"]
-    listing = subprocess.run(["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", SIDE, "side",
-                              *probe], env=base_env({"ROOT": str(tmp_path)}), capture_output=True, text=True,
-                             check=False)
-    assert listing.returncode == 0, listing.stderr
-    assert listing.stdout.split("\n", 1)[0] == MOUNTED
-    assert listing.stdout.split("\n", 1)[1].split() == ["/opt/cni/bin:", "istio-cni", f"{SERVICE_ACCOUNT}:", "token"]
-    assert (tmp_path / "bin/marker").exists() and not (HOST_BIN / "marker").exists()
-    assert os.listdir(HOST_BIN) == []
+    if tally.counts["cases"] >= 50:
+        assert tally.counts["(ready)"] >= READY_SHARE * tally.counts["cases"], f"too few cases reached ready: {tally}"

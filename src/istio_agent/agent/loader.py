@@ -32,7 +32,15 @@ from istio_agent.config.proxyconfig import ProxyConfig, build_proxy_config, read
 from istio_agent.config.proxyconfig_validation import validate_proxy_config
 from istio_agent.config.textfile import read_text
 from istio_agent.dns.options import ALT_RESOLV_CONF
-from istio_agent.security.options import CREDENTIAL_SOCKET, ISTIO_SDS_SOCKET_FILE, WORKLOAD_SDS_DIR
+from istio_agent.security.options import (
+    CERT_CHAIN_FILE,
+    CREDENTIAL_SOCKET,
+    ISTIO_SDS_SOCKET_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    WORKLOAD_CREDENTIALS_DIR,
+    WORKLOAD_SDS_DIR,
+)
 
 log = logging.getLogger(__name__)
 # Host name -> its addresses (the system resolver by default; tests pass their own).
@@ -70,7 +78,8 @@ def load_agent_config(
     labels = read_pod_file(resolve(POD_LABELS_FILE))
     annotations = read_pod_file(resolve(POD_ANNOTATIONS_FILE))
     proxy_config = build_proxy_config(
-        mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}"
+        mesh_text, environment.get(env.PROXY_CONFIG), annotations, mesh_source=f"mesh config {mesh_file}",
+        check_mesh=validate_proxy_config,
     )
     _apply_flags(proxy_config, concurrency, service_cluster)
     if proxy_config.get("statsdUdpAddress"):
@@ -193,6 +202,8 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
     resolv_conf = _read_resolv_conf()
     host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
                      mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
+                     workload_credentials=all(config.path(WORKLOAD_CREDENTIALS_DIR).joinpath(name).exists()
+                                              for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)),
                      workload_sds_socket_healthy=check_socket(workload_socket),
                      credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
                      resolv_conf=resolv_conf, cloud=_ask_the_cloud(config, resolv_conf))

@@ -35,6 +35,7 @@ from typing import Any
 from istio_agent.config import env
 from istio_agent.config.cloud_metadata import CloudFacts
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gopath import go_join
 from istio_agent.config.node import MetadataOptions, NodeIdentity, node_metadata_layers, pilot_sans
 from istio_agent.config.platform import Platform, discover, platform_locality
 from istio_agent.config.proxyconfig import ProxyConfig
@@ -44,7 +45,7 @@ from istio_agent.envoy.bootstrap.options import BootstrapOptions, locality, loca
 from istio_agent.envoy.drain import DrainPolicy
 from istio_agent.envoy.options import BootstrapSource, EnvoyOptions
 from istio_agent.envoy.stats import istio_listener_stats
-from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, go_join, xds_socket_for_bootstrap
+from istio_agent.grpcxds.bootstrap import GrpcBootstrapFile, GrpcBootstrapOptions, xds_socket_for_bootstrap
 from istio_agent.health.options import HealthCheckOptions, parse_readiness_probe
 from istio_agent.security.options import (
     CA_ROOT_DEFAULT_PATH,
@@ -108,6 +109,9 @@ class HostFacts:
     euid: int = 0
     alt_resolv_conf_exists: bool = False
     mounted_root_cert: bool = False  # ./etc/certs/root-cert.pem is there at start
+    # ./var/run/secrets/workload-spiffe-credentials holds a chain, a key and a root at start (upstream's
+    # CheckWorkloadCertificate): the workload certificate is mounted, no CA client is made.
+    workload_credentials: bool = False
     # A server answers on the workload SDS socket (WORKLOAD_IDENTITY_SOCKET_FILE) / on the credential socket.
     workload_sds_socket_healthy: bool = False
     credential_socket_healthy: bool = False
@@ -322,15 +326,20 @@ def security_options(config: AgentConfig, host: HostFacts | None = None, *,
     if environment.get(env.PROV_CERT) and environment.get(env.FILE_MOUNTED_CERTS):
         raise ConfigError("environment variables PROV_CERT and FILE_MOUNTED_CERTS=true are mutually exclusive")
     headers = tuple((name.lower(), value) for name, value in environment.with_prefix(env.CA_HEADER_PREFIX))
+    ca_address = environment.get(env.CA_ADDR) or config.proxy_config.discovery_address
+    # As upstream, the CA's root is looked for only when a CA client is made (not with mounted workload
+    # certificates or another SDS server) and speaks TLS (not to the plaintext :15010).
+    mounted = environment.get(env.FILE_MOUNTED_CERTS) or host.workload_credentials or host.workload_sds_socket_healthy
+    needs_ca_root = not mounted and not ca_address.endswith(":15010")
     return SecurityOptions(
         workdir=config.workdir,
         trust_domain=node.trust_domain,
         namespace=node.namespace,
         service_account=node.service_account,
         cluster_id=node.cluster_id,
-        ca_address=environment.get(env.CA_ADDR) or config.proxy_config.discovery_address,
+        ca_address=ca_address,
         credentials=credential_source(config),
-        ca_root_ca=ca_root(environment),
+        ca_root_ca=ca_root(environment) if needs_ca_root else environment.get(env.CA_ROOT_CA),
         keepalive_interval=environment.get(env.GRPC_KEEPALIVE_INTERVAL),
         keepalive_timeout=environment.get(env.GRPC_KEEPALIVE_TIMEOUT),
         # As upstream: ISTIOD_SAN names the CA's certificate only when the CA is the discovery address (CA_ADDR

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,8 +291,13 @@ def build_proxy_config(
     proxy_config_env: str,
     annotations: Mapping[str, str],
     mesh_source: str = "mesh config",
+    check_mesh: Callable[[ProxyConfig], None] | None = None,
 ) -> ProxyConfig:
-    """Layer mesh `defaultConfig`, `PROXY_CONFIG` and the pod annotation over the defaults."""
+    """Layer mesh `defaultConfig`, `PROXY_CONFIG` and the pod annotation over the defaults.
+
+    `check_mesh` sees the mesh file's layer over the defaults before the later layers: upstream validates the
+    mesh config it reads (its `defaultConfig` too) whatever PROXY_CONFIG or the annotation then replace.
+    """
     config = ProxyConfig()
     if mesh_text:
         mesh = load_document(mesh_text, mesh_source)
@@ -300,6 +305,11 @@ def build_proxy_config(
         if not isinstance(default_config, dict):
             raise ConfigError(f"{mesh_source}: field defaultConfig: expected an object, got {default_config!r}")
         config.apply(parse_layer(default_config, f"{mesh_source} defaultConfig"))
+        if check_mesh is not None:
+            try:
+                check_mesh(config)
+            except ConfigError as exc:
+                raise ConfigError(f"{mesh_source}: {exc}") from None
     if proxy_config_env.strip():
         config.apply(parse_layer(load_document(proxy_config_env, "PROXY_CONFIG"), "PROXY_CONFIG"))
     annotation = annotations.get(PROXY_CONFIG_ANNOTATION, "")

@@ -88,16 +88,19 @@ class EnvoySupervisor:
         custom = str(opts.bootstrap.proxy_config.get("customConfigFile") or "")
         if custom:
             # As upstream: a customConfigFile is Envoy's config as it stands; nothing is written.
-            config_file = custom
+            config_file, written_at = custom, opts.workdir / custom
             if not (opts.workdir / custom).is_file():
                 raise ConfigError(f"customConfigFile {custom}: no such file (Envoy runs it as its config)")
         else:
-            config_file = str(write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,
-                                              template_file=source.template_file).path)
+            written = write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,
+                                      template_file=source.template_file)
+            # Envoy (run in the work directory) is given the file as upstream names it: `-c
+            # etc/istio/proxy/envoy-rev.json` for the default configPath; the agent reads it where it wrote it.
+            config_file, written_at = written.for_envoy, written.path
         override = read_bootstrap_override(source.override_path, source.host_ip) if source.override_path else ""
         launch = replace(opts.launch, config_file=config_file, config_override_json=override)
         if not custom and config_file.endswith(".json"):
-            await self._fit_to_this_envoy(Path(config_file), envoy_command(opts.binary_path, launch))
+            await self._fit_to_this_envoy(written_at, envoy_command(opts.binary_path, launch))
         self._exited = asyncio.get_running_loop().create_future()
         self.process = self._spawn(envoy_command(opts.binary_path, launch), on_exit=self._on_exit,
                                    cwd=str(opts.workdir), preexec_user=opts.run_as, env=dict(opts.extra_env))

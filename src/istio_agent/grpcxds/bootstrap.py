@@ -12,12 +12,12 @@ of Go's encoder (`"UserAgentVersionType": null`, `"locality": {}`), and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from istio_agent.config.gopath import go_join
 from istio_agent.grpcxds.metadata import sorted_json, typed_metadata
 
 SERVER_LISTENER_NAME_PREFIX = "xds.istio.io/grpc/lds/inbound/"
@@ -58,12 +58,6 @@ class GrpcBootstrapFile:
 
     path: Path
     content: GrpcBootstrapOptions
-
-
-def go_join(*parts: str) -> str:
-    """Go's filepath.Join: join, then clean (`./etc/istio/proxy` + `XDS` is `etc/istio/proxy/XDS`)."""
-    joined = os.path.normpath(os.path.join(*parts))
-    return "/" + joined.lstrip("/") if joined.startswith("//") else joined  # Clean leaves one leading slash
 
 
 def xds_socket_for_bootstrap(config_path: str) -> str:

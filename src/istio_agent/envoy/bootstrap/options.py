@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from istio_agent.config.gopath import go_join
+
 log = logging.getLogger(__name__)
 
 FIPS_140_2 = "fips-140-2"
@@ -80,7 +82,8 @@ class BootstrapOptions:
 
     @property
     def lightstep_token_path(self) -> str:
-        return f"{self.config_path}/{LIGHTSTEP_TOKEN_FILE}"
+        """Upstream's `path.Join(configPath, ...)`: cleaned, so `./etc/istio/proxy` gives `etc/istio/proxy/...`."""
+        return go_join(self.config_path, LIGHTSTEP_TOKEN_FILE)
 
     @property
     def annotations(self) -> Mapping[str, str]:

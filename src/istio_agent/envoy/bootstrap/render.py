@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from istio_agent.config.errors import ConfigError
+from istio_agent.config.gopath import go_join
 from istio_agent.envoy.bootstrap import stats, tracing
 from istio_agent.envoy.bootstrap.listeners import listeners
 from istio_agent.envoy.bootstrap.options import BootstrapOptions
@@ -232,8 +233,13 @@ def output_file_name(template_path: str) -> str:
 
 @dataclass(frozen=True)
 class WrittenBootstrap:
-    path: Path
+    path: Path  # where it was written (resolved against the work directory)
     template: Path | None
+    envoy_path: str = ""  # the name Envoy is given: upstream's path.Join(configPath, file), relative stays relative
+
+    @property
+    def for_envoy(self) -> str:
+        return self.envoy_path or str(self.path)
 
 
 def write_bootstrap(
@@ -254,9 +260,8 @@ def write_bootstrap(
     use_template = template != DEFAULT_TEMPLATE_PATH or template_file_path.exists()
     lightstep = (opts.proxy_config.get("tracing") or {}).get("lightstep")
     if isinstance(lightstep, dict):
-        token = resolve(opts.lightstep_token_path)
-        token.write_text(str(lightstep.get("accessToken", "")))
-        token.chmod(0o666)
+        # upstream's os.WriteFile(..., 0o666): the process umask applies, an existing file keeps its mode
+        resolve(opts.lightstep_token_path).write_text(str(lightstep.get("accessToken", "")))
     if use_template:
         from istio_agent.envoy.bootstrap.params import template_params
         from istio_agent.envoy.bootstrap.template import TemplateError, render_template
@@ -276,4 +281,5 @@ def write_bootstrap(
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(rendered)
     tmp.replace(target)
-    return WrittenBootstrap(target, template_file_path if use_template else None)
+    return WrittenBootstrap(target, template_file_path if use_template else None,
+                            go_join(opts.config_path, target.name))
