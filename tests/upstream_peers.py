@@ -206,6 +206,11 @@ def pod_hosts(tag: str) -> Iterator[dict[str, NamedNetns]]:
         yield {key: stack.enter_context(named_netns(f"{tag}-{key}", addresses)) for key, addresses in POD_HOSTS.items()}
 
 
+def downward_file(items: dict[str, str]) -> str:
+    """A downward-API file: `key="value"` lines, values Go-quoted (what the kubelet writes)."""
+    return "".join(f"{k}={json.dumps(v)}\n" for k, v in items.items())
+
+
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A child's environment: PATH and locale only (nothing of the runner's ISTIO_*, KUBERNETES_* ...)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}

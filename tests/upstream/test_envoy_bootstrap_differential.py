@@ -61,7 +61,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from needs import need, need_file
 from support import VENV_BIN
-from upstream_peers import DIFF_EXAMPLES, Tally, base_env, describe, differential, in_netns, need_upstream
+from upstream_peers import (
+    DIFF_EXAMPLES,
+    Tally,
+    base_env,
+    describe,
+    differential,
+    downward_file,
+    in_netns,
+    need_upstream,
+)
 from upstream_sandbox import Sandbox
 
 from istio_agent.agent.loader import load_agent_options
@@ -289,11 +298,6 @@ class Bench:
         text = yaml.safe_dump(proxy_config) if pod["yaml"] else json.dumps(proxy_config)
         override = {"ISTIO_BOOTSTRAP_OVERRIDE": str(workdir / "override.yaml")} if pod["override"] else {}
         return {**pod["env"], "PROXY_CONFIG": text, **override}
-
-
-def downward_file(items: dict[str, str]) -> str:
-    """A downward-API file: `key="value"` lines, values Go-quoted (what the kubelet writes)."""
-    return "".join(f"{k}={json.dumps(v)}\n" for k, v in items.items())
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ from upstream_peers import (
     base_env,
     describe,
     differential,
+    downward_file,
     in_netns,
     named_netns,
     need_upstream,
@@ -108,11 +109,6 @@ LOCALITY_LABELS = st.fixed_dictionaries({}, optional={
     "topology.kubernetes.io/region": NAME, "topology.kubernetes.io/zone": NAME,
     "topology.istio.io/subzone": NAME, "istio-locality": st.sampled_from(["r1.z1.s1", "r1.z1", "r1"]),
 })
-
-
-def downward_file(items: dict[str, str]) -> str:
-    """A downward-API file: `key="value"` lines, values Go-quoted (what the kubelet writes)."""
-    return "".join(f"{k}={json.dumps(v)}\n" for k, v in items.items())
 
 
 @st.composite

@@ -33,11 +33,9 @@ from istio_agent.config.proxyconfig_validation import validate_proxy_config
 from istio_agent.config.textfile import read_text
 from istio_agent.dns.options import ALT_RESOLV_CONF
 from istio_agent.security.options import (
-    CERT_CHAIN_FILE,
+    CREDENTIAL_FILES,
     CREDENTIAL_SOCKET,
     ISTIO_SDS_SOCKET_FILE,
-    KEY_FILE,
-    ROOT_CERT_FILE,
     WORKLOAD_CREDENTIALS_DIR,
     WORKLOAD_SDS_DIR,
 )
@@ -203,7 +201,7 @@ def load_agent_options(flags: AgentFlags, environment: env.Environment | None = 
     host = HostFacts(euid=os.geteuid(), alt_resolv_conf_exists=Path(ALT_RESOLV_CONF).exists(),
                      mounted_root_cert=config.path(MOUNTED_ROOT_CERT).is_file(),
                      workload_credentials=all(config.path(WORKLOAD_CREDENTIALS_DIR).joinpath(name).exists()
-                                              for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)),
+                                              for name in CREDENTIAL_FILES),
                      workload_sds_socket_healthy=check_socket(workload_socket),
                      credential_socket_healthy=check_socket(config.path(CREDENTIAL_SOCKET)),
                      resolv_conf=resolv_conf, cloud=_ask_the_cloud(config, resolv_conf))

@@ -89,7 +89,7 @@ class EnvoySupervisor:
         if custom:
             # As upstream: a customConfigFile is Envoy's config as it stands; nothing is written.
             config_file, written_at = custom, opts.workdir / custom
-            if not (opts.workdir / custom).is_file():
+            if not written_at.is_file():
                 raise ConfigError(f"customConfigFile {custom}: no such file (Envoy runs it as its config)")
         else:
             written = write_bootstrap(opts.bootstrap, opts.workdir, istio_bootstrap=source.istio_bootstrap,

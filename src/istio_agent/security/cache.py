@@ -61,6 +61,7 @@ from istio_agent.security.key_ahead import KeyAhead, KeySpec
 from istio_agent.security.offloop import in_daemon_thread
 from istio_agent.security.options import (
     CERT_CHAIN_FILE,
+    CREDENTIAL_FILES,
     KEY_FILE,
     MOUNTED_CERTS_DIR,
     ROOT_CERT_FILE,
@@ -400,7 +401,7 @@ class SecretCache:
     def _find_mounted_dir(self) -> Path:
         """workload-spiffe-credentials when it holds all three files, else ./etc/certs (upstream's order)."""
         creds = self.options.path(WORKLOAD_CREDENTIALS_DIR)
-        if all(_non_empty(creds / name) for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)):
+        if all(_non_empty(creds / name) for name in CREDENTIAL_FILES):
             return creds
         return self.options.path(MOUNTED_CERTS_DIR)
 

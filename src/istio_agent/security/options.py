@@ -27,6 +27,8 @@ SYSTEM_ROOTS = "SYSTEM"
 CERT_CHAIN_FILE = "cert-chain.pem"
 KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
+# What a mounted workload certificate directory holds (upstream's CheckWorkloadCertificate looks for all three).
+CREDENTIAL_FILES = (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)
 
 KeyAlgorithm = Literal["RSA", "ECDSA"]
 # CREDENTIAL_FETCHER_TYPE values (upstream's).

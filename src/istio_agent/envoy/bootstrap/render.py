@@ -235,11 +235,7 @@ def output_file_name(template_path: str) -> str:
 class WrittenBootstrap:
     path: Path  # where it was written (resolved against the work directory)
     template: Path | None
-    envoy_path: str = ""  # the name Envoy is given: upstream's path.Join(configPath, file), relative stays relative
-
-    @property
-    def for_envoy(self) -> str:
-        return self.envoy_path or str(self.path)
+    for_envoy: str  # the name Envoy is given: upstream's path.Join(configPath, file), relative stays relative
 
 
 def write_bootstrap(
